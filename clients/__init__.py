@@ -1,0 +1,1 @@
+"""The Flower ClientApp: local training and evaluation on a client's partition."""

@@ -1,0 +1,109 @@
+"""Flower ClientApp: train (E_loc local epochs of SGD from the global model) and evaluate.
+
+Each reply carries ``num-examples`` (FedAvg's weight N_k) and ``partition-id`` (the key under which the
+server retains this client's updates; Flower's node ids are random). Training is seeded per run,
+round and client, so a rerun with the same seed sends the same updates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clients.client_state import ClientSetup, client_setup, node_partition
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.seeding import derive_seed
+from fedunlearn.training import evaluate as evaluate_model
+from fedunlearn.training import train_epochs
+
+
+def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> ClientApp:
+    """A ClientApp; ``run_config_overrides`` replace run-config values (tests, embedded runs)."""
+    overrides = dict(run_config_overrides or {})
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        """Train the received global model on this client's partition for ``local-epochs`` epochs."""
+        setup = client_setup(context, overrides)
+        model = _received_model(msg, setup)
+        config = msg.content["config"]
+        server_round = int(config.get("server-round", 0))
+        epochs = int(config.get("local-epochs", setup.config.local_epochs))
+        loss = train_epochs(
+            model,
+            setup.data.x,
+            setup.data.y,
+            epochs=epochs,
+            lr=float(config.get("lr", setup.config.lr)),
+            batch_size=int(config.get("batch-size", setup.config.batch_size)),
+            momentum=float(config.get("momentum", setup.config.momentum)),
+            weight_decay=float(config.get("weight-decay", setup.config.weight_decay)),
+            seed=derive_seed(setup.config.seed, "train", server_round, setup.partition_id),
+            device=setup.device,
+        )
+        metrics = MetricRecord(
+            {
+                "num-examples": len(setup.data),
+                "partition-id": setup.partition_id,
+                "train-loss": loss,
+            }
+        )
+        content = RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()), "metrics": metrics})
+        return Message(content=content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        """Loss and accuracy of the received global model on this client's partition."""
+        setup = client_setup(context, overrides)
+        model = _received_model(msg, setup)
+        result = evaluate_model(model, setup.data.x, setup.data.y, device=setup.device)
+        metrics = MetricRecord(
+            {
+                "num-examples": result.num_examples,
+                "partition-id": setup.partition_id,
+                "eval-loss": result.loss,
+                "eval-accuracy": result.accuracy,
+            }
+        )
+        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+    @app.query("describe")
+    def describe(msg: Message, context: Context) -> Message:
+        """Who this client is: its partition, the federation size it expects, and its sample count.
+
+        The server asks this once before training, to map Flower's random node ids to partition ids and
+        to catch a federation whose size does not match ``num-clients`` before anything is written.
+        """
+        partition_id, num_partitions = node_partition(context)
+        expected = ExperimentConfig.from_run_config({**context.run_config, **overrides}).num_clients
+        if num_partitions != expected:
+            # Report rather than raise: the server turns this into one clear error for the user.
+            metrics = MetricRecord(
+                {"partition-id": partition_id, "num-partitions": num_partitions, "num-examples": 0}
+            )
+            return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+        setup = client_setup(context, overrides)
+        metrics = MetricRecord(
+            {
+                "partition-id": setup.partition_id,
+                "num-partitions": num_partitions,
+                "num-examples": len(setup.data),
+                "cuda": int(setup.device.type == "cuda"),
+            }
+        )
+        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+    return app
+
+
+def _received_model(msg: Message, setup: ClientSetup):
+    model = setup.new_model()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return model
+
+
+app = create_client_app()

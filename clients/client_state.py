@@ -1,0 +1,76 @@
+"""What a ClientApp needs before it can act: its config, partition, data and device.
+
+Loading and partitioning a dataset costs far more than a training round on it, so the result is
+cached per process (a Ray actor or a SuperNode serves many rounds).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import Context
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.datasets import TensorSplit
+from fedunlearn.errors import ConfigError
+from fedunlearn.federated_data import load_federated_data
+from fedunlearn.models import BodyHeadNet, build_model, resolve_model_name
+from fedunlearn.training import resolve_device
+
+
+@dataclass(frozen=True)
+class ClientSetup:
+    config: ExperimentConfig
+    partition_id: int
+    data: TensorSplit
+    input_shape: tuple[int, ...]
+    num_classes: int
+    device: torch.device
+
+    def new_model(self) -> BodyHeadNet:
+        name = resolve_model_name(self.config.model, self.config.dataset)
+        return build_model(name, self.input_shape, self.num_classes)
+
+
+def client_setup(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientSetup:
+    """The client's setup from Flower's context (run config, then ``overrides``, + node config)."""
+    config = _parse_config(tuple(sorted({**context.run_config, **(overrides or {})}.items())))
+    partition_id, num_partitions = node_partition(context)
+    if num_partitions != config.num_clients:
+        raise ConfigError(
+            "num-clients",
+            config.num_clients,
+            f"equal to the federation's num-partitions ({num_partitions}); run with "
+            f"--federation-config 'num-supernodes={config.num_clients}' or set num-clients={num_partitions}",
+        )
+    data = load_federated_data(config)
+    return ClientSetup(
+        config=config,
+        partition_id=partition_id,
+        data=data.client_split(partition_id),
+        input_shape=tuple(data.splits.input_shape),
+        num_classes=data.splits.num_classes,
+        device=resolve_device(config.device),
+    )
+
+
+def node_partition(context: Context) -> tuple[int, int]:
+    """(partition-id, num-partitions) from the node config, or a clear error when they are missing."""
+    node = context.node_config
+    if "partition-id" not in node or "num-partitions" not in node:
+        raise ConfigError(
+            "node-config",
+            dict(node),
+            "partition-id and num-partitions (set by the simulation, or by "
+            "`flower-supernode --node-config 'partition-id=0 num-partitions=K'`)",
+        )
+    return int(node["partition-id"]), int(node["num-partitions"])
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_config(items: tuple) -> ExperimentConfig:
+    return ExperimentConfig.from_run_config(dict(items))

@@ -1,0 +1,220 @@
+"""The experiment's run configuration: parsed from Flower's run config, validated before any work.
+
+Every key is spelled as in ``[tool.flwr.app.config]`` of ``pyproject.toml``. Validation happens
+here, up front, so a bad value stops a run before a file is written; each error names the parameter,
+the value found and what is allowed (:class:`fedunlearn.errors.ConfigError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from fedunlearn.errors import ConfigError
+
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
+PARTITIONINGS = ("iid", "dirichlet", "shards")
+STORE_DTYPES = ("float32", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
+
+
+def _key(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A validated run configuration (see ``[tool.flwr.app.config]`` for each key's meaning).
+
+    Build it with :meth:`from_run_config`; the constructor does not validate.
+    """
+
+    dataset: str = "digits"
+    data_root: str = ""
+    download: bool = False
+    model: str = "auto"
+    num_clients: int = 10
+    partitioning: str = "iid"
+    alpha: float = 0.5
+    shards_per_client: int = 2
+    rounds: int = 10
+    local_epochs: int = 2
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    fraction_evaluate: float = 0.0
+    retain: bool = True
+    retain_interval: int = 2
+    store_dtype: str = "float32"
+    seed: int = 0
+    device: str = "auto"
+    output_dir: str = "~/fedunlearn-runs"
+    run_name: str = ""
+    node_wait_seconds: float = 120.0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The run-config keys, spelled with hyphens."""
+        return tuple(_key(f.name) for f in fields(cls))
+
+    @classmethod
+    def from_run_config(
+        cls, run_config: Mapping[str, Any], *, strict: bool = True
+    ) -> ExperimentConfig:
+        """Parse and validate a Flower run config (a flat mapping of hyphenated keys).
+
+        Parameters
+        ----------
+        run_config : Mapping[str, Any]
+            Values for some or all keys; missing keys take the defaults above.
+        strict : bool, default True
+            Reject keys this experiment does not know (a typo would otherwise be ignored).
+        """
+        known = {_key(f.name): f for f in fields(cls)}
+        if strict:
+            unknown = sorted(set(run_config) - set(known))
+            if unknown:
+                raise ConfigError(
+                    "run-config", unknown[0], f"unknown key; known keys are {', '.join(known)}"
+                )
+        values: dict[str, Any] = {}
+        for key, field in known.items():
+            if key in run_config:
+                values[field.name] = _coerce(key, run_config[key], field.default)
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The configuration as Flower's flat, hyphenated run-config mapping."""
+        return {_key(k): v for k, v in dataclasses.asdict(self).items()}
+
+    def replace(self, **changes: Any) -> ExperimentConfig:
+        """A validated copy with some fields changed (Python names, underscores)."""
+        config = dataclasses.replace(self, **changes)
+        config.validate()
+        return config
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first parameter whose value is not allowed."""
+        _one_of("dataset", self.dataset, DATASETS)
+        _one_of("partitioning", self.partitioning, PARTITIONINGS)
+        _one_of("store-dtype", self.store_dtype, STORE_DTYPES)
+        _one_of("device", self.device, DEVICES)
+        _one_of("model", self.model, MODELS)
+        _at_least("num-clients", self.num_clients, 1)
+        _at_least("rounds", self.rounds, 1)
+        _at_least("local-epochs", self.local_epochs, 1)
+        _at_least("batch-size", self.batch_size, 1)
+        _at_least("retain-interval", self.retain_interval, 1)
+        _at_least("shards-per-client", self.shards_per_client, 1)
+        _positive("lr", self.lr)
+        _positive("alpha", self.alpha)
+        _positive("node-wait-seconds", self.node_wait_seconds)
+        _in_range("momentum", self.momentum, 0.0, 1.0, closed_high=False)
+        _in_range("weight-decay", self.weight_decay, 0.0, math.inf)
+        _in_range("fraction-evaluate", self.fraction_evaluate, 0.0, 1.0)
+        if self.data_root and not self.download and not self.data_root_path.is_dir():
+            raise ConfigError(
+                "data-root",
+                self.data_root,
+                f"the directory {self.data_root_path} does not exist (set download=true to fetch "
+                "the dataset into it)",
+            )
+        if self.dataset != "digits" and not self.data_root:
+            raise ConfigError(
+                "data-root",
+                self.data_root,
+                f"dataset {self.dataset!r} needs a data root in torchvision's layout "
+                "(e.g. a folder holding MNIST/raw); only 'digits' is embedded",
+            )
+        if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
+            raise ConfigError(
+                "run-name", self.run_name, "a plain folder name without path separators"
+            )
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def data_root_path(self) -> Path:
+        return Path(os.path.expandvars(self.data_root)).expanduser()
+
+    @property
+    def output_path(self) -> Path:
+        return Path(os.path.expandvars(self.output_dir)).expanduser().resolve()
+
+    def run_directory(self, now: float | None = None) -> Path:
+        """``output-dir/run-name``; an empty run-name becomes ``<dataset>-<YYYYmmdd-HHMMSS>``."""
+        name = (
+            self.run_name or f"{self.dataset}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+        )
+        return self.output_path / name
+
+    def is_retained_round(self, server_round: int) -> bool:
+        """FedEraser's schedule: t_1 = 1, t_{j+1} = t_j + Δt."""
+        return self.retain and (server_round - 1) % self.retain_interval == 0
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    """Convert a run-config value to the type of its default, or say what was expected."""
+    expected = type(default)
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise ConfigError(key, value, "true or false")
+    if expected is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(key, value, "a whole number")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(key, value, "a whole number") from None
+        if not number.is_integer():
+            raise ConfigError(key, value, "a whole number")
+        return int(number)
+    if expected is float:
+        if isinstance(value, bool):
+            raise ConfigError(key, value, "a number")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(key, value, "a number") from None
+        if not math.isfinite(number):
+            raise ConfigError(key, value, "a finite number")
+        return number
+    if not isinstance(value, str):
+        raise ConfigError(key, value, "a string")
+    return value
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, f"one of {', '.join(allowed)}")
+
+
+def _at_least(key: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise ConfigError(key, value, f"a whole number >= {minimum}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(key, value, "a number > 0")
+
+
+def _in_range(key: str, value: float, low: float, high: float, closed_high: bool = True) -> None:
+    above = value > high if closed_high else value >= high
+    if value < low or above:
+        bracket = "]" if closed_high else ")"
+        raise ConfigError(key, value, f"a number in [{low}, {high}{bracket}")

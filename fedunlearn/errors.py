@@ -1,0 +1,36 @@
+"""Errors raised by fedunlearn, each carrying what was expected, what was found and what to do."""
+
+from __future__ import annotations
+
+
+class FedUnlearnError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(FedUnlearnError, ValueError):
+    """A parameter has a value outside what is allowed.
+
+    The message always names the parameter, the value found and what is allowed.
+    """
+
+    def __init__(self, parameter: str, value: object, allowed: str) -> None:
+        self.parameter = parameter
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"invalid {parameter}={value!r}: {allowed}")
+
+
+class DatasetNotFoundError(FedUnlearnError, FileNotFoundError):
+    """A dataset's files are missing or unreadable at the path where they were expected."""
+
+    def __init__(self, dataset: str, expected_path: object, hint: str = "") -> None:
+        self.dataset = dataset
+        self.expected_path = str(expected_path)
+        message = f"dataset {dataset!r} not found or unreadable: expected {self.expected_path}"
+        if hint:
+            message += f" ({hint})"
+        super().__init__(message)
+
+
+class StoreCorruptionError(FedUnlearnError, IOError):
+    """A retained blob on disk does not match the checksum recorded for it."""

@@ -1,0 +1,84 @@
+"""The federation's view of a dataset: the training set split over K clients, the test set kept by
+the server. Every party computes the same split from the same run configuration.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.datasets import DatasetSplits, TensorSplit, load_dataset
+from fedunlearn.errors import ConfigError
+from fedunlearn.partitioning import partition_indices
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    """A dataset with its training set partitioned over ``num_clients`` clients.
+
+    Attributes
+    ----------
+    splits : DatasetSplits
+        The whole dataset; ``splits.test`` is the server's test set.
+    partitions : tuple of np.ndarray
+        Indices into ``splits.train`` of each client (partition id = position).
+    """
+
+    splits: DatasetSplits
+    partitions: tuple[np.ndarray, ...]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.partitions)
+
+    def client_split(self, partition_id: int) -> TensorSplit:
+        """Client ``partition_id``'s training data."""
+        if not 0 <= partition_id < self.num_clients:
+            raise ConfigError(
+                "partition-id",
+                partition_id,
+                f"an integer in [0, {self.num_clients - 1}] (num-clients={self.num_clients})",
+            )
+        index = torch.as_tensor(self.partitions[partition_id], dtype=torch.long)
+        return TensorSplit(self.splits.train.x[index], self.splits.train.y[index])
+
+
+def load_federated_data(config: ExperimentConfig) -> FederatedData:
+    """Load and partition the dataset named by ``config`` (cached per process)."""
+    return _load_cached(
+        config.dataset,
+        str(config.data_root_path) if config.data_root else "",
+        config.download,
+        config.num_clients,
+        config.partitioning,
+        config.alpha,
+        config.shards_per_client,
+        config.seed,
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(
+    dataset: str,
+    data_root: str,
+    download: bool,
+    num_clients: int,
+    partitioning: str,
+    alpha: float,
+    shards_per_client: int,
+    seed: int,
+) -> FederatedData:
+    splits = load_dataset(dataset, data_root or None, download=download, seed=seed)
+    partitions = partition_indices(
+        splits.train.y,
+        num_clients,
+        partitioning,
+        alpha=alpha,
+        shards_per_partition=shards_per_client,
+        seed=seed,
+    )
+    return FederatedData(splits=splits, partitions=tuple(partitions))

@@ -1,0 +1,64 @@
+"""Arithmetic on model states (state dicts): the updates U_k^t = M_k^t - M^t of FedEraser.
+
+Floating tensors are combined in float32 or wider; integer buffers (BatchNorm's
+``num_batches_tracked``) are differenced exactly, so a state can always be rebuilt as
+``base + update``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+State = Mapping[str, torch.Tensor]
+
+
+def _check_same_keys(a: State, b: State, what: str) -> None:
+    if a.keys() != b.keys():
+        missing, extra = sorted(set(b) - set(a)), sorted(set(a) - set(b))
+        raise ValueError(
+            f"{what}: the states hold different tensors (missing {missing}, extra {extra})"
+        )
+
+
+def state_difference(a: State, b: State) -> dict[str, torch.Tensor]:
+    """``a - b`` key by key; FedEraser's update U_k^t = M_k^t - M^t is ``state_difference(M_k, M)``."""
+    _check_same_keys(a, b, "state_difference")
+    return {k: a[k].detach().cpu() - b[k].detach().cpu() for k in a}
+
+
+def state_sum(a: State, b: State) -> dict[str, torch.Tensor]:
+    """``a + b`` key by key, keeping each tensor's dtype of ``a``."""
+    _check_same_keys(a, b, "state_sum")
+    return {k: (a[k].detach().cpu() + b[k].detach().cpu()).to(a[k].dtype) for k in a}
+
+
+def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[str, torch.Tensor]:
+    """sum_k w_k S_k / sum_k w_k (FedAvg's aggregation, weights N_k).
+
+    Integer tensors are averaged in float64 and rounded back, so counters stay integers.
+    """
+    if len(states) == 0 or len(states) != len(weights):
+        raise ValueError(
+            f"weighted_average needs as many weights as states (got {len(states)} states, {len(weights)} weights)"
+        )
+    total = float(sum(weights))
+    if not total > 0:
+        raise ValueError(f"weighted_average needs a positive total weight (got {total})")
+    out: dict[str, torch.Tensor] = {}
+    for key in states[0]:
+        acc = torch.zeros_like(states[0][key], dtype=torch.float64, device="cpu")
+        for state, weight in zip(states, weights):
+            acc += state[key].detach().cpu().to(torch.float64) * (float(weight) / total)
+        dtype = states[0][key].dtype
+        out[key] = acc.to(dtype) if dtype.is_floating_point else acc.round().to(dtype)
+    return out
+
+
+def state_norm(state: State) -> float:
+    """Euclidean norm of all floating tensors of a state taken as one vector."""
+    squares = [
+        t.detach().double().pow(2).sum() for t in state.values() if t.dtype.is_floating_point
+    ]
+    return float(torch.stack(squares).sum().sqrt()) if squares else 0.0

@@ -1,0 +1,105 @@
+"""A run's output directory: configuration, per-round metrics, models, tables, figures and the store.
+
+Every file is written atomically (temporary file, fsync, rename), so a reader never sees half a file,
+and an existing run directory is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from safetensors.torch import load_file, save
+
+from fedunlearn.errors import ConfigError
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that ``path`` holds either the old or the new bytes, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunDirectory:
+    """Files of one training run under ``path``.
+
+    Layout: ``config.json``, ``metrics.csv`` (one row per round), ``model_initial.safetensors``,
+    ``model_final.safetensors``, ``summary.json``, figures (``*.png``), tables (``*.csv`` + ``*.md``)
+    and ``store/`` (the retained updates, see :class:`fedunlearn.update_store.UpdateStore`).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._metrics: list[dict[str, Any]] = []
+
+    @classmethod
+    def create(cls, path: Path, config: Mapping[str, Any]) -> RunDirectory:
+        """Create a new run directory and write ``config.json``; refuse one that already holds files."""
+        path = Path(path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise ConfigError(
+                "run-name",
+                path.name,
+                f"a new run directory, but {path} already exists and is not empty; choose another "
+                "run-name or output-dir",
+            )
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(path)
+        run.write_json("config.json", dict(config))
+        return run
+
+    @property
+    def store_path(self) -> Path:
+        return self.path / "store"
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        target = self.path / name
+        atomic_write_bytes(
+            target, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+        )
+        return target
+
+    def save_model(self, name: str, state: Mapping[str, torch.Tensor]) -> Path:
+        """Save a state dict as ``<name>.safetensors``."""
+        target = self.path / f"{name}.safetensors"
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        atomic_write_bytes(target, save(tensors))
+        return target
+
+    def load_model(self, name: str) -> dict[str, torch.Tensor]:
+        return load_file(str(self.path / f"{name}.safetensors"))
+
+    def append_metrics(self, row: Mapping[str, Any]) -> Path:
+        """Add one round's metrics and rewrite ``metrics.csv`` (small; rewritten whole, atomically)."""
+        self._metrics.append(dict(row))
+        return self.write_table("metrics", pd.DataFrame(self._metrics), markdown=False)
+
+    @property
+    def metrics(self) -> pd.DataFrame:
+        return pd.DataFrame(self._metrics)
+
+    def write_table(self, name: str, table: pd.DataFrame, *, markdown: bool = True) -> Path:
+        """Write ``<name>.csv`` and, unless ``markdown`` is false, ``<name>.md``."""
+        target = self.path / f"{name}.csv"
+        atomic_write_bytes(target, table.to_csv(index=False).encode())
+        if markdown:
+            atomic_write_bytes(
+                self.path / f"{name}.md",
+                (table.to_markdown(index=False, floatfmt=".4f") + "\n").encode(),
+            )
+        return target

@@ -1,0 +1,1 @@
+"""The Flower ServerApp: runs an experiment (train -> unlearn -> evaluate) and hosts the head plug-ins."""

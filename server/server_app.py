@@ -1,0 +1,42 @@
+"""Flower ServerApp: the main job. Reads the run config, trains with retention, prints where results are.
+
+Run it with ``flwr run . --stream`` (see README.md); ``fedunlearn-run`` sizes the federation and
+resolves paths for you.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.errors import FedUnlearnError
+from server.federated_training import train_federated
+
+
+def _log(line: str) -> None:
+    print(f"[fedunlearn] {line}", flush=True)
+
+
+def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> ServerApp:
+    """A ServerApp; ``run_config_overrides`` replace run-config values (tests, embedded runs)."""
+    overrides = dict(run_config_overrides or {})
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        """Validate the run config, then train (FedAvg with FedEraser retention)."""
+        try:
+            config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
+            train_federated(grid, config, log=_log)
+        except FedUnlearnError as error:
+            _log(f"error: {error}")
+            raise
+
+    return app
+
+
+app = create_server_app()

@@ -1,0 +1,2 @@
+"""Run configurations (TOML) of experiments, and the scripts that launch them and turn results into
+tables and figures."""

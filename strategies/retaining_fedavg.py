@@ -1,0 +1,150 @@
+"""FedAvg that retains every client's update on disk every Δt rounds (FedEraser's storage side).
+
+Liu et al., *FedEraser: Enabling Efficient Client-Level Data Removal from Federated Learning Models*
+(IWQoS 2021), Section IV: at rounds t_1 = 1, t_{j+1} = t_j + Δt the server keeps each client's update
+U_k^{t_j} = M_k^{t_j} - M^{t_j} with its sample count N_k, and the global model M^{t_j}. These are all
+the server needs later to reconstruct the model without a client (Algorithm 1).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from fedunlearn.model_state import state_difference
+from fedunlearn.update_store import UpdateStore
+
+logger = logging.getLogger(__name__)
+
+#: Metrics every training reply must carry for retention.
+PARTITION_ID_KEY = "partition-id"
+
+
+def is_retained_round(server_round: int, retain_interval: int) -> bool:
+    """FedEraser's retention schedule t_1 = 1, t_{j+1} = t_j + Δt (Δt = ``retain_interval``)."""
+    if retain_interval < 1:
+        raise ValueError(f"retain_interval must be >= 1, got {retain_interval}")
+    return server_round >= 1 and (server_round - 1) % retain_interval == 0
+
+
+def aggregate_train_metrics(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
+    """Weighted mean of the clients' numeric metrics, leaving out ids that must not be averaged."""
+    totals: dict[str, float] = {}
+    weight_sum = 0.0
+    for record in records:
+        metrics = next(iter(record.metric_records.values()))
+        weight = float(metrics[weighted_by_key])
+        weight_sum += weight
+        for key, value in metrics.items():
+            if key in (weighted_by_key, PARTITION_ID_KEY) or isinstance(value, list):
+                continue
+            totals[key] = totals.get(key, 0.0) + weight * float(value)
+    aggregated = (
+        MetricRecord({k: v / weight_sum for k, v in totals.items()})
+        if weight_sum
+        else MetricRecord()
+    )
+    aggregated[weighted_by_key] = int(weight_sum)
+    return aggregated
+
+
+class RetainingFedAvg(FedAvg):
+    """FedAvg (weighted by ``num-examples``) that retains client updates for unlearning.
+
+    Parameters
+    ----------
+    store : UpdateStore or None
+        Where retained rounds go; ``None`` turns retention off (plain FedAvg).
+    retain_interval : int (default: 1)
+        Δt, the number of rounds between two retained rounds; rounds 1, 1+Δt, 1+2Δt, ... are kept.
+    on_retained : callable, optional
+        Called with ``(server_round, partition_ids)`` after a round was committed to the store.
+    **fedavg_kwargs
+        Passed to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``, ``min_train_nodes`` ...).
+
+    Notes
+    -----
+    Every training reply must carry ``partition-id`` in its metrics: Flower's node ids are random
+    and change between runs, but the client's data partition does not, and the store is keyed by it.
+    A round is committed to the store atomically after aggregation; a client whose reply failed is
+    simply absent from that retained round.
+    """
+
+    def __init__(
+        self,
+        store: UpdateStore | None,
+        retain_interval: int = 1,
+        on_retained: Callable[[int, list[int]], None] | None = None,
+        **fedavg_kwargs,
+    ) -> None:
+        fedavg_kwargs.setdefault("train_metrics_aggr_fn", aggregate_train_metrics)
+        super().__init__(**fedavg_kwargs)
+        is_retained_round(1, retain_interval)  # validates
+        self.store = store
+        self.retain_interval = retain_interval
+        self.on_retained = on_retained
+        self._sent_arrays: dict[int, ArrayRecord] = {}
+
+    def summary(self) -> None:
+        super().summary()
+        if self.store is None:
+            logger.info("Retention: off")
+        else:
+            logger.info(
+                "Retention: every %d round(s) into %s", self.retain_interval, self.store.root
+            )
+
+    def is_retained_round(self, server_round: int) -> bool:
+        return self.store is not None and is_retained_round(server_round, self.retain_interval)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """FedAvg's configuration; remembers M^t, the model sent this round, for the updates."""
+        if self.is_retained_round(server_round):
+            self._sent_arrays = {server_round: arrays}
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """FedAvg's aggregation, then (in a retained round) U_k^t = M_k^t - M^t for every client."""
+        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if self.is_retained_round(server_round) and arrays is not None:
+            self._retain(server_round, [m for m in replies if not m.has_error()])
+        return arrays, metrics
+
+    def _retain(self, server_round: int, replies: list[Message]) -> None:
+        sent = self._sent_arrays.pop(server_round, None)
+        if sent is None:
+            raise RuntimeError(
+                f"round {server_round} is a retained round but configure_train was not called for it; "
+                "the global model M^t it started from is unknown"
+            )
+        global_state = sent.to_torch_state_dict()
+        assert self.store is not None
+        with self.store.begin_round(server_round, global_state) as writer:
+            partition_ids = []
+            for reply in replies:
+                metrics = next(iter(reply.content.metric_records.values()))
+                if PARTITION_ID_KEY not in metrics:
+                    raise ValueError(
+                        f"reply from node {reply.metadata.src_node_id} in round {server_round} has no "
+                        f"'{PARTITION_ID_KEY}' metric; retention keys updates by partition id, so the "
+                        "ClientApp must report it"
+                    )
+                partition_id = int(metrics[PARTITION_ID_KEY])
+                client_state = reply.content[self.arrayrecord_key].to_torch_state_dict()
+                writer.add_update(
+                    partition_id,
+                    state_difference(client_state, global_state),
+                    int(metrics[self.weighted_by_key]),
+                )
+                partition_ids.append(partition_id)
+        if self.on_retained is not None:
+            self.on_retained(server_round, sorted(partition_ids))

@@ -1,0 +1,89 @@
+"""Bad input gets a clear error that names the parameter, the value and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.errors import ConfigError
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def test_defaults_match_the_flower_app_config():
+    app_config = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    assert set(app_config) == set(ExperimentConfig.keys())
+    parsed = ExperimentConfig.from_run_config(app_config)
+    assert parsed == ExperimentConfig()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("dataset", "imagenet", "one of digits, mnist"),
+        ("partitioning", "random", "one of iid, dirichlet, shards"),
+        ("retain-interval", 0, ">= 1"),
+        ("rounds", 0, ">= 1"),
+        ("num-clients", 0, ">= 1"),
+        ("local-epochs", -1, ">= 1"),
+        ("batch-size", 0, ">= 1"),
+        ("lr", 0.0, "> 0"),
+        ("alpha", -0.5, "> 0"),
+        ("store-dtype", "bfloat16", "one of float32, float16"),
+        ("device", "tpu", "one of auto, cpu, cuda"),
+        ("momentum", 1.0, "[0.0, 1.0)"),
+        ("fraction-evaluate", 1.5, "[0.0, 1.0]"),
+        ("rounds", 2.5, "whole number"),
+        ("rounds", "ten", "whole number"),
+        ("retain", "maybe", "true or false"),
+        ("lr", "fast", "a number"),
+        ("run-name", "a/b", "without path separators"),
+    ],
+)
+def test_each_bad_value_names_parameter_value_and_what_is_allowed(key, value, fragment):
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.from_run_config({key: value})
+    message = str(info.value)
+    assert info.value.parameter == key
+    assert key in message and repr(value) in message and fragment in message
+
+
+def test_unknown_key_is_refused_with_the_known_keys():
+    with pytest.raises(ConfigError, match="unknown key; known keys are dataset"):
+        ExperimentConfig.from_run_config({"retain-intervall": 2})
+
+
+def test_missing_data_root_directory(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.from_run_config({"dataset": "mnist", "data-root": str(missing)})
+    assert info.value.parameter == "data-root" and str(missing) in str(info.value)
+
+
+def test_dataset_other_than_digits_needs_a_data_root():
+    with pytest.raises(ConfigError, match="needs a data root"):
+        ExperimentConfig.from_run_config({"dataset": "mnist"})
+
+
+def test_strings_from_the_command_line_are_coerced():
+    config = ExperimentConfig.from_run_config({"rounds": "3", "lr": "0.1", "retain": "false"})
+    assert (config.rounds, config.lr, config.retain) == (3, 0.1, False)
+
+
+@pytest.mark.parametrize(
+    ("interval", "expected"), [(1, [1, 2, 3, 4, 5, 6, 7]), (2, [1, 3, 5, 7]), (5, [1, 6])]
+)
+def test_retention_schedule_is_t1_equals_1_then_every_delta_t(interval, expected):
+    config = ExperimentConfig.from_run_config({"retain-interval": interval})
+    assert [t for t in range(1, 8) if config.is_retained_round(t)] == expected
+    assert not ExperimentConfig(retain=False).is_retained_round(1)
+
+
+def test_run_directory_is_output_dir_slash_run_name(tmp_path):
+    config = ExperimentConfig.from_run_config({"output-dir": str(tmp_path), "run-name": "r1"})
+    assert config.run_directory() == tmp_path / "r1"
+    auto = ExperimentConfig.from_run_config({"output-dir": str(tmp_path)}).run_directory()
+    assert auto.parent == tmp_path and auto.name.startswith("digits-")
