@@ -67,39 +67,35 @@ def _digits_cnn(input_shape: Sequence[int]) -> tuple[nn.Module, int]:
     return body, 64
 
 
-def _mnist_cnn(input_shape: Sequence[int]) -> tuple[nn.Module, int]:
-    # FedEraser's MNIST network: conv 20@5x5, pool, conv 50@5x5, pool, FC 500, FC 10 (the head).
+def _two_conv_two_fc(
+    input_shape: Sequence[int], conv_channels: tuple[int, int], hidden: int
+) -> tuple[nn.Module, int]:
+    """conv 5x5, pool, conv 5x5, pool, FC ``hidden``: the body of FedEraser's image networks."""
     channels, height, width = input_shape
     side_h, side_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+    first, second = conv_channels
     body = nn.Sequential(
-        nn.Conv2d(channels, 20, kernel_size=5),
+        nn.Conv2d(channels, first, kernel_size=5),
         nn.ReLU(),
         nn.MaxPool2d(2),
-        nn.Conv2d(20, 50, kernel_size=5),
+        nn.Conv2d(first, second, kernel_size=5),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(50 * side_h * side_w, 500),
+        nn.Linear(second * side_h * side_w, hidden),
         nn.ReLU(),
     )
-    return body, 500
+    return body, hidden
+
+
+def _mnist_cnn(input_shape: Sequence[int]) -> tuple[nn.Module, int]:
+    # FedEraser's MNIST network: conv 20@5x5, pool, conv 50@5x5, pool, FC 500, FC 10 (the head).
+    return _two_conv_two_fc(input_shape, (20, 50), 500)
 
 
 def _cifar10_cnn(input_shape: Sequence[int]) -> tuple[nn.Module, int]:
-    channels, height, width = input_shape
-    side_h, side_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
-    body = nn.Sequential(
-        nn.Conv2d(channels, 32, kernel_size=5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, kernel_size=5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(64 * side_h * side_w, 512),
-        nn.ReLU(),
-    )
-    return body, 512
+    # CIFAR-10: conv 32@5x5, pool, conv 64@5x5, pool, FC 512, FC 10 (the head).
+    return _two_conv_two_fc(input_shape, (32, 64), 512)
 
 
 def _adult_mlp(input_shape: Sequence[int]) -> tuple[nn.Module, int]:

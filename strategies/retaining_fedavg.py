@@ -52,6 +52,16 @@ def aggregate_train_metrics(records: list[RecordDict], weighted_by_key: str) -> 
     return aggregated
 
 
+def _partition_order(reply: Message) -> tuple[int, int]:
+    """Sort key: replies with a partition id first, by id; failed or anonymous replies after."""
+    if reply.has_error():
+        return (1, 0)
+    metrics = next(iter(reply.content.metric_records.values()), None)
+    if metrics is None or PARTITION_ID_KEY not in metrics:
+        return (1, 0)
+    return (0, int(metrics[PARTITION_ID_KEY]))
+
+
 class RetainingFedAvg(FedAvg):
     """FedAvg (weighted by ``num-examples``) that retains client updates for unlearning.
 
@@ -113,7 +123,9 @@ class RetainingFedAvg(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """FedAvg's aggregation, then (in a retained round) U_k^t = M_k^t - M^t for every client."""
-        replies = list(replies)
+        # Sum in partition order, not arrival order: floating-point addition is not associative,
+        # and a rerun with the same seed must give the same model bit for bit.
+        replies = sorted(replies, key=_partition_order)
         arrays, metrics = super().aggregate_train(server_round, replies)
         if self.is_retained_round(server_round) and arrays is not None:
             self._retain(server_round, [m for m in replies if not m.has_error()])

@@ -7,19 +7,14 @@ from unittest.mock import Mock
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedunlearn.update_store import UpdateStore
 from strategies.retaining_fedavg import RetainingFedAvg, is_retained_round
 
 
 @pytest.fixture(autouse=True)
-def _task_identity():
-    """Messages are stamped with the run they belong to; outside a run, pretend to be in one."""
-    previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+def _in_a_run(flower_task_identity):
     yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
@@ -140,3 +135,17 @@ def test_schedule_helper_rejects_bad_interval():
     assert [t for t in range(1, 12) if is_retained_round(t, 5)] == [1, 6, 11]
     with pytest.raises(ValueError, match="retain_interval"):
         is_retained_round(1, 0)
+
+
+def test_aggregation_does_not_depend_on_reply_arrival_order(tmp_path):
+    """Replies arrive in any order; the model must be the same bit for bit (reproducible runs)."""
+    clients = [_state(40 + k) for k in range(3)]
+
+    def aggregate(order):
+        strategy = _strategy(None, 1)
+        list(strategy.configure_train(1, ArrayRecord(_state(0)), ConfigRecord(), _grid()))
+        replies = [_reply(clients[k], 7 + k, k, 100 + k) for k in order]
+        return strategy.aggregate_train(1, replies)[0].to_torch_state_dict()
+
+    a, b = aggregate([0, 1, 2]), aggregate([2, 0, 1])
+    assert all(torch.equal(a[k], b[k]) for k in a)

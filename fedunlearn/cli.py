@@ -1,0 +1,106 @@
+"""``fedunlearn``: look after run directories, retained-update stores and datasets (no Flower needed).
+
+    fedunlearn store info RUN_OR_STORE_DIR      rounds, clients, dtype, bytes per round, index table
+    fedunlearn store verify RUN_OR_STORE_DIR    check every blob's checksum (exit 1 if any is bad)
+    fedunlearn data check NAME --root DIR       load a dataset and print its sizes
+    fedunlearn data download NAME --root DIR    fetch a dataset into DIR (the only command that downloads)
+
+Training runs are launched with ``fedunlearn-run`` (or ``flwr run .``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedunlearn.errors import ConfigError, FedUnlearnError
+
+
+def _open_store(path: Path):
+    from fedunlearn.update_store import UpdateStore
+
+    for candidate in (path, path / "store"):
+        if (candidate / "store.json").is_file():
+            return UpdateStore(candidate)
+    raise ConfigError("path", str(path), "a run directory or a store directory holding store.json")
+
+
+def _store_info(args: argparse.Namespace) -> int:
+    store = _open_store(args.path)
+    index = store.index()
+    per_round = store.bytes_per_round()
+    print(
+        f"store {store.root}  dtype {store.dtype}  {len(store)} retained round(s)  {store.total_bytes():,} bytes"
+    )
+    if store.metadata:
+        print("metadata: " + ", ".join(f"{k}={v}" for k, v in sorted(store.metadata.items())))
+    if per_round:
+        print(f"rounds: {store.rounds()}")
+        print(f"clients: {store.clients()}")
+        print(f"bytes per retained round: {int(sum(per_round.values()) / len(per_round)):,} (mean)")
+    if args.index:
+        print(index.to_markdown(index=False))
+    return 0
+
+
+def _store_verify(args: argparse.Namespace) -> int:
+    store = _open_store(args.path)
+    problems = store.verify()
+    for problem in problems:
+        print(problem)
+    blobs = len(store.index())
+    print(f"{blobs} blob(s) checked, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from fedunlearn.datasets import load_dataset
+
+    splits = load_dataset(args.name, args.root, download=args.command == "download")
+    print(
+        f"{splits.name}: {len(splits.train)} training and {len(splits.test)} test samples, "
+        f"{splits.num_classes} classes, sample shape {tuple(splits.input_shape)}"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedunlearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    groups = parser.add_subparsers(dest="group", required=True)
+    store = groups.add_parser("store", help="inspect or verify a retained-update store")
+    store_commands = store.add_subparsers(dest="command", required=True)
+    info = store_commands.add_parser("info", help="summary of a store")
+    info.add_argument("path", type=Path)
+    info.add_argument("--index", action="store_true", help="print the whole index")
+    info.set_defaults(handler=_store_info)
+    verify = store_commands.add_parser("verify", help="verify every checksum")
+    verify.add_argument("path", type=Path)
+    verify.set_defaults(handler=_store_verify)
+    data = groups.add_parser("data", help="check or download a dataset")
+    data_commands = data.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("check", "load a dataset from a root"),
+        ("download", "fetch a dataset into a root"),
+    ):
+        command = data_commands.add_parser(name, help=text)
+        command.add_argument("name", help="digits, mnist, fashion-mnist, cifar10 or adult")
+        command.add_argument("--root", help="data root in torchvision's layout")
+        command.set_defaults(handler=_data)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except FedUnlearnError as error:
+        print(f"fedunlearn: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

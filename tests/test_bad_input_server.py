@@ -1,0 +1,67 @@
+"""The ServerApp checks everything it can before it writes anything."""
+
+from __future__ import annotations
+
+from unittest.mock import Mock
+
+import pytest
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.errors import ConfigError, DatasetNotFoundError
+from fedunlearn.run_directory import RunDirectory, atomic_write_bytes
+from server.federated_training import train_federated
+
+
+def _config(tmp_path, **values):
+    return ExperimentConfig.from_run_config({"output-dir": str(tmp_path / "out"), **values})
+
+
+def test_more_clients_than_samples(tmp_path):
+    grid = Mock()
+    with pytest.raises(ConfigError) as info:
+        train_federated(grid, _config(tmp_path, **{"num-clients": 5000}), log=lambda _: None)
+    assert info.value.parameter == "num-clients" and "5000" in str(info.value)
+    assert not grid.method_calls and not (tmp_path / "out").exists()
+
+
+def test_data_root_without_the_dataset_names_the_expected_path(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    grid = Mock()
+    with pytest.raises(DatasetNotFoundError) as info:
+        train_federated(
+            grid, _config(tmp_path, dataset="mnist", **{"data-root": str(root)}), log=print
+        )
+    assert str(root / "MNIST") in str(info.value)
+    assert not grid.method_calls and not (tmp_path / "out").exists()
+
+
+def test_dirichlet_that_cannot_give_every_client_data(tmp_path):
+    values = {"partitioning": "dirichlet", "alpha": 0.001, "num-clients": 600}
+    with pytest.raises(ConfigError) as info:
+        train_federated(Mock(), _config(tmp_path, **values), log=print)
+    assert info.value.parameter in ("alpha", "num-clients")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_run_is_never_overwritten(tmp_path):
+    run = RunDirectory.create(tmp_path / "r", {"a": 1})
+    run.write_json("summary.json", {"x": 1})
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        RunDirectory.create(tmp_path / "r", {"a": 2})
+    assert (tmp_path / "r" / "config.json").read_text().strip().endswith("}")
+    assert '"a": 1' in (tmp_path / "r" / "config.json").read_text()
+
+
+def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    target = tmp_path / "f.json"
+    atomic_write_bytes(target, b"old")
+
+    def crash(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("fedunlearn.run_directory.os.replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]

@@ -1,0 +1,81 @@
+"""The server maps node ids to partition ids and refuses a federation of the wrong size."""
+
+from __future__ import annotations
+
+from unittest.mock import Mock
+
+import pytest
+from flwr.app import Message, MetricRecord, RecordDict
+
+from fedunlearn.errors import ConfigError
+from server.federation import DESCRIBE, discover_clients
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
+
+
+class FakeGrid:
+    """Nodes that answer ``query.describe`` with a partition id and the federation size they expect."""
+
+    def __init__(self, partitions: dict[int, int], num_partitions: int):
+        self.partitions, self.num_partitions = partitions, num_partitions
+        self.sent: list[Message] = []
+
+    def get_node_ids(self):
+        return list(self.partitions)
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = []
+        for message in messages:
+            self.sent.append(message)
+            assert message.metadata.message_type == DESCRIBE
+            node = message.metadata.dst_node_id
+            reply = Mock(spec=Message)
+            reply.has_error.return_value = False
+            reply.metadata.src_node_id = node
+            reply.content = RecordDict(
+                {
+                    "metrics": MetricRecord(
+                        {
+                            "partition-id": self.partitions[node],
+                            "num-partitions": self.num_partitions,
+                            "num-examples": 10 + self.partitions[node],
+                        }
+                    )
+                }
+            )
+            replies.append(reply)
+        return replies
+
+
+def test_maps_random_node_ids_to_partition_ids():
+    grid = FakeGrid({9_001: 2, 42: 0, 77_777: 1}, num_partitions=3)
+    members = discover_clients(grid, 3, wait_seconds=5, log=lambda _: None)
+    assert members.node_of_partition == {0: 42, 1: 77_777, 2: 9_001}
+    assert members.num_examples == {0: 10, 1: 11, 2: 12}
+    assert members.partition_ids == [0, 1, 2]
+
+
+def test_nodes_expecting_another_federation_size_are_refused():
+    grid = FakeGrid({1: 0, 2: 1, 3: 2}, num_partitions=3)
+    with pytest.raises(ConfigError) as info:
+        discover_clients(grid, 2, wait_seconds=5, log=lambda _: None)
+    assert info.value.parameter == "num-clients" and "num-supernodes=2" in str(info.value)
+
+
+def test_two_nodes_claiming_one_partition_are_refused():
+    grid = FakeGrid({1: 0, 2: 0}, num_partitions=2)
+    with pytest.raises(ConfigError, match="partition-id=0"):
+        discover_clients(grid, 2, wait_seconds=5, log=lambda _: None)
+
+
+def test_too_few_nodes_in_time_names_num_clients_and_the_fix():
+    grid = FakeGrid({1: 0}, num_partitions=4)  # each node agrees on 4, but only one is up
+    with pytest.raises(ConfigError) as info:
+        discover_clients(grid, 4, wait_seconds=0.5, log=lambda _: None, settle_seconds=0.1)
+    assert "num-supernodes=4" in str(info.value) and "1 SuperNodes" in str(info.value)
+
+
+def test_a_settled_smaller_simulation_is_refused_without_waiting_the_full_timeout():
+    grid = FakeGrid({1: 0, 2: 1, 3: 2}, num_partitions=3)
+    with pytest.raises(ConfigError, match="num-partitions \\(3\\)"):
+        discover_clients(grid, 4, wait_seconds=60, log=lambda _: None, settle_seconds=0.2)

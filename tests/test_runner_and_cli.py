@@ -1,0 +1,123 @@
+"""``fedunlearn-run`` and ``fedunlearn``: bad input exits non-zero with a clear error and starts nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fedunlearn import cli
+from fedunlearn.update_store import UpdateStore
+from simulations import run as runner
+
+
+@pytest.fixture
+def no_flower(monkeypatch):
+    """Fail the test if the runner tries to start ``flwr``."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"flwr must not be started: {args}")
+
+    monkeypatch.setattr(runner.subprocess, "Popen", refuse)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--set", "dataset='imagenet'"], "invalid dataset='imagenet'"),
+        (["--set", "partitioning='random'"], "invalid partitioning='random'"),
+        (["--set", "retain-interval=0"], "invalid retain-interval=0"),
+        (["--set", "rounds=0"], "invalid rounds=0"),
+        (["--set", "dataset='mnist'", "--data-root", "no/such/dir"], "invalid data-root="),
+        (["--set", "colour=1"], "unknown key"),
+        (["--num-gpus", "2"], "invalid --num-gpus=2.0"),
+        (["--set", "rounds"], "invalid --set='rounds'"),
+    ],
+)
+def test_bad_input_exits_2_names_the_parameter_and_writes_nothing(
+    argv, fragment, tmp_path, capsys, no_flower
+):
+    out = tmp_path / "runs"
+    code = runner.main(argv + ["--output-dir", str(out)])
+    assert code == 2
+    assert fragment in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_missing_or_nested_config_file(tmp_path, capsys, no_flower):
+    assert runner.main([str(tmp_path / "absent.toml")]) == 2
+    assert "an existing TOML run-config file" in capsys.readouterr().err
+    nested = tmp_path / "nested.toml"
+    nested.write_text("[tool]\nrounds = 2\n")
+    assert runner.main([str(nested)]) == 2
+    assert "flat key = value pairs" in capsys.readouterr().err
+
+
+def test_paths_resolve_against_the_callers_directory(tmp_path):
+    values = runner.resolve_paths({"data-root": "data", "output-dir": "~/x", "rounds": 3}, tmp_path)
+    assert values["data-root"] == str(tmp_path / "data")
+    assert values["output-dir"].startswith("/") and not values["output-dir"].startswith("~")
+    assert values["rounds"] == 3
+
+
+def test_dry_run_sizes_the_federation_to_num_clients(tmp_path, capsys, no_flower):
+    code = runner.main(
+        ["--dry-run", "--set", "num-clients=7", "--num-gpus", "0.25", "--output-dir", str(tmp_path)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "num-supernodes=7" in out and "client-resources-num-gpus=0.25" in out
+    assert "num-clients = 7" in out and f'output-dir = "{tmp_path}"' in out
+
+
+def test_a_failed_flower_run_makes_a_non_zero_exit(tmp_path, monkeypatch, capsys):
+    """``flwr run`` exits 0 even when the ServerApp raised; the runner asks the SuperLink instead."""
+
+    class FakeProcess:
+        stdout = iter(["Successfully started run 123\n", "... traceback ...\n"])
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: FakeProcess())
+    monkeypatch.setattr(runner, "_run_status", lambda run_id, env: ("finished:failed", "boom"))
+    assert runner.main(["--output-dir", str(tmp_path)]) == 1
+    assert "run 123 finished:failed: boom" in capsys.readouterr().err
+    monkeypatch.setattr(runner, "_run_status", lambda run_id, env: ("finished:completed", ""))
+    FakeProcess.stdout = iter(["Successfully started run 124\n"])
+    assert runner.main(["--output-dir", str(tmp_path)]) == 0
+
+
+def test_store_info_and_verify(tmp_path, capsys):
+    store = UpdateStore(tmp_path / "run" / "store")
+    store.write_round(
+        1, {"w": torch.zeros(3)}, {0: ({"w": torch.ones(3)}, 5), 1: ({"w": torch.ones(3)}, 6)}
+    )
+    assert cli.main(["store", "info", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "1 retained round(s)" in out and "clients: [0, 1]" in out
+    assert cli.main(["store", "verify", str(tmp_path / "run")]) == 0
+    blob = next((tmp_path / "run" / "store" / "blobs").rglob("client_000001*"))
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    assert cli.main(["store", "verify", str(tmp_path / "run")]) == 1
+    assert "1 problem(s)" in capsys.readouterr().out
+
+
+def test_cli_errors_exit_2(tmp_path, capsys):
+    assert cli.main(["store", "info", str(tmp_path)]) == 2
+    assert "holding store.json" in capsys.readouterr().err
+    assert cli.main(["data", "check", "mnist", "--root", str(tmp_path)]) == 2
+    assert str(tmp_path / "MNIST") in capsys.readouterr().err
+
+
+def test_cli_checks_the_embedded_dataset():
+    result = subprocess.run(
+        [sys.executable, "-m", "fedunlearn.cli", "data", "check", "digits"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0 and "1347 training and 450 test samples" in result.stdout
