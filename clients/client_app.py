@@ -28,32 +28,17 @@ def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         """Train the received global model on this client's partition for ``local-epochs`` epochs."""
-        setup = client_setup(context, overrides)
-        model = _received_model(msg, setup)
-        config = msg.content["config"]
-        server_round = int(config.get("server-round", 0))
-        epochs = int(config.get("local-epochs", setup.config.local_epochs))
-        loss = train_epochs(
-            model,
-            setup.data.x,
-            setup.data.y,
-            epochs=epochs,
-            lr=float(config.get("lr", setup.config.lr)),
-            batch_size=int(config.get("batch-size", setup.config.batch_size)),
-            momentum=float(config.get("momentum", setup.config.momentum)),
-            weight_decay=float(config.get("weight-decay", setup.config.weight_decay)),
-            seed=derive_seed(setup.config.seed, "train", server_round, setup.partition_id),
-            device=setup.device,
-        )
-        metrics = MetricRecord(
-            {
-                "num-examples": len(setup.data),
-                "partition-id": setup.partition_id,
-                "train-loss": loss,
-            }
-        )
-        content = RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()), "metrics": metrics})
-        return Message(content=content, reply_to=msg)
+        return _local_training(msg, client_setup(context, overrides), "train")
+
+    @app.train("calibrate")
+    def calibrate(msg: Message, context: Context) -> Message:
+        """FedEraser's calibration training (``train.calibrate``): E_cali epochs from M̃^{t_j}.
+
+        The server sends ``local-epochs`` = E_cali and ``server-round`` = t_j, the retained round
+        being reconstructed; the batches are those of training round t_j, so that with r = 1 the
+        calibration repeats what retraining would do.
+        """
+        return _local_training(msg, client_setup(context, overrides), "calibrate")
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
@@ -98,6 +83,34 @@ def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
     return app
+
+
+def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
+    model = _received_model(msg, setup)
+    config = msg.content["config"]
+    server_round = int(config.get("server-round", 0))
+    loss = train_epochs(
+        model,
+        setup.data.x,
+        setup.data.y,
+        epochs=int(config.get("local-epochs", setup.config.local_epochs)),
+        lr=float(config.get("lr", setup.config.lr)),
+        batch_size=int(config.get("batch-size", setup.config.batch_size)),
+        momentum=float(config.get("momentum", setup.config.momentum)),
+        weight_decay=float(config.get("weight-decay", setup.config.weight_decay)),
+        seed=derive_seed(setup.config.seed, "train", server_round, setup.partition_id),
+        device=setup.device,
+    )
+    metrics = MetricRecord(
+        {
+            "num-examples": len(setup.data),
+            "partition-id": setup.partition_id,
+            "train-loss": loss,
+            "calibration": int(action == "calibrate"),
+        }
+    )
+    content = RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()), "metrics": metrics})
+    return Message(content=content, reply_to=msg)
 
 
 def _received_model(msg: Message, setup: ClientSetup):

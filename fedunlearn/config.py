@@ -23,6 +23,7 @@ PARTITIONINGS = ("iid", "dirichlet", "shards")
 STORE_DTYPES = ("float32", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
+UNLEARNING_METHODS = ("federaser", "fedaccum", "fedretrain")
 
 
 def _key(field_name: str) -> str:
@@ -44,7 +45,7 @@ class ExperimentConfig:
     partitioning: str = "iid"
     alpha: float = 0.5
     shards_per_client: int = 2
-    rounds: int = 10
+    rounds: int = 20
     local_epochs: int = 2
     lr: float = 0.05
     momentum: float = 0.9
@@ -59,6 +60,11 @@ class ExperimentConfig:
     output_dir: str = "~/fedunlearn-runs"
     run_name: str = ""
     node_wait_seconds: float = 120.0
+    unlearn_clients: str = "0"
+    unlearn_methods: str = "federaser,fedaccum,fedretrain"
+    calibration_ratio: float = 0.5
+    calibration_layerwise: bool = True
+    calibration_order: str = "client"
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -138,6 +144,25 @@ class ExperimentConfig:
                 f"dataset {self.dataset!r} needs a data root in torchvision's layout "
                 "(e.g. a folder holding MNIST/raw); only 'digits' is embedded",
             )
+        _one_of("calibration-order", self.calibration_order, ("client", "average"))
+        _in_range("calibration-ratio", self.calibration_ratio, 0.0, 1.0)
+        if self.calibration_ratio == 0.0:
+            raise ConfigError("calibration-ratio", self.calibration_ratio, "a number in (0, 1]")
+        targets = self.unlearn_targets  # parses and range-checks
+        if len(set(targets)) >= self.num_clients:
+            raise ConfigError(
+                "unlearn-clients",
+                self.unlearn_clients,
+                f"fewer than all {self.num_clients} clients: someone must remain",
+            )
+        methods = self.methods
+        if targets and not self.retain and {"federaser", "fedaccum"} & set(methods):
+            raise ConfigError(
+                "retain",
+                self.retain,
+                "true: FedEraser and FedAccum rebuild the model from retained updates "
+                "(or set unlearn-methods='fedretrain')",
+            )
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
             raise ConfigError(
                 "run-name", self.run_name, "a plain folder name without path separators"
@@ -158,6 +183,34 @@ class ExperimentConfig:
             self.run_name or f"{self.dataset}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
         )
         return self.output_path / name
+
+    @property
+    def unlearn_targets(self) -> list[int]:
+        """The partition ids to forget, from ``unlearn-clients`` ("" = none, "3" or "0,5")."""
+        text = self.unlearn_clients.replace(" ", "")
+        if not text:
+            return []
+        allowed = f"comma-separated partition ids in [0, {self.num_clients - 1}], e.g. '0' or '0,5'"
+        try:
+            targets = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise ConfigError("unlearn-clients", self.unlearn_clients, allowed) from None
+        if any(not 0 <= t < self.num_clients for t in targets):
+            raise ConfigError("unlearn-clients", self.unlearn_clients, allowed)
+        return sorted(set(targets))
+
+    @property
+    def methods(self) -> list[str]:
+        """The unlearning methods to run, in the order given by ``unlearn-methods``."""
+        names = [m for m in self.unlearn_methods.replace(" ", "").lower().split(",") if m]
+        unknown = [m for m in names if m not in UNLEARNING_METHODS]
+        if unknown or not names:
+            raise ConfigError(
+                "unlearn-methods",
+                self.unlearn_methods,
+                f"a comma-separated subset of {', '.join(UNLEARNING_METHODS)}",
+            )
+        return list(dict.fromkeys(names))
 
     def is_retained_round(self, server_round: int) -> bool:
         """FedEraser's schedule: t_1 = 1, t_{j+1} = t_j + Δt."""

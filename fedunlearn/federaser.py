@@ -156,15 +156,22 @@ def federaser(
     *,
     layerwise: bool = True,
     scaled_keys: Collection[str] | None = None,
+    calibration_order: str = "client",
     progress: Callable[[ReconstructionStep], None] | None = None,
 ) -> Reconstruction:
     """Algorithm 1 of Liu et al.: the global model reconstructed without ``targets``.
+
+    ``calibration_order="client"`` applies eq. (2) to each client's update, then aggregates (the
+    paper's equations); ``"average"`` aggregates the retained and the calibration updates first and
+    calibrates the averages (what the paper's released code does).
 
     ``calibrate`` is called once per retained round after the first, with the round t_j, the current
     calibrated model M̃^{t_j} and the remaining clients that have a retained update in t_j (never a
     target); it returns their calibration updates Û_k^{t_j}. A client missing from its reply is left
     out of that step. Reads one retained round at a time from ``store``.
     """
+    if calibration_order not in ("client", "average"):
+        raise ConfigError("calibration-order", calibration_order, "one of client, average")
     excluded = set(targets)
     rounds = store.rounds()
     if not rounds:
@@ -187,16 +194,30 @@ def federaser(
                 raise RuntimeError(
                     f"calibration returned updates of target clients {sorted(leaked)}"
                 )
-            calibrated = {
-                k: calibrate_update(
-                    retained.updates[k], answers[k], layerwise=layerwise, scaled_keys=scaled_keys
-                )
-                for k in clients
-                if k in answers
-            }
-            if not calibrated:
+            answered = sorted(k for k in clients if k in answers)
+            if not answered:
                 raise RuntimeError(f"no client answered the calibration of round {retained.round}")
-            step = aggregate_updates(calibrated, retained.num_examples)
+            if calibration_order == "client":
+                calibrated = {
+                    k: calibrate_update(
+                        retained.updates[k],
+                        answers[k],
+                        layerwise=layerwise,
+                        scaled_keys=scaled_keys,
+                    )
+                    for k in answered
+                }
+                step = aggregate_updates(calibrated, retained.num_examples)
+            else:
+                step = calibrate_update(
+                    aggregate_updates(
+                        {k: retained.updates[k] for k in answered}, retained.num_examples
+                    ),
+                    aggregate_updates({k: answers[k] for k in answered}, retained.num_examples),
+                    layerwise=layerwise,
+                    scaled_keys=scaled_keys,
+                )
+            calibrated = answered
             record = ReconstructionStep(
                 retained.round, sorted(calibrated), True, _norm(step.values())
             )

@@ -46,3 +46,54 @@ def plot_training_curves(metrics: pd.DataFrame, path: Path, title: str = "") -> 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_unlearning_comparison(table: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """Test and target accuracy per method, bars side by side (Fig. 2 of Liu et al.)."""
+    methods = list(table["method"])
+    positions = range(len(methods))
+    width = 0.38
+    fig, (ax_acc, ax_time) = plt.subplots(
+        1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]}
+    )
+    ax_acc.bar([p - width / 2 for p in positions], table["test_accuracy"], width, label="test data")
+    ax_acc.bar(
+        [p + width / 2 for p in positions], table["target_accuracy"], width, label="target's data"
+    )
+    ax_acc.set_xticks(list(positions), methods)
+    ax_acc.set_ylabel("accuracy")
+    ax_acc.set_ylim(0, 1.05)
+    ax_acc.grid(axis="y", alpha=0.3)
+    ax_acc.legend(loc="lower right")
+    timed = table[table["seconds"].notna()]
+    ax_time.bar(list(timed["method"]), timed["seconds"], color="tab:gray")
+    ax_time.set_ylabel("unlearning wall time (s)")
+    ax_time.grid(axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = "") -> Path:
+    """Histogram of per-neuron last-layer angles to the retrained model (Fig. 4 of Liu et al.)."""
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    finite = [a for values in angles.values() for a in values if a == a]
+    top = max(finite) if finite else 1.0
+    bins = [top * i / 20 for i in range(21)] if top > 0 else 20
+    for method, values in angles.items():
+        ax.hist(values, bins=bins, alpha=0.55, label=method)
+    ax.set_xlabel("angle to FedRetrain's neuron (degrees)")
+    ax.set_ylabel("neurons of the last layer")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -93,6 +93,24 @@ class RunDirectory:
     def metrics(self) -> pd.DataFrame:
         return pd.DataFrame(self._metrics)
 
+    def append_log(self, name: str, record: Mapping[str, Any]) -> Path:
+        """Append one JSON line to ``name`` (an append-only log) and make it durable."""
+        target = self.path / name
+        line = json.dumps(dict(record), sort_keys=True, default=str) + "\n"
+        with open(target, "a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return target
+
+    def read_log(self, name: str) -> list[dict[str, Any]]:
+        target = self.path / name
+        if not target.exists():
+            return []
+        return [
+            json.loads(line) for line in target.read_text(encoding="utf-8").splitlines() if line
+        ]
+
     def write_table(self, name: str, table: pd.DataFrame, *, markdown: bool = True) -> Path:
         """Write ``<name>.csv`` and, unless ``markdown`` is false, ``<name>.md``."""
         target = self.path / f"{name}.csv"

@@ -2,6 +2,7 @@
 
 One progress line per round; per-round metrics, the initial and final models and the store go to
 the run directory as they are produced, so an interrupted run keeps everything up to its last round.
+The same round loop trains FedRetrain (the targets left out) during unlearning.
 """
 
 from __future__ import annotations
@@ -9,37 +10,121 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 
 from fedunlearn.config import ExperimentConfig
-from fedunlearn.federated_data import load_federated_data
-from fedunlearn.models import build_model, resolve_model_name
+from fedunlearn.federated_data import FederatedData, load_federated_data
+from fedunlearn.models import BodyHeadNet, build_model, resolve_model_name
 from fedunlearn.plots import plot_training_curves
 from fedunlearn.run_directory import RunDirectory
 from fedunlearn.seeding import derive_seed
-from fedunlearn.training import evaluate, resolve_device
+from fedunlearn.training import EvaluationResult, evaluate, resolve_device
 from fedunlearn.update_store import UpdateStore
-from server.federation import discover_clients
+from server.federation import FederationMembers, discover_clients
 from strategies.retaining_fedavg import RetainingFedAvg
 
 ROUND_TIMEOUT_SECONDS = 3600.0
+Log = Callable[[str], None]
 
 
-@dataclass(frozen=True)
+@dataclass
 class TrainingOutcome:
-    run_dir: Path
-    final_accuracy: float
-    final_loss: float
+    """A finished training run and what unlearning needs from it."""
+
+    config: ExperimentConfig
+    run: RunDirectory
+    data: FederatedData
+    members: FederationMembers
+    store: UpdateStore | None
+    initial_state: dict[str, torch.Tensor]
+    final_state: dict[str, torch.Tensor]
     retained_rounds: list[int]
     seconds: float
 
+    def new_model(self) -> BodyHeadNet:
+        splits = self.data.splits
+        name = resolve_model_name(self.config.model, self.config.dataset)
+        return build_model(name, splits.input_shape, splits.num_classes)
 
-def train_federated(
-    grid: Grid, config: ExperimentConfig, *, log: Callable[[str], None] = print
-) -> TrainingOutcome:
+    @property
+    def run_dir(self):
+        return self.run.path
+
+    @property
+    def final_accuracy(self) -> float:
+        return float(self.run.metrics["test_accuracy"].iloc[-1])
+
+
+def train_config_record(config: ExperimentConfig) -> dict[str, int | float]:
+    """The client SGD settings sent with every training (and calibration) message."""
+    return {
+        "local-epochs": config.local_epochs,
+        "lr": config.lr,
+        "batch-size": config.batch_size,
+        "momentum": config.momentum,
+        "weight-decay": config.weight_decay,
+    }
+
+
+def fedavg_rounds(
+    grid: Grid,
+    strategy: RetainingFedAvg,
+    model: BodyHeadNet,
+    config: ExperimentConfig,
+    *,
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    on_round: Callable[[int, EvaluationResult | None, MetricRecord, int, float], None]
+    | None = None,
+) -> dict[str, torch.Tensor]:
+    """Run ``config.rounds`` FedAvg rounds from ``model``'s weights; returns the final state.
+
+    ``test`` (inputs, labels) turns on a server-side evaluation after each round, reported to
+    ``on_round(round, evaluation, train_metrics, clients_replied, round_seconds)``.
+    """
+    device = resolve_device(config.device)
+    arrays = ArrayRecord(model.state_dict())
+    train_config = train_config_record(config)
+    for server_round in range(1, config.rounds + 1):
+        started = time.perf_counter()
+        messages = strategy.configure_train(
+            server_round, arrays, ConfigRecord(dict(train_config)), grid
+        )
+        replies = list(grid.send_and_receive(list(messages), timeout=ROUND_TIMEOUT_SECONDS))
+        failed = [r for r in replies if r.has_error()]
+        new_arrays, train_metrics = strategy.aggregate_train(server_round, replies)
+        if new_arrays is None:
+            reasons = "; ".join(sorted({r.error.reason.strip().splitlines()[-1] for r in failed}))
+            raise RuntimeError(
+                f"round {server_round}: no client returned an update ({reasons or 'no replies'})"
+            )
+        arrays = new_arrays
+        evaluate_messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
+        client_eval = strategy.aggregate_evaluate(
+            server_round,
+            grid.send_and_receive(list(evaluate_messages), timeout=ROUND_TIMEOUT_SECONDS),
+        )
+        model.load_state_dict(arrays.to_torch_state_dict())
+        result = evaluate(model, *test, device=device) if test is not None else None
+        if on_round is not None:
+            metrics = train_metrics or MetricRecord()
+            if client_eval is not None:
+                metrics["client-eval-accuracy"] = float(
+                    client_eval.get("eval-accuracy", float("nan"))
+                )
+            on_round(
+                server_round,
+                result,
+                metrics,
+                len(replies) - len(failed),
+                time.perf_counter() - started,
+            )
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> TrainingOutcome:
     """Train with retaining FedAvg as ``config`` says; returns where the results are.
 
     Everything that can be checked is checked before the run directory is created: the config, the
@@ -54,6 +139,7 @@ def train_federated(
         splits.num_classes,
         seed=derive_seed(config.seed, "initial-model"),
     )
+    initial_state = {k: v.clone() for k, v in model.state_dict().items()}
     device = resolve_device(config.device)
     members = discover_clients(grid, config.num_clients, config.node_wait_seconds, log=log)
 
@@ -88,17 +174,8 @@ def train_federated(
         min_evaluate_nodes=1,
         min_available_nodes=config.num_clients,
     )
-    train_config = ConfigRecord(
-        {
-            "local-epochs": config.local_epochs,
-            "lr": config.lr,
-            "batch-size": config.batch_size,
-            "momentum": config.momentum,
-            "weight-decay": config.weight_decay,
-        }
-    )
 
-    run.save_model("model_initial", model.state_dict())
+    run.save_model("model_initial", initial_state)
     initial = evaluate(model, splits.test.x, splits.test.y, device=device)
     run.append_metrics(
         _row(0, initial, MetricRecord(), 0, False, 0.0, time.perf_counter() - started)
@@ -107,50 +184,32 @@ def train_federated(
         f"round 0/{config.rounds}  test accuracy {initial.accuracy:.4f}  test loss {initial.loss:.4f}"
     )
 
-    arrays = ArrayRecord(model.state_dict())
-    for server_round in range(1, config.rounds + 1):
-        round_started = time.perf_counter()
-        messages = list(
-            strategy.configure_train(server_round, arrays, ConfigRecord(dict(train_config)), grid)
-        )
-        replies = list(grid.send_and_receive(messages, timeout=ROUND_TIMEOUT_SECONDS))
-        failed = [r for r in replies if r.has_error()]
-        new_arrays, train_metrics = strategy.aggregate_train(server_round, replies)
-        if new_arrays is None:
-            reasons = (
-                "; ".join(sorted({r.error.reason.strip().splitlines()[-1] for r in failed}))
-                or "no replies"
-            )
-            raise RuntimeError(f"round {server_round}: no client returned an update ({reasons})")
-        arrays = new_arrays
-        evaluate_messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
-        client_eval = strategy.aggregate_evaluate(
-            server_round, grid.send_and_receive(evaluate_messages, timeout=ROUND_TIMEOUT_SECONDS)
-        )
-        model.load_state_dict(arrays.to_torch_state_dict())
-        result = evaluate(model, splits.test.x, splits.test.y, device=device)
+    def record(server_round, result, train_metrics, replied, seconds):
         retained = strategy.is_retained_round(server_round)
         row = _row(
             server_round,
             result,
-            train_metrics or MetricRecord(),
-            len(replies) - len(failed),
+            train_metrics,
+            replied,
             retained,
-            time.perf_counter() - round_started,
+            seconds,
             time.perf_counter() - started,
         )
-        if client_eval is not None:
-            row["client_eval_accuracy"] = float(client_eval.get("eval-accuracy", float("nan")))
+        if "client-eval-accuracy" in train_metrics:
+            row["client_eval_accuracy"] = float(train_metrics["client-eval-accuracy"])
         run.append_metrics(row)
         log(
             f"round {server_round}/{config.rounds}  test accuracy {result.accuracy:.4f}  "
             f"test loss {result.loss:.4f}  train loss {row['train_loss']:.4f}  "
-            f"clients {row['clients_replied']}/{config.num_clients}"
+            f"clients {replied}/{config.num_clients}"
             + ("  retained" if retained else "")
-            + f"  {row['round_seconds']:.1f}s"
+            + f"  {seconds:.1f}s"
         )
 
-    run.save_model("model_final", model.state_dict())
+    final_state = fedavg_rounds(
+        grid, strategy, model, config, test=(splits.test.x, splits.test.y), on_round=record
+    )
+    run.save_model("model_final", final_state)
     metrics = run.metrics
     plot_training_curves(
         metrics, run.path / "training.png", title=f"{config.dataset}, {config.num_clients} clients"
@@ -167,16 +226,12 @@ def train_federated(
     }
     run.write_json("summary.json", summary)
     log(
-        f"done in {seconds:.1f}s: final test accuracy {summary['final_test_accuracy']:.4f}; "
+        f"trained in {seconds:.1f}s: final test accuracy {summary['final_test_accuracy']:.4f}; "
         f"{len(retained_rounds)} retained round(s), {summary['store_bytes'] / 1e6:.2f} MB; "
         f"results in {run.path}"
     )
     return TrainingOutcome(
-        run.path,
-        summary["final_test_accuracy"],
-        summary["final_test_loss"],
-        retained_rounds,
-        seconds,
+        config, run, data, members, store, initial_state, final_state, retained_rounds, seconds
     )
 
 

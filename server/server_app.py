@@ -15,6 +15,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import FedUnlearnError
 from server.federated_training import train_federated
+from server.unlearning import run_unlearning
 
 
 def _log(line: str) -> None:
@@ -28,10 +29,13 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        """Validate the run config, then train (FedAvg with FedEraser retention)."""
+        """Validate the run config, train (FedAvg with retention), then unlearn and compare."""
         try:
             config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
-            train_federated(grid, config, log=_log)
+            outcome = train_federated(grid, config, log=_log)
+            if config.unlearn_targets:
+                run_unlearning(grid, outcome, log=_log)
+            _log(f"results in {outcome.run.path}")
         except FedUnlearnError as error:
             _log(f"error: {error}")
             raise

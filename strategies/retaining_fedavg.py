@@ -9,7 +9,7 @@ the server needs later to reconstruct the model without a client (Algorithm 1).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -71,6 +71,9 @@ class RetainingFedAvg(FedAvg):
         Where retained rounds go; ``None`` turns retention off (plain FedAvg).
     retain_interval : int (default: 1)
         Δt, the number of rounds between two retained rounds; rounds 1, 1+Δt, 1+2Δt, ... are kept.
+    participants : collection of int, optional
+        Node ids allowed to take part; messages to any other node are dropped before they are sent
+        (FedRetrain trains without the forgotten clients this way). Default: every node.
     on_retained : callable, optional
         Called with ``(server_round, partition_ids)`` after a round was committed to the store.
     **fedavg_kwargs
@@ -88,6 +91,7 @@ class RetainingFedAvg(FedAvg):
         self,
         store: UpdateStore | None,
         retain_interval: int = 1,
+        participants: Collection[int] | None = None,
         on_retained: Callable[[int, list[int]], None] | None = None,
         **fedavg_kwargs,
     ) -> None:
@@ -97,6 +101,7 @@ class RetainingFedAvg(FedAvg):
         self.store = store
         self.retain_interval = retain_interval
         self.on_retained = on_retained
+        self.participants = None if participants is None else frozenset(participants)
         self._sent_arrays: dict[int, ArrayRecord] = {}
 
     def summary(self) -> None:
@@ -117,7 +122,20 @@ class RetainingFedAvg(FedAvg):
         """FedAvg's configuration; remembers M^t, the model sent this round, for the updates."""
         if self.is_retained_round(server_round):
             self._sent_arrays = {server_round: arrays}
-        return super().configure_train(server_round, arrays, config, grid)
+        return self._only_participants(super().configure_train(server_round, arrays, config, grid))
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self._only_participants(
+            super().configure_evaluate(server_round, arrays, config, grid)
+        )
+
+    def _only_participants(self, messages: Iterable[Message]) -> list[Message]:
+        messages = list(messages)
+        if self.participants is None:
+            return messages
+        return [m for m in messages if m.metadata.dst_node_id in self.participants]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -69,7 +69,9 @@ def test_dataset_other_than_digits_needs_a_data_root():
 
 
 def test_strings_from_the_command_line_are_coerced():
-    config = ExperimentConfig.from_run_config({"rounds": "3", "lr": "0.1", "retain": "false"})
+    config = ExperimentConfig.from_run_config(
+        {"rounds": "3", "lr": "0.1", "retain": "false", "unlearn-clients": ""}
+    )
     assert (config.rounds, config.lr, config.retain) == (3, 0.1, False)
 
 
@@ -87,3 +89,34 @@ def test_run_directory_is_output_dir_slash_run_name(tmp_path):
     assert config.run_directory() == tmp_path / "r1"
     auto = ExperimentConfig.from_run_config({"output-dir": str(tmp_path)}).run_directory()
     assert auto.parent == tmp_path and auto.name.startswith("digits-")
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"unlearn-clients": "x"}, "unlearn-clients"),
+        ({"unlearn-clients": "10"}, "unlearn-clients"),
+        ({"unlearn-clients": "-1"}, "unlearn-clients"),
+        ({"num-clients": 2, "unlearn-clients": "0,1"}, "unlearn-clients"),
+        ({"unlearn-methods": "federaser,magic"}, "unlearn-methods"),
+        ({"unlearn-methods": ""}, "unlearn-methods"),
+        ({"calibration-ratio": 0.0}, "calibration-ratio"),
+        ({"calibration-ratio": 1.5}, "calibration-ratio"),
+        ({"retain": False}, "retain"),
+    ],
+)
+def test_bad_unlearning_requests(values, key):
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.from_run_config(values)
+    assert info.value.parameter == key
+
+
+def test_unlearning_request_parsing():
+    config = ExperimentConfig.from_run_config(
+        {"unlearn-clients": " 5, 0,5", "unlearn-methods": "FedRetrain,federaser"}
+    )
+    assert config.unlearn_targets == [0, 5]
+    assert config.methods == ["fedretrain", "federaser"]
+    assert ExperimentConfig.from_run_config({"unlearn-clients": ""}).unlearn_targets == []
+    train_only = {"retain": False, "unlearn-methods": "fedretrain"}
+    assert ExperimentConfig.from_run_config(train_only).methods == ["fedretrain"]

@@ -217,3 +217,24 @@ def test_with_r_1_and_delta_t_1_federaser_first_steps_reproduce_fedretrain(tmp_p
     for key in final_step:
         assert torch.allclose(final_step[key], direction[key], atol=1e-5)
     assert not math.isnan(result.steps[-1].update_norm)
+
+
+def test_average_order_calibrates_the_aggregates_as_the_papers_code_does(tmp_path):
+    store = _handmade_store(tmp_path, rounds=(1, 2), clients=(0, 1))
+    answers = {
+        0: {"w": torch.tensor([1.0, 0.0, 0.0, 0.0])},
+        1: {"w": torch.tensor([0.0, 3.0, 0.0, 0.0])},
+    }
+    result = federaser(store, [], lambda t, m, c: answers, calibration_order="average")
+    weights = {0: 10, 1: 11}
+    old = (10 * store.read_update(2, 0)["w"] + 11 * store.read_update(2, 1)["w"]) / 21
+    new = (10 * answers[0]["w"] + 11 * answers[1]["w"]) / 21
+    first = (
+        store.read_global(1)["w"]
+        + (10 * store.read_update(1, 0)["w"] + 11 * store.read_update(1, 1)["w"]) / 21
+    )
+    expected = first + old.norm() * new / new.norm()
+    assert torch.allclose(result.model["w"], expected, atol=1e-5)
+    assert sum(weights.values()) == 21
+    with pytest.raises(ConfigError, match="calibration-order"):
+        federaser(store, [], lambda t, m, c: answers, calibration_order="sometimes")

@@ -1,0 +1,211 @@
+"""The unlearning phase of an experiment: forget the target clients with every requested method,
+measure each resulting model, and make the forgetting stick (delete the targets' retained updates).
+
+Methods (Liu et al., FedEraser, Section V):
+
+* ``federaser``  — calibrated reconstruction from retained updates (Algorithm 1);
+* ``fedaccum``   — the retained updates of the remaining clients, accumulated without calibration (eq. 5);
+* ``fedretrain`` — FedAvg from the same initial model, same seeds, rounds and local epochs, without
+  the targets (they receive no message);
+* ``fedavg``     — the original model, the starting point every method is compared with.
+
+The readouts need the targets' training data. In a simulation the server rebuilds those partitions
+from the run configuration for measurement only; no method ever reads them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+
+from fedunlearn.federaser import fedaccum
+from fedunlearn.model_state import State
+from fedunlearn.plots import plot_neuron_angles, plot_unlearning_comparison
+from fedunlearn.training import evaluate, resolve_device
+from fedunlearn.unlearning_metrics import (
+    angle_degrees,
+    l2_distance,
+    per_neuron_angles,
+    prediction_difference,
+)
+from server.federated_training import TrainingOutcome, fedavg_rounds, train_config_record
+from strategies.federaser import FedEraser
+from strategies.retaining_fedavg import RetainingFedAvg
+
+Log = Callable[[str], None]
+LOG_NAME = "unlearning_log.jsonl"
+
+
+def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:
+    """Forget ``outcome.config.unlearn_targets`` with each method; returns the comparison table."""
+    config = outcome.config
+    targets = config.unlearn_targets
+    history = outcome.run.read_log(LOG_NAME)
+    already = sorted({t for entry in history for t in entry["targets"]})
+    # Each request keeps its own outputs: unlearning.csv, then unlearning-2.csv, ...
+    suffix = "" if not history else f"-{len(history) + 1}"
+    excluded = sorted(set(targets) | set(already))
+    remaining_nodes = [
+        node
+        for partition, node in outcome.members.node_of_partition.items()
+        if partition not in excluded
+    ]
+    log(
+        f"unlearning client(s) {targets} with {', '.join(config.methods)}; "
+        f"{len(remaining_nodes)} client(s) remain"
+    )
+    models: dict[str, State] = {"fedavg": outcome.final_state}
+    seconds: dict[str, float] = {}
+    details: dict[str, dict] = {}
+    for method in config.methods:
+        started = time.perf_counter()
+        if method == "federaser":
+            models[method], details[method] = _federaser(grid, outcome, excluded, log)
+        elif method == "fedaccum":
+            reconstruction = fedaccum(outcome.store, excluded)
+            models[method] = reconstruction.model
+            details[method] = {"steps": len(reconstruction.steps)}
+        else:
+            models[method], details[method] = _fedretrain(grid, outcome, remaining_nodes, log)
+        seconds[method] = time.perf_counter() - started
+        outcome.run.save_model(f"model_{method}{suffix}", models[method])
+        log(f"{method}: {seconds[method]:.1f}s")
+
+    table, angles = measure(outcome, models, seconds, targets)
+    outcome.run.write_table(f"unlearning{suffix}", table)
+    title = f"{config.dataset}, K={config.num_clients}, forget {targets}"
+    plot_unlearning_comparison(table, outcome.run.path / f"unlearning{suffix}.png", title=title)
+    if angles:
+        plot_neuron_angles(angles, outcome.run.path / f"last_layer_angles{suffix}.png", title=title)
+
+    deleted = _forget(outcome, targets)
+    outcome.run.append_log(
+        LOG_NAME,
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "targets": targets,
+            "previously_unlearned": already,
+            "methods": config.methods,
+            "parameters": {
+                "calibration_ratio": config.calibration_ratio,
+                "calibration_layerwise": config.calibration_layerwise,
+                "calibration_order": config.calibration_order,
+                "retain_interval": config.retain_interval,
+                "local_epochs": config.local_epochs,
+                "rounds": config.rounds,
+                "seed": config.seed,
+            },
+            "seconds": seconds,
+            "details": details,
+            "deleted_blobs": deleted,
+        },
+    )
+    log("unlearning results:\n" + table.to_markdown(index=False, floatfmt=".4f"))
+    log(
+        f"deleted {deleted} retained update(s) of client(s) {targets}; "
+        f"table {outcome.run.path / f'unlearning{suffix}.csv'}"
+    )
+    return table
+
+
+def _federaser(grid, outcome: TrainingOutcome, excluded: list[int], log: Log):
+    config = outcome.config
+    eraser = FedEraser(
+        grid,
+        outcome.members.node_of_partition,
+        local_epochs=config.local_epochs,
+        calibration_ratio=config.calibration_ratio,
+        train_config={k: v for k, v in train_config_record(config).items() if k != "local-epochs"},
+        layerwise=config.calibration_layerwise,
+        calibration_order=config.calibration_order,
+    )
+    parameters = {name for name, _ in outcome.new_model().named_parameters()}
+
+    def progress(step):
+        kind = "calibrated" if step.calibrated else "first step, uncalibrated"
+        log(f"federaser: retained round {step.retained_round}, {len(step.clients)} clients, {kind}")
+
+    reconstruction = eraser.unlearn(
+        outcome.store, excluded, scaled_keys=parameters, progress=progress
+    )
+    return reconstruction.model, {
+        "steps": len(reconstruction.steps),
+        "calibration_epochs": eraser.calibration_epochs,
+    }
+
+
+def _fedretrain(grid, outcome: TrainingOutcome, remaining_nodes: list[int], log: Log):
+    config = outcome.config
+    strategy = RetainingFedAvg(
+        None,
+        participants=remaining_nodes,
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=config.num_clients,
+        min_available_nodes=config.num_clients,
+    )
+    model = outcome.new_model()
+    model.load_state_dict(outcome.initial_state)
+
+    def progress(server_round, _result, _metrics, replied, round_seconds):
+        log(
+            f"fedretrain: round {server_round}/{config.rounds}, {replied} clients, {round_seconds:.1f}s"
+        )
+
+    state = fedavg_rounds(grid, strategy, model, config, on_round=progress)
+    return state, {"rounds": config.rounds, "clients": len(remaining_nodes)}
+
+
+def measure(
+    outcome: TrainingOutcome,
+    models: dict[str, State],
+    seconds: dict[str, float],
+    targets: list[int],
+) -> tuple[pd.DataFrame, dict[str, list[float]]]:
+    """The comparison table (one row per method) and the per-neuron angles to FedRetrain."""
+    device = resolve_device(outcome.config.device)
+    splits = outcome.data.splits
+    target_x = torch.cat([outcome.data.client_split(t).x for t in targets])
+    target_y = torch.cat([outcome.data.client_split(t).y for t in targets])
+    original = outcome.new_model().to(device)
+    original.load_state_dict(outcome.final_state)
+    retrained = models.get("fedretrain")
+    rows, angles = [], {}
+    for method, state in models.items():
+        model = outcome.new_model().to(device)
+        model.load_state_dict(state)
+        test = evaluate(model, splits.test.x, splits.test.y, device=device)
+        target = evaluate(model, target_x, target_y, device=device)
+        row = {
+            "method": method,
+            "test_accuracy": test.accuracy,
+            "test_loss": test.loss,
+            "target_accuracy": target.accuracy,
+            "target_loss": target.loss,
+            "prediction_difference": prediction_difference(model, original, splits.test.x),
+            "last_layer_angle_deg": float("nan"),
+            "l2_to_fedretrain": float("nan"),
+            "seconds": seconds.get(method, float("nan")),
+            "speedup_vs_fedretrain": float("nan"),
+        }
+        if retrained is not None:
+            row["last_layer_angle_deg"] = angle_degrees(
+                state["head.weight"], retrained["head.weight"]
+            )
+            row["l2_to_fedretrain"] = l2_distance(state, retrained)
+            if method != "fedretrain":
+                angles[method] = per_neuron_angles(state["head.weight"], retrained["head.weight"])
+            if method in seconds and "fedretrain" in seconds:
+                row["speedup_vs_fedretrain"] = seconds["fedretrain"] / seconds[method]
+        rows.append(row)
+    return pd.DataFrame(rows), angles
+
+
+def _forget(outcome: TrainingOutcome, targets: list[int]) -> int:
+    """Delete the targets' retained updates: keeping them would keep their information."""
+    if outcome.store is None:
+        return 0
+    return sum(outcome.store.delete_client(t) for t in targets)

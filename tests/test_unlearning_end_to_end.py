@@ -1,0 +1,111 @@
+"""End to end on digits: train 4 clients, forget one, then another; the forgotten receive nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import pandas as pd
+import pytest
+from flwr.serverapp import ServerApp
+
+from clients.client_app import create_client_app
+from fedunlearn.config import ExperimentConfig
+from server.federated_training import train_federated
+from server.unlearning import LOG_NAME, run_unlearning
+
+pytestmark = pytest.mark.slow
+
+
+class SpyGrid:
+    """Delegates to Flower's grid and records every message with the phase it was sent in."""
+
+    def __init__(self, grid):
+        self._grid, self.phase, self.sent = grid, "training", []
+
+    def get_node_ids(self):
+        return self._grid.get_node_ids()
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        self.sent += [
+            (self.phase, m.metadata.dst_node_id, m.metadata.message_type) for m in messages
+        ]
+        return self._grid.send_and_receive(messages, timeout=timeout)
+
+
+def test_forget_one_client_then_another(tmp_path):
+    from flwr.simulation import run_simulation
+
+    overrides = {
+        "num-clients": 4,
+        "rounds": 10,
+        "local-epochs": 2,
+        "retain-interval": 1,
+        "calibration-ratio": 0.5,
+        "output-dir": str(tmp_path),
+        "run-name": "e2e",
+        "unlearn-clients": "0",
+        "node-wait-seconds": 60,
+    }
+    seen = {}
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context):
+        spy = SpyGrid(grid)
+        config = ExperimentConfig.from_run_config(overrides)
+        outcome = train_federated(spy, config, log=lambda _: None)
+        seen["members"], seen["spy"] = outcome.members, spy
+        spy.phase = "unlearn-0"
+        seen["first"] = run_unlearning(spy, outcome, log=lambda _: None)
+        spy.phase = "unlearn-1"
+        second = dataclasses.replace(outcome, config=config.replace(unlearn_clients="1"))
+        seen["second"] = run_unlearning(spy, second, log=lambda _: None)
+        seen["store_clients"] = outcome.store.clients()  # the store is used from this thread
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_simulation(
+            server_app=app,
+            client_app=create_client_app(overrides),
+            num_supernodes=4,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": 2},
+            },
+        )
+
+    node = seen["members"].node_of_partition
+    sent = seen["spy"].sent
+    # The forgotten client receives no message while it is being unlearned, nor afterwards.
+    assert not [s for s in sent if s[0] != "training" and s[1] == node[0]]
+    assert not [s for s in sent if s[0] == "unlearn-1" and s[1] == node[1]]
+    assert {kind for phase, _, kind in sent if phase != "training"} == {"train.calibrate", "train"}
+
+    first = seen["first"].set_index("method")
+    assert list(first.index) == ["fedavg", "federaser", "fedaccum", "fedretrain"]
+    assert first.loc["fedretrain", "test_accuracy"] > 0.8
+    assert (
+        abs(first.loc["federaser", "test_accuracy"] - first.loc["fedretrain", "test_accuracy"])
+        < 0.05
+    )
+    assert first.loc["fedretrain", "last_layer_angle_deg"] < 1e-3
+    assert first.loc["fedaccum", "test_accuracy"] < first.loc["federaser", "test_accuracy"]
+
+    # Deleted updates are gone from the store; the log says who was forgotten, how and when.
+    assert seen["store_clients"] == [2, 3]
+    run_dir = tmp_path / "e2e"
+    log = [json.loads(line) for line in (run_dir / LOG_NAME).read_text().splitlines()]
+    assert [entry["targets"] for entry in log] == [[0], [1]]
+    assert log[1]["previously_unlearned"] == [0]
+    assert log[0]["deleted_blobs"] == 10 and log[0]["parameters"]["calibration_ratio"] == 0.5
+    assert pd.read_csv(run_dir / "unlearning-2.csv")["method"].tolist() == list(first.index)
+    for name in (
+        "unlearning.png",
+        "last_layer_angles.png",
+        "model_federaser.safetensors",
+        "model_fedretrain-2.safetensors",
+    ):
+        assert (run_dir / name).stat().st_size > 0
