@@ -65,6 +65,7 @@ class ExperimentConfig:
     calibration_ratio: float = 0.5
     calibration_layerwise: bool = True
     calibration_order: str = "client"
+    unlearn_only: bool = False
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -163,6 +164,12 @@ class ExperimentConfig:
                 "true: FedEraser and FedAccum rebuild the model from retained updates "
                 "(or set unlearn-methods='fedretrain')",
             )
+        if self.unlearn_only and not (self.run_name and targets):
+            raise ConfigError(
+                "unlearn-only",
+                True,
+                "set together with run-name (the trained run) and unlearn-clients (whom to forget)",
+            )
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
             raise ConfigError(
                 "run-name", self.run_name, "a plain folder name without path separators"
@@ -246,6 +253,8 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
         if not math.isfinite(number):
             raise ConfigError(key, value, "a finite number")
         return number
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # e.g. unlearn-clients=3 from the command line, read as a TOML integer
     if not isinstance(value, str):
         raise ConfigError(key, value, "a string")
     return value

@@ -15,6 +15,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import FedUnlearnError
 from server.federated_training import train_federated
+from server.run_loading import load_trained_run
 from server.unlearning import run_unlearning
 
 
@@ -32,7 +33,10 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         """Validate the run config, train (FedAvg with retention), then unlearn and compare."""
         try:
             config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
-            outcome = train_federated(grid, config, log=_log)
+            if config.unlearn_only:
+                outcome = load_trained_run(grid, config, log=_log)
+            else:
+                outcome = train_federated(grid, config, log=_log)
             if config.unlearn_targets:
                 run_unlearning(grid, outcome, log=_log)
             _log(f"results in {outcome.run.path}")

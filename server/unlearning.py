@@ -21,6 +21,7 @@ from collections.abc import Callable
 import pandas as pd
 import torch
 
+from fedunlearn.errors import ConfigError
 from fedunlearn.federaser import fedaccum
 from fedunlearn.model_state import State
 from fedunlearn.plots import plot_neuron_angles, plot_unlearning_comparison
@@ -45,6 +46,13 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
     targets = config.unlearn_targets
     history = outcome.run.read_log(LOG_NAME)
     already = sorted({t for entry in history for t in entry["targets"]})
+    if set(targets) & set(already):
+        raise ConfigError(
+            "unlearn-clients",
+            config.unlearn_clients,
+            f"clients not unlearned before; {sorted(set(targets) & set(already))} already were "
+            f"(see {outcome.run.path / LOG_NAME})",
+        )
     # Each request keeps its own outputs: unlearning.csv, then unlearning-2.csv, ...
     suffix = "" if not history else f"-{len(history) + 1}"
     excluded = sorted(set(targets) | set(already))

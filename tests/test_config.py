@@ -120,3 +120,9 @@ def test_unlearning_request_parsing():
     assert ExperimentConfig.from_run_config({"unlearn-clients": ""}).unlearn_targets == []
     train_only = {"retain": False, "unlearn-methods": "fedretrain"}
     assert ExperimentConfig.from_run_config(train_only).methods == ["fedretrain"]
+
+
+def test_a_number_given_for_a_text_key_is_read_as_text():
+    assert ExperimentConfig.from_run_config({"unlearn-clients": 3}).unlearn_targets == [3]
+    with pytest.raises(ConfigError, match="a string"):
+        ExperimentConfig.from_run_config({"dataset": ["mnist"]})

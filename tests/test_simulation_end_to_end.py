@@ -83,3 +83,34 @@ def test_federation_smaller_than_num_clients_fails_before_writing(tmp_path):
         _simulate(overrides, num_supernodes=3)
     assert info.value.parameter == "num-clients" and "num-supernodes=4" in str(info.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_finished_run_can_be_reopened_to_forget_a_client_and_not_twice(tmp_path):
+    common = {
+        "num-clients": 3,
+        "rounds": 2,
+        "local-epochs": 1,
+        "retain-interval": 1,
+        "output-dir": str(tmp_path),
+    }
+    common |= {"run-name": "base", "node-wait-seconds": 60}
+    _simulate({**common, "unlearn-clients": ""}, num_supernodes=3)
+    request = {
+        **common,
+        "unlearn-only": True,
+        "unlearn-clients": "1",
+        "unlearn-methods": "federaser,fedaccum",
+    }
+    _simulate(request, num_supernodes=3)
+
+    run_dir = tmp_path / "base"
+    table = pd.read_csv(run_dir / "unlearning.csv")
+    assert table["method"].tolist() == ["fedavg", "federaser", "fedaccum"]
+    assert UpdateStore(run_dir / "store").clients() == [0, 2]
+    log = [json.loads(line) for line in (run_dir / "unlearning_log.jsonl").read_text().splitlines()]
+    assert [entry["targets"] for entry in log] == [[1]]
+    # The trained run's settings were kept: still two rounds, still the same training metrics.
+    assert json.loads((run_dir / "config.json").read_text())["rounds"] == 2
+
+    with pytest.raises(ConfigError, match="already were"):
+        _simulate(request, num_supernodes=3)

@@ -1,0 +1,76 @@
+"""Reopen a finished run to unlearn more clients from it (``unlearn-only = true``).
+
+The training settings (dataset, partitioning, K, seeds, rounds, local epochs, Δt ...) are those
+the run was trained with, read from its ``config.json``; the request brings only the unlearning
+settings (which clients, which methods, r, calibration options) and the device.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pandas as pd
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.errors import ConfigError
+from fedunlearn.federated_data import load_federated_data
+from fedunlearn.run_directory import RunDirectory
+from fedunlearn.update_store import UpdateStore
+from server.federated_training import TrainingOutcome
+from server.federation import discover_clients
+
+REQUEST_KEYS = (
+    "unlearn_clients",
+    "unlearn_methods",
+    "calibration_ratio",
+    "calibration_layerwise",
+    "calibration_order",
+    "device",
+    "node_wait_seconds",
+)
+
+
+def load_trained_run(
+    grid, request: ExperimentConfig, *, log: Callable[[str], None] = print
+) -> TrainingOutcome:
+    """The outcome of the trained run ``output-dir/run-name``, ready for another unlearning request."""
+    if not request.run_name:
+        raise ConfigError(
+            "run-name", "", "the name of the trained run to unlearn from (unlearn-only = true)"
+        )
+    path = request.run_directory()
+    for needed in (
+        "config.json",
+        "model_initial.safetensors",
+        "model_final.safetensors",
+        "metrics.csv",
+    ):
+        if not (path / needed).is_file():
+            raise ConfigError(
+                "run-name",
+                request.run_name,
+                f"a finished run under {request.output_path}; {path / needed} is missing",
+            )
+    trained = ExperimentConfig.from_run_config(json.loads((path / "config.json").read_text()))
+    config = trained.replace(
+        **{key: getattr(request, key) for key in REQUEST_KEYS}, unlearn_only=True
+    )
+    data = load_federated_data(config)
+    members = discover_clients(grid, config.num_clients, config.node_wait_seconds, log=log)
+    run = RunDirectory(path)
+    for row in pd.read_csv(path / "metrics.csv").to_dict("records"):
+        run._metrics.append(row)
+    store = UpdateStore(run.store_path) if (run.store_path / "store.json").is_file() else None
+    log(f"reopened run {path} ({len(store.rounds()) if store else 0} retained round(s))")
+    return TrainingOutcome(
+        config,
+        run,
+        data,
+        members,
+        store,
+        run.load_model("model_initial"),
+        run.load_model("model_final"),
+        store.rounds() if store else [],
+        0.0,
+    )
