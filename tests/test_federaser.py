@@ -238,3 +238,17 @@ def test_average_order_calibrates_the_aggregates_as_the_papers_code_does(tmp_pat
     assert sum(weights.values()) == 21
     with pytest.raises(ConfigError, match="calibration-order"):
         federaser(store, [], lambda t, m, c: answers, calibration_order="sometimes")
+
+
+def test_several_targets_at_once_are_all_left_out(tmp_path):
+    store = _handmade_store(tmp_path, clients=(0, 1, 2, 3))
+    asked = []
+
+    def calibrate(t, model, clients):
+        asked.extend(clients)
+        return {k: {"w": torch.ones(4)} for k in clients}
+
+    result = federaser(store, targets=[0, 2], calibrate=calibrate)
+    assert set(asked) == {1, 3}
+    assert [s.clients for s in result.steps] == [[1, 3]] * 3
+    assert [s.clients for s in fedaccum(store, targets=[0, 2]).steps] == [[1, 3]] * 3
