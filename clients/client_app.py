@@ -13,8 +13,7 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.client_state import ClientSetup, client_setup, node_partition
-from fedunlearn.config import ExperimentConfig
+from clients.client_state import ClientSetup, client_config, client_setup, node_partition
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import evaluate as evaluate_model
 from fedunlearn.training import train_epochs
@@ -64,7 +63,7 @@ def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         to catch a federation whose size does not match ``num-clients`` before anything is written.
         """
         partition_id, num_partitions = node_partition(context)
-        expected = ExperimentConfig.from_run_config({**context.run_config, **overrides}).num_clients
+        expected = client_config(context, overrides).num_clients
         if num_partitions != expected:
             # Report rather than raise: the server turns this into one clear error for the user.
             metrics = MetricRecord(

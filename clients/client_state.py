@@ -36,9 +36,14 @@ class ClientSetup:
         return build_model(name, self.input_shape, self.num_classes)
 
 
+def client_config(context: Context, overrides: Mapping[str, Any] | None = None) -> ExperimentConfig:
+    """The validated run config (Flower's, then ``overrides``), parsed once per process."""
+    return _parse_config(tuple(sorted({**context.run_config, **(overrides or {})}.items())))
+
+
 def client_setup(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientSetup:
     """The client's setup from Flower's context (run config, then ``overrides``, + node config)."""
-    config = _parse_config(tuple(sorted({**context.run_config, **(overrides or {})}.items())))
+    config = client_config(context, overrides)
     partition_id, num_partitions = node_partition(context)
     if num_partitions != config.num_clients:
         raise ConfigError(

@@ -108,6 +108,14 @@ def aggregate_updates(updates: Mapping[int, State], num_examples: Mapping[int, i
     return weighted_average([updates[k] for k in clients], [num_examples[k] for k in clients])
 
 
+def _initial_model(store: UpdateStore) -> dict[str, torch.Tensor]:
+    """M^{t_1}, the global model of the first retained round: it has never seen any client."""
+    rounds = store.rounds()
+    if not rounds:
+        raise ConfigError("store", str(store.root), "a store with at least one retained round")
+    return store.read_global(rounds[0])
+
+
 def _remaining(store_clients: Iterable[int], excluded: set[int]) -> list[int]:
     return sorted(set(store_clients) - excluded)
 
@@ -134,10 +142,7 @@ def fedaccum(store: UpdateStore, targets: Collection[int]) -> Reconstruction:
     """FedAccum (eq. 5 of Liu et al.): M^{t_1} plus every retained round's aggregate of the remaining
     clients' updates, without calibration. The baseline that shows why calibration is needed."""
     excluded = set(targets)
-    rounds = store.rounds()
-    if not rounds:
-        raise ConfigError("store", str(store.root), "a store with at least one retained round")
-    model = store.read_global(rounds[0])
+    model = _initial_model(store)
     steps = []
     for retained in store.iter_rounds(exclude=excluded):
         clients = _remaining(retained.updates, excluded)
@@ -173,10 +178,7 @@ def federaser(
     if calibration_order not in ("client", "average"):
         raise ConfigError("calibration-order", calibration_order, "one of client, average")
     excluded = set(targets)
-    rounds = store.rounds()
-    if not rounds:
-        raise ConfigError("store", str(store.root), "a store with at least one retained round")
-    model = store.read_global(rounds[0])
+    model = _initial_model(store)
     steps: list[ReconstructionStep] = []
     first = True
     for retained in store.iter_rounds(exclude=excluded):

@@ -63,6 +63,15 @@ class RunDirectory:
         run.write_json("config.json", dict(config))
         return run
 
+    @classmethod
+    def open(cls, path: Path) -> RunDirectory:
+        """An existing run directory, its per-round metrics read back from ``metrics.csv``."""
+        run = cls(path)
+        metrics = run.path / "metrics.csv"
+        if metrics.is_file():
+            run._metrics = pd.read_csv(metrics).to_dict("records")
+        return run
+
     @property
     def store_path(self) -> Path:
         return self.path / "store"

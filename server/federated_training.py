@@ -23,7 +23,7 @@ from fedunlearn.run_directory import RunDirectory
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import EvaluationResult, evaluate, resolve_device
 from fedunlearn.update_store import UpdateStore
-from server.federation import FederationMembers, discover_clients
+from server.federation import FederationMembers, discover_clients, failure_reasons
 from strategies.retaining_fedavg import RetainingFedAvg
 
 ROUND_TIMEOUT_SECONDS = 3600.0
@@ -96,7 +96,7 @@ def fedavg_rounds(
         failed = [r for r in replies if r.has_error()]
         new_arrays, train_metrics = strategy.aggregate_train(server_round, replies)
         if new_arrays is None:
-            reasons = "; ".join(sorted({r.error.reason.strip().splitlines()[-1] for r in failed}))
+            reasons = failure_reasons(failed)
             raise RuntimeError(
                 f"round {server_round}: no client returned an update ({reasons or 'no replies'})"
             )

@@ -32,6 +32,12 @@ class FederationMembers:
         return sorted(self.node_of_partition)
 
 
+def failure_reasons(replies) -> str:
+    """The distinct last lines of the failed replies' errors, for one readable message."""
+    failed = [r for r in replies if r.has_error()]
+    return "; ".join(sorted({r.error.reason.strip().splitlines()[-1] for r in failed}))
+
+
 def discover_clients(
     grid: Grid,
     num_clients: int,
@@ -83,8 +89,9 @@ def _describe(grid: Grid, nodes: list[int], num_clients: int) -> FederationMembe
     replies = list(grid.send_and_receive(messages, timeout=600))
     failures = [r for r in replies if r.has_error()]
     if failures:
-        reasons = "; ".join(sorted({r.error.reason.strip().splitlines()[-1] for r in failures}))
-        raise RuntimeError(f"{len(failures)} client(s) could not start: {reasons}")
+        raise RuntimeError(
+            f"{len(failures)} client(s) could not start: {failure_reasons(failures)}"
+        )
     node_of_partition: dict[int, int] = {}
     num_examples: dict[int, int] = {}
     cuda = 0

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import pandas as pd
-
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
 from fedunlearn.federated_data import load_federated_data
@@ -58,9 +56,7 @@ def load_trained_run(
     )
     data = load_federated_data(config)
     members = discover_clients(grid, config.num_clients, config.node_wait_seconds, log=log)
-    run = RunDirectory(path)
-    for row in pd.read_csv(path / "metrics.csv").to_dict("records"):
-        run._metrics.append(row)
+    run = RunDirectory.open(path)
     store = UpdateStore(run.store_path) if (run.store_path / "store.json").is_file() else None
     log(f"reopened run {path} ({len(store.rounds()) if store else 0} retained round(s))")
     return TrainingOutcome(
