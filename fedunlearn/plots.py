@@ -11,6 +11,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_training_curves(metrics: pd.DataFrame, path: Path, title: str = "") -> Path:
     """Test accuracy and losses per round, retained rounds marked (``metrics.csv`` of a run)."""
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -41,11 +49,7 @@ def plot_training_curves(metrics: pd.DataFrame, path: Path, title: str = "") -> 
     ax_loss.legend()
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_unlearning_comparison(table: pd.DataFrame, path: Path, title: str = "") -> Path:
@@ -71,11 +75,7 @@ def plot_unlearning_comparison(table: pd.DataFrame, path: Path, title: str = "")
     ax_time.grid(axis="y", alpha=0.3)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = "") -> Path:
@@ -92,8 +92,4 @@ def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = 
     ax.legend()
     if title:
         ax.set_title(title)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
