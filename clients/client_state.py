@@ -18,7 +18,7 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.datasets import TensorSplit
 from fedunlearn.errors import ConfigError
 from fedunlearn.federated_data import load_federated_data
-from fedunlearn.models import BodyHeadNet, build_model, resolve_model_name
+from fedunlearn.models import BodyHeadNet, build_dataset_model
 from fedunlearn.training import resolve_device
 
 
@@ -32,8 +32,9 @@ class ClientSetup:
     device: torch.device
 
     def new_model(self) -> BodyHeadNet:
-        name = resolve_model_name(self.config.model, self.config.dataset)
-        return build_model(name, self.input_shape, self.num_classes)
+        return build_dataset_model(
+            self.config.model, self.config.dataset, self.input_shape, self.num_classes
+        )
 
 
 def client_config(context: Context, overrides: Mapping[str, Any] | None = None) -> ExperimentConfig:

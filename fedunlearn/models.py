@@ -156,3 +156,15 @@ def resolve_model_name(model: str, dataset: str) -> str:
     if dataset not in DEFAULT_MODEL:
         raise ConfigError("dataset", dataset, f"one of {', '.join(DEFAULT_MODEL)}")
     return DEFAULT_MODEL[dataset]
+
+
+def build_dataset_model(
+    model: str,
+    dataset: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    seed: int | None = None,
+) -> BodyHeadNet:
+    """:func:`build_model` for a run's ``model`` key (``auto`` = the dataset's default)."""
+    return build_model(resolve_model_name(model, dataset), input_shape, num_classes, seed=seed)

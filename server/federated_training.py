@@ -17,7 +17,7 @@ from flwr.serverapp import Grid
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.federated_data import FederatedData, load_federated_data
-from fedunlearn.models import BodyHeadNet, build_model, resolve_model_name
+from fedunlearn.models import BodyHeadNet, build_dataset_model, resolve_model_name
 from fedunlearn.plots import plot_training_curves
 from fedunlearn.run_directory import RunDirectory
 from fedunlearn.seeding import derive_seed
@@ -41,21 +41,12 @@ class TrainingOutcome:
     store: UpdateStore | None
     initial_state: dict[str, torch.Tensor]
     final_state: dict[str, torch.Tensor]
-    retained_rounds: list[int]
-    seconds: float
 
     def new_model(self) -> BodyHeadNet:
         splits = self.data.splits
-        name = resolve_model_name(self.config.model, self.config.dataset)
-        return build_model(name, splits.input_shape, splits.num_classes)
-
-    @property
-    def run_dir(self):
-        return self.run.path
-
-    @property
-    def final_accuracy(self) -> float:
-        return float(self.run.metrics["test_accuracy"].iloc[-1])
+        return build_dataset_model(
+            self.config.model, self.config.dataset, splits.input_shape, splits.num_classes
+        )
 
 
 def train_config_record(config: ExperimentConfig) -> dict[str, int | float]:
@@ -133,8 +124,9 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     started = time.perf_counter()
     data = load_federated_data(config)
     splits = data.splits
-    model = build_model(
-        resolve_model_name(config.model, config.dataset),
+    model = build_dataset_model(
+        config.model,
+        config.dataset,
         splits.input_shape,
         splits.num_classes,
         seed=derive_seed(config.seed, "initial-model"),
@@ -230,9 +222,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         f"{len(retained_rounds)} retained round(s), {summary['store_bytes'] / 1e6:.2f} MB; "
         f"results in {run.path}"
     )
-    return TrainingOutcome(
-        config, run, data, members, store, initial_state, final_state, retained_rounds, seconds
-    )
+    return TrainingOutcome(config, run, data, members, store, initial_state, final_state)
 
 
 def _row(server_round, result, train_metrics, replied, retained, round_seconds, elapsed) -> dict:

@@ -67,6 +67,4 @@ def load_trained_run(
         store,
         run.load_model("model_initial"),
         run.load_model("model_final"),
-        store.rounds() if store else [],
-        0.0,
     )
