@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.client_state import ClientSetup, client_config, client_setup, node_partition
+from clients.head_queries import answer_head_query
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import evaluate as evaluate_model
 from fedunlearn.training import train_epochs
@@ -80,6 +81,11 @@ def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
             }
         )
         return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+    @app.query("certified_head")
+    def certified_head(msg: Message, context: Context) -> Message:
+        """Sums over this client's head features for the server's certified head (Guo et al.)."""
+        return answer_head_query(msg, client_setup(context, overrides))
 
     return app
 

@@ -66,6 +66,23 @@ class ExperimentConfig:
     calibration_layerwise: bool = True
     calibration_order: str = "client"
     unlearn_only: bool = False
+    certified_head: bool = False
+    certified_loss: str = "logistic"
+    certified_lambda: float = 1e-3
+    certified_sigma: float = 1.0
+    certified_epsilon: float = 1.0
+    certified_delta: float = 1e-4
+    certified_noise: str = "gaussian"
+    certified_mode: str = "fast"
+    certified_bound: str = "per-point"
+    certified_gamma: str = "exact"
+    certified_removals: int = 100
+    certified_remove_clients: str = ""
+    certified_eval_every: int = 10
+    certified_verify_central: bool = True
+    dp_noise_multiplier: float = 0.0
+    dp_clipping_norm: float = 1.0
+    dp_delta: float = 1e-5
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -170,12 +187,58 @@ class ExperimentConfig:
                 True,
                 "set together with run-name (the trained run) and unlearn-clients (whom to forget)",
             )
+        self._validate_certified()
+        _in_range("dp-noise-multiplier", self.dp_noise_multiplier, 0.0, math.inf)
+        _positive("dp-clipping-norm", self.dp_clipping_norm)
+        _in_range("dp-delta", self.dp_delta, 0.0, 1.0, closed_high=False)
+        if self.dp_noise_multiplier > 0 and self.dp_delta == 0:
+            raise ConfigError(
+                "dp-delta", self.dp_delta, "a number in (0, 1) when dp-noise-multiplier > 0"
+            )
         if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
             raise ConfigError(
                 "run-name", self.run_name, "a plain folder name without path separators"
             )
 
+    def _validate_certified(self) -> None:
+        # Imported here: the certified-removal module pulls in SciPy, which plain runs do not need.
+        from fedunlearn.certified_removal import BOUNDS, GAMMAS, MODES, NOISES
+        from fedunlearn.linear_losses import LOSSES
+
+        _one_of("certified-loss", self.certified_loss, LOSSES)
+        _one_of("certified-noise", self.certified_noise, NOISES)
+        _one_of("certified-mode", self.certified_mode, MODES)
+        _one_of("certified-bound", self.certified_bound, BOUNDS)
+        _one_of("certified-gamma", self.certified_gamma, GAMMAS)
+        _positive("certified-lambda", self.certified_lambda)
+        _positive("certified-epsilon", self.certified_epsilon)
+        _in_range("certified-delta", self.certified_delta, 0.0, 1.0, closed_high=False)
+        if self.certified_noise != "none":
+            _positive("certified-sigma", self.certified_sigma)
+        elif self.certified_loss != "least-squares":
+            raise ConfigError(
+                "certified-noise",
+                self.certified_noise,
+                "gaussian or gamma for the logistic loss (only least squares removes exactly)",
+            )
+        _at_least("certified-removals", self.certified_removals, 0)
+        _at_least("certified-eval-every", self.certified_eval_every, 1)
+        targets = self.certified_client_targets
+        if len(targets) >= self.num_clients:
+            raise ConfigError(
+                "certified-remove-clients",
+                self.certified_remove_clients,
+                f"fewer than all {self.num_clients} clients: some data must remain",
+            )
+
     # ------------------------------------------------------------------ derived values
+    @property
+    def certified_client_targets(self) -> list[int]:
+        """Clients whose whole data the certified head removes (``certified-remove-clients``)."""
+        return _partition_list(
+            "certified-remove-clients", self.certified_remove_clients, self.num_clients
+        )
+
     @property
     def data_root_path(self) -> Path:
         return Path(os.path.expandvars(self.data_root)).expanduser()
@@ -194,17 +257,7 @@ class ExperimentConfig:
     @property
     def unlearn_targets(self) -> list[int]:
         """The partition ids to forget, from ``unlearn-clients`` ("" = none, "3" or "0,5")."""
-        text = self.unlearn_clients.replace(" ", "")
-        if not text:
-            return []
-        allowed = f"comma-separated partition ids in [0, {self.num_clients - 1}], e.g. '0' or '0,5'"
-        try:
-            targets = [int(part) for part in text.split(",")]
-        except ValueError:
-            raise ConfigError("unlearn-clients", self.unlearn_clients, allowed) from None
-        if any(not 0 <= t < self.num_clients for t in targets):
-            raise ConfigError("unlearn-clients", self.unlearn_clients, allowed)
-        return sorted(set(targets))
+        return _partition_list("unlearn-clients", self.unlearn_clients, self.num_clients)
 
     @property
     def methods(self) -> list[str]:
@@ -222,6 +275,21 @@ class ExperimentConfig:
     def is_retained_round(self, server_round: int) -> bool:
         """FedEraser's schedule: t_1 = 1, t_{j+1} = t_j + Δt."""
         return self.retain and (server_round - 1) % self.retain_interval == 0
+
+
+def _partition_list(key: str, value: str, num_clients: int) -> list[int]:
+    """Partition ids from ``"3"`` or ``"0,5"`` ("" = none), each in ``[0, num_clients)``."""
+    text = value.replace(" ", "")
+    if not text:
+        return []
+    allowed = f"comma-separated partition ids in [0, {num_clients - 1}], e.g. '0' or '0,5'"
+    try:
+        targets = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(key, value, allowed) from None
+    if any(not 0 <= t < num_clients for t in targets):
+        raise ConfigError(key, value, allowed)
+    return sorted(set(targets))
 
 
 def _coerce(key: str, value: Any, default: Any) -> Any:

@@ -33,6 +33,26 @@ from fedunlearn.linear_losses import (
 #: Rows per block when forming Hessians: keeps the scaled copy of X in cache-sized pieces.
 _BLOCK = 2048
 
+#: The message type of the clients' certified-head statistics (``server/certified_head.py``).
+HEAD_QUERY = "query.certified_head"
+
+
+def pack_symmetric(matrices: np.ndarray) -> np.ndarray:
+    """The upper triangles of symmetric matrices ``(..., d, d)`` as ``(..., d(d+1)/2)``: half the bytes
+    on the wire."""
+    d = matrices.shape[-1]
+    rows, cols = np.triu_indices(d)
+    return matrices[..., rows, cols]
+
+
+def unpack_symmetric(packed: np.ndarray, d: int) -> np.ndarray:
+    """Inverse of :func:`pack_symmetric`."""
+    rows, cols = np.triu_indices(d)
+    out = np.zeros(packed.shape[:-1] + (d, d))
+    out[..., rows, cols] = packed
+    out[..., cols, rows] = packed
+    return out
+
 
 @dataclass
 class HeadSums:
@@ -46,6 +66,23 @@ class HeadSums:
     loss: np.ndarray
     gradient: np.ndarray
     hessian: np.ndarray | None = None
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        arrays = {"count": np.array([self.count]), "loss": self.loss, "gradient": self.gradient}
+        if self.hessian is not None:
+            arrays["hessian"] = pack_symmetric(self.hessian)
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> HeadSums:
+        gradient = arrays["gradient"]
+        hessian = arrays.get("hessian")
+        return cls(
+            int(arrays["count"][0]),
+            arrays["loss"],
+            gradient,
+            None if hessian is None else unpack_symmetric(hessian, gradient.shape[1]),
+        )
 
     def __add__(self, other: HeadSums) -> HeadSums:
         hessian = None
@@ -73,6 +110,17 @@ class StepSums:
     xv_squared: np.ndarray
     hessian_vector: np.ndarray
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "point": self.point,
+            "xv_squared": self.xv_squared,
+            "hessian_vector": self.hessian_vector,
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> StepSums:
+        return cls(arrays["point"], arrays["xv_squared"], arrays["hessian_vector"])
+
     def __add__(self, other: StepSums) -> StepSums:
         return StepSums(
             self.point + other.point,
@@ -95,6 +143,24 @@ class RemovedParts:
     gradient: np.ndarray
     factor: np.ndarray
     gram: np.ndarray
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "count": np.array([self.count]),
+            "gradient": self.gradient,
+            "factor": self.factor,
+            "gram": pack_symmetric(self.gram),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> RemovedParts:
+        d = arrays["gradient"].shape[1]
+        return cls(
+            int(arrays["count"][0]),
+            arrays["gradient"],
+            arrays["factor"],
+            unpack_symmetric(arrays["gram"], d),
+        )
 
     def __add__(self, other: RemovedParts) -> RemovedParts:
         return RemovedParts(

@@ -11,12 +11,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, save (PNG, 120 dpi) and close ``fig``."""
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+_save = save_figure
 
 
 def plot_training_curves(metrics: pd.DataFrame, path: Path, title: str = "") -> Path:

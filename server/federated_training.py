@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
 from fedunlearn.config import ExperimentConfig
+from fedunlearn.dp_accounting import dp_fedavg_epsilon
 from fedunlearn.federated_data import FederatedData, load_federated_data
 from fedunlearn.models import BodyHeadNet, build_dataset_model, resolve_model_name
 from fedunlearn.plots import plot_training_curves
@@ -49,6 +51,14 @@ class TrainingOutcome:
         )
 
 
+def dp_epsilon_of(config: ExperimentConfig) -> float:
+    """epsilon_DP of the body's DP-FedAvg training (0 without DP): every client takes part in every
+    round (sampling rate 1), ``rounds`` Gaussian mechanisms, Opacus's RDP accountant."""
+    if config.dp_noise_multiplier <= 0:
+        return 0.0
+    return dp_fedavg_epsilon(config.dp_noise_multiplier, 1.0, config.rounds, config.dp_delta)
+
+
 def train_config_record(config: ExperimentConfig) -> dict[str, int | float]:
     """The client SGD settings sent with every training (and calibration) message."""
     return {
@@ -62,7 +72,7 @@ def train_config_record(config: ExperimentConfig) -> dict[str, int | float]:
 
 def fedavg_rounds(
     grid: Grid,
-    strategy: RetainingFedAvg,
+    strategy: Strategy,
     model: BodyHeadNet,
     config: ExperimentConfig,
     *,
@@ -157,7 +167,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
             seed=config.seed,
             model=resolve_model_name(config.model, config.dataset),
         )
-    strategy = RetainingFedAvg(
+    retaining = RetainingFedAvg(
         store,
         retain_interval=config.retain_interval,
         fraction_train=1.0,
@@ -166,6 +176,21 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         min_evaluate_nodes=1,
         min_available_nodes=config.num_clients,
     )
+    strategy = retaining
+    if config.dp_noise_multiplier > 0:
+        # DP-FedAvg (McMahan et al. 2018): each update clipped to dp-clipping-norm, Gaussian noise of
+        # std z C / K on the average. The store keeps the clipped, noise-free updates.
+        strategy = DifferentialPrivacyServerSideFixedClipping(
+            retaining,
+            noise_multiplier=config.dp_noise_multiplier,
+            clipping_norm=config.dp_clipping_norm,
+            num_sampled_clients=config.num_clients,
+        )
+        log(
+            f"differential privacy: noise multiplier {config.dp_noise_multiplier}, clipping norm "
+            f"{config.dp_clipping_norm}: (epsilon, delta) = ({dp_epsilon_of(config):.3g}, "
+            f"{config.dp_delta:g}) after {config.rounds} rounds (RDP accountant)"
+        )
 
     run.save_model("model_initial", initial_state)
     initial = evaluate(model, splits.test.x, splits.test.y, device=device)
@@ -177,7 +202,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     )
 
     def record(server_round, result, train_metrics, replied, seconds):
-        retained = strategy.is_retained_round(server_round)
+        retained = retaining.is_retained_round(server_round)
         row = _row(
             server_round,
             result,
@@ -215,6 +240,8 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         "store_bytes": store.total_bytes() if store is not None else 0,
         "seconds": seconds,
         "partition_sizes": {str(k): v for k, v in sorted(members.num_examples.items())},
+        "dp_epsilon": dp_epsilon_of(config),
+        "dp_delta": config.dp_delta if config.dp_noise_multiplier > 0 else 0.0,
     }
     run.write_json("summary.json", summary)
     log(

@@ -14,7 +14,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import FedUnlearnError
-from server.federated_training import train_federated
+from server.certified_head import run_certified_head
+from server.federated_training import dp_epsilon_of, train_federated
 from server.run_loading import load_trained_run
 from server.unlearning import run_unlearning
 
@@ -30,7 +31,8 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        """Validate the run config, train (FedAvg with retention), then unlearn and compare."""
+        """Validate the run config, train (FedAvg with retention), unlearn and compare; then, with
+        ``certified-head``, train a certified head and stream removal requests to it."""
         try:
             config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
             if config.unlearn_only:
@@ -39,6 +41,8 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
                 outcome = train_federated(grid, config, log=_log)
             if config.unlearn_targets:
                 run_unlearning(grid, outcome, log=_log)
+            if config.certified_head:
+                run_certified_head(grid, outcome, log=_log, dp_epsilon=dp_epsilon_of(config))
             _log(f"results in {outcome.run.path}")
         except FedUnlearnError as error:
             _log(f"error: {error}")

@@ -1,0 +1,412 @@
+"""Certified removal (Guo et al. 2020) on the federated model's linear head: the server-side plug-in.
+
+The body of the trained federated model is the feature extractor. The server holds the head, the
+perturbation b and the list of removed samples; the clients return sums over their features
+(``query.certified_head``, see ``clients/head_queries.py``). :class:`FederatedHeadData` turns those
+messages into the :class:`fedunlearn.head_statistics.HeadData` interface, so the same engine
+(:class:`fedunlearn.certified_removal.CertifiedHead`) trains and unlearns centrally and federated.
+
+A sample is named ``(partition id, local index)``. A removal request names samples of one or more
+clients, or a whole client; only the clients holding removed samples are asked for their parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from fedunlearn.certified_removal import CertifiedHead, CertifiedRemovalParams
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.errors import ConfigError
+from fedunlearn.head_features import head_features
+from fedunlearn.head_statistics import (
+    HEAD_QUERY,
+    CentralHeadData,
+    HeadSums,
+    RemovedParts,
+    StepSums,
+    unpack_symmetric,
+)
+from fedunlearn.linear_losses import one_vs_rest_targets, predict_labels
+from fedunlearn.plots import save_figure
+from fedunlearn.seeding import derive_seed
+from server.federation import FederationMembers, failure_reasons
+
+Log = Callable[[str], None]
+SampleId = tuple[int, int]
+
+
+def model_digest(state: Mapping[str, torch.Tensor]) -> str:
+    """A short digest of a model's parameters: the clients' feature cache key."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        digest.update(name.encode())
+        digest.update(state[name].detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class FederatedHeadData:
+    """:class:`fedunlearn.head_statistics.HeadData` over a federation's clients.
+
+    Parameters
+    ----------
+    grid : Grid
+    members : FederationMembers
+        Node id and sample count of every partition.
+    model_state : mapping
+        The trained federated model; its body computes the features on each client.
+    loss : str
+    classes : sequence of int
+        Labels of the one-vs-rest heads (two classes: one binary head).
+    partitions : iterable of int, optional
+        The clients whose data forms D (default: all).
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        members: FederationMembers,
+        model_state: Mapping[str, torch.Tensor],
+        loss: str,
+        classes: Sequence[int],
+        *,
+        partitions: Iterable[int] | None = None,
+    ) -> None:
+        self.grid = grid
+        self.loss = loss
+        self.classes = [int(c) for c in classes]
+        self.num_heads = 1 if len(self.classes) == 2 else len(self.classes)
+        self.partitions = sorted(members.partition_ids if partitions is None else partitions)
+        self.node_of = {p: members.node_of_partition[p] for p in self.partitions}
+        self.model_state = dict(model_state)
+        self.model_id = model_digest(self.model_state)
+        self.removed_ids: dict[int, set[int]] = {p: set() for p in self.partitions}
+        self.messages = 0
+        replies = self._ask("prepare", self.partitions, {}, attach_model=True)
+        self.sizes = {p: int(r["metrics"]["count"]) for p, r in replies.items()}
+        dims = {int(r["sums"]["dim"].numpy()[0]) for r in replies.values()}
+        if len(dims) != 1:
+            raise RuntimeError(f"clients disagree on the head's feature width: {sorted(dims)}")
+        self.dim = dims.pop()
+
+    # ------------------------------------------------------------------ messaging
+    def _ask(
+        self,
+        op: str,
+        partitions: Sequence[int],
+        head: Mapping[str, np.ndarray],
+        *,
+        attach_model: bool = False,
+        extra: Mapping[int, Mapping[str, Any]] | None = None,
+        **config: Any,
+    ) -> dict[int, RecordDict]:
+        """Send one query to each partition and return the replies by partition id."""
+        pending = list(partitions)
+        answers: dict[int, RecordDict] = {}
+        for attempt in range(2):
+            messages = []
+            for p in pending:
+                record = {
+                    "op": op,
+                    "model-id": self.model_id,
+                    "loss": self.loss,
+                    "classes": self.classes,
+                    "removed": sorted(self.removed_ids[p]),
+                    **config,
+                    **dict((extra or {}).get(p, {})),
+                }
+                content = RecordDict({"config": ConfigRecord(record)})
+                if head:
+                    content["head"] = ArrayRecord(
+                        {k: Array(np.ascontiguousarray(v)) for k, v in head.items()}
+                    )
+                if attach_model or attempt:
+                    content["model"] = ArrayRecord(self.model_state)
+                messages.append(
+                    Message(content=content, dst_node_id=self.node_of[p], message_type=HEAD_QUERY)
+                )
+            replies = list(self.grid.send_and_receive(messages, timeout=600))
+            self.messages += len(messages)
+            failed = [r for r in replies if r.has_error()]
+            if failed or len(replies) != len(messages):
+                reasons = failure_reasons(failed) if failed else "no reply before the timeout"
+                raise RuntimeError(
+                    f"certified head: {op} failed on {len(messages) - len(replies) + len(failed)} client(s): {reasons}"
+                )
+            by_node = {node: p for p, node in self.node_of.items()}
+            retry = []
+            for reply in replies:
+                p = by_node[reply.metadata.src_node_id]
+                if int(reply.content["metrics"]["needs-model"]):
+                    retry.append(p)  # the client lost its feature cache: resend the body
+                else:
+                    answers[p] = reply.content
+            if not retry:
+                return answers
+            pending = retry
+        raise RuntimeError(f"certified head: clients {pending} could not compute their features")
+
+    @staticmethod
+    def _arrays(reply: RecordDict) -> dict[str, np.ndarray]:
+        return {name: array.numpy() for name, array in reply["sums"].items()}
+
+    # ------------------------------------------------------------------ HeadData
+    def count(self) -> int:
+        return sum(self.sizes[p] - len(self.removed_ids[p]) for p in self.partitions)
+
+    def sums(
+        self, weights: np.ndarray, *, hessian: bool, single_precision: bool = False
+    ) -> HeadSums:
+        replies = self._ask("sums", self.partitions, {"weights": weights}, hessian=hessian)
+        parts = [HeadSums.from_arrays(self._arrays(replies[p])) for p in self.partitions]
+        return sum(parts[1:], parts[0])
+
+    def gram(self) -> np.ndarray:
+        replies = self._ask("gram", self.partitions, {})
+        return sum(
+            unpack_symmetric(self._arrays(replies[p])["gram"], self.dim) for p in self.partitions
+        )
+
+    def _grouped(self, ids: Sequence[Hashable]) -> dict[int, list[int]]:
+        grouped: dict[int, list[int]] = {}
+        seen: set[SampleId] = set()
+        for sample in ids:
+            try:
+                partition, index = (int(v) for v in sample)  # type: ignore[union-attr]
+            except (TypeError, ValueError):
+                raise ConfigError("ids", sample, "(partition id, local index) pairs") from None
+            if partition not in self.removed_ids:
+                raise ConfigError("ids", sample, f"a partition among {self.partitions}")
+            if not 0 <= index < self.sizes[partition]:
+                raise ConfigError("ids", sample, f"a local index in [0, {self.sizes[partition]})")
+            if index in self.removed_ids[partition]:
+                raise ConfigError(
+                    "ids", sample, "a sample still in the training set (it was removed)"
+                )
+            if (partition, index) in seen:
+                raise ConfigError("ids", sample, "each sample at most once per request")
+            seen.add((partition, index))
+            grouped.setdefault(partition, []).append(index)
+        if not grouped:
+            raise ConfigError(
+                "ids", list(ids), "a non-empty list of (partition id, local index) pairs"
+            )
+        return grouped
+
+    def removed(
+        self, ids: Sequence[Hashable], weights: np.ndarray, anchor: np.ndarray
+    ) -> RemovedParts:
+        grouped = self._grouped(ids)
+        replies = self._ask(
+            "removed",
+            sorted(grouped),
+            {"weights": weights, "anchor": anchor},
+            extra={p: {"ids": grouped[p]} for p in grouped},
+        )
+        parts = [RemovedParts.from_arrays(self._arrays(replies[p])) for p in sorted(grouped)]
+        return sum(parts[1:], parts[0])
+
+    def drop(self, ids: Sequence[Hashable]) -> None:
+        for partition, indices in self._grouped(ids).items():
+            self.removed_ids[partition].update(indices)
+
+    def step(
+        self,
+        weights: np.ndarray,
+        anchor: np.ndarray,
+        step: np.ndarray,
+        *,
+        hessian_vector: bool = True,
+    ) -> StepSums:
+        replies = self._ask(
+            "step",
+            self.partitions,
+            {"weights": weights, "anchor": anchor, "step": step},
+            **{"hessian-vector": hessian_vector},
+        )
+        parts = [StepSums.from_arrays(self._arrays(replies[p])) for p in self.partitions]
+        return sum(parts[1:], parts[0])
+
+    def present(self, partition: int) -> list[int]:
+        """Local indices of ``partition``'s samples still in D'."""
+        return [i for i in range(self.sizes[partition]) if i not in self.removed_ids[partition]]
+
+
+def certified_params(config: ExperimentConfig) -> CertifiedRemovalParams:
+    """The engine's settings from the run config's ``certified-*`` keys."""
+    return CertifiedRemovalParams(
+        loss=config.certified_loss,
+        lam=config.certified_lambda,
+        sigma=config.certified_sigma,
+        epsilon=config.certified_epsilon,
+        delta=config.certified_delta,
+        noise=config.certified_noise,
+        mode=config.certified_mode,
+        bound=config.certified_bound,
+        gamma=config.certified_gamma,
+    )
+
+
+def run_certified_head(
+    grid: Grid, outcome, *, log: Log = print, dp_epsilon: float = 0.0
+) -> pd.DataFrame:
+    """Certified head on the trained model, then a stream of removal requests (table, plot, ledger).
+
+    Writes to the run directory: ``certified_removal.jsonl`` (one certificate per request),
+    ``certified_removal.csv/.md`` (test accuracy and beta every ``certified-eval-every`` requests),
+    ``certified_removal.png`` and ``certified_summary.json``.
+    """
+    config: ExperimentConfig = outcome.config
+    run = outcome.run
+    splits = outcome.data.splits
+    classes = list(range(splits.num_classes))
+    model = outcome.new_model()
+    model.load_state_dict(outcome.final_state)
+    params = certified_params(config)
+    dp_delta = config.dp_delta if config.dp_noise_multiplier > 0 else 0.0
+
+    log("certified head: clients compute the body's features")
+    data = FederatedHeadData(grid, outcome.members, outcome.final_state, params.loss, classes)
+    head = CertifiedHead(
+        data,
+        params,
+        seed=derive_seed(config.seed, "certified-head"),
+        ledger=run.path / "certified_removal.jsonl",
+        dp_epsilon=dp_epsilon,
+        dp_delta=dp_delta,
+    )
+    start = time.perf_counter()
+    head.fit()
+    train_seconds = time.perf_counter() - start
+    test_x = head_features(model, splits.test.x)
+    test_y = splits.test.y.numpy()
+
+    def accuracy() -> float:
+        return float(np.mean(predict_labels(head.scores(test_x), classes) == test_y))
+
+    summary: dict[str, Any] = {
+        "n": data.count(),
+        "dim": data.dim,
+        "heads": data.num_heads,
+        "budget": head.budget,
+        "train_seconds": train_seconds,
+        "test_accuracy_trained": accuracy(),
+        "dp_epsilon": dp_epsilon,
+        "dp_delta": dp_delta,
+    }
+    log(
+        f"certified head: trained on {summary['n']} samples x {data.dim} features in "
+        f"{train_seconds:.1f} s, test accuracy {summary['test_accuracy_trained']:.4f}, "
+        f"budget {head.budget:.4g}"
+    )
+    if config.certified_verify_central:
+        summary.update(_verify_central(outcome, model, head, params, classes, log))
+
+    rows = [_row(0, head, accuracy(), 0, 0.0, "trained")]
+    rng = np.random.default_rng(derive_seed(config.seed, "certified-requests"))
+    whole = config.certified_client_targets
+    pool = [(p, i) for p in data.partitions if p not in whole for i in range(data.sizes[p])]
+    chosen = rng.choice(
+        len(pool), size=min(config.certified_removals, len(pool) - 1), replace=False
+    )
+    requests: list[tuple[str, list[SampleId]]] = [("sample", [pool[int(j)]]) for j in chosen]
+    requests += [("client", [(p, i) for i in data.present(p)]) for p in whole]
+    retrains, seconds = 0, []
+    for number, (kind, ids) in enumerate(requests, start=1):
+        certificate = head.remove(ids)
+        retrains += int(certificate.retrained)
+        seconds.append(certificate.seconds)
+        last = number == len(requests)
+        if kind == "client" or number % config.certified_eval_every == 0 or last:
+            label = f"client {ids[0][0]}" if kind == "client" else "samples"
+            rows.append(_row(number, head, accuracy(), retrains, float(np.median(seconds)), label))
+            log(
+                f"certified head: {number}/{len(requests)} requests, beta {head.beta:.4g} / "
+                f"{head.budget:.4g}, retrains {retrains}, test accuracy {rows[-1]['test_accuracy']:.4f}"
+            )
+    table = pd.DataFrame(rows)
+    run.write_table("certified_removal", table)
+    summary.update(
+        {
+            "requests": len(requests),
+            "retrains": retrains,
+            "median_request_seconds": float(np.median(seconds)) if seconds else float("nan"),
+            "test_accuracy_final": accuracy(),
+            "beta_final": head.beta,
+            "messages": data.messages,
+        }
+    )
+    run.write_json("certified_summary.json", summary)
+    _plot(table, head.budget, run.path / "certified_removal.png")
+    return table
+
+
+def _row(
+    requests: int, head: CertifiedHead, accuracy: float, retrains: int, seconds: float, kind: str
+):
+    return {
+        "requests": requests,
+        "kind": kind,
+        "remaining": head.data.count(),
+        "test_accuracy": accuracy,
+        "beta": head.beta,
+        "budget": head.budget,
+        "worst_case": head.worst_case,
+        "retrains": retrains,
+        "median_request_seconds": seconds,
+    }
+
+
+def _verify_central(outcome, model, head, params, classes, log: Log) -> dict[str, float]:
+    """Fit the same head centrally on every client's features (possible in simulation only, where
+    the server can rebuild the partitions) and report the relative difference."""
+    xs, ys = [], []
+    for partition in head.data.partitions:
+        split = outcome.data.client_split(partition)
+        xs.append(head_features(model, split.x))
+        ys.append(split.y.numpy())
+    central = CertifiedHead(
+        CentralHeadData(
+            params.loss, np.vstack(xs), one_vs_rest_targets(np.concatenate(ys), classes)
+        ),
+        params,
+        seed=derive_seed(outcome.config.seed, "certified-head"),
+    )
+    central.fit()
+    difference = float(
+        np.linalg.norm(head.weights - central.weights)
+        / max(np.linalg.norm(central.weights), 1e-300)
+    )
+    log(f"certified head: federated vs centralized head, relative difference {difference:.3g}")
+    return {"central_relative_difference": difference}
+
+
+def _plot(table: pd.DataFrame, budget: float, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot(table["requests"], table["test_accuracy"], marker="o")
+    left.set_xlabel("removal requests")
+    left.set_ylabel("test accuracy")
+    left.set_title("Accuracy of the certified head")
+    right.plot(
+        table["requests"], table["beta"], marker="o", label="beta (certified residual bound)"
+    )
+    right.axhline(budget, color="red", linestyle="--", label=f"budget {budget:.3g}")
+    right.set_xlabel("removal requests")
+    right.set_ylabel("cumulative bound")
+    right.set_yscale("log")
+    right.legend()
+    right.set_title("Gradient residual bound vs budget")
+    save_figure(fig, path)
