@@ -35,8 +35,10 @@ from fedunlearn.linear_losses import check_loss, one_vs_rest_targets
 
 OPS = ("prepare", "sums", "gram", "removed", "step")
 
+# One process serves many partitions in a simulation (a Ray actor takes whichever client is next),
+# so the cache holds every partition's features up to a memory cap, not a fixed count.
 _FEATURES: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
-_CACHE_SIZE = 2
+CACHE_BYTES = 2 * 1024**3
 
 
 def answer_head_query(msg: Message, setup: ClientSetup) -> Message:
@@ -52,7 +54,7 @@ def answer_head_query(msg: Message, setup: ClientSetup) -> Message:
         model = setup.new_model()
         model.load_state_dict(msg.content["model"].to_torch_state_dict())
         _FEATURES[key] = head_features(model, setup.data.x, device=setup.device)
-        while len(_FEATURES) > _CACHE_SIZE:
+        while len(_FEATURES) > 1 and sum(f.nbytes for f in _FEATURES.values()) > CACHE_BYTES:
             _FEATURES.popitem(last=False)
     features = _FEATURES[key]
     _FEATURES.move_to_end(key)

@@ -76,6 +76,7 @@ class ExperimentConfig:
     certified_mode: str = "fast"
     certified_bound: str = "per-point"
     certified_gamma: str = "exact"
+    certified_refresh_ratio: float = 5.0
     certified_removals: int = 100
     certified_remove_clients: str = ""
     certified_eval_every: int = 10
@@ -211,6 +212,7 @@ class ExperimentConfig:
         _one_of("certified-bound", self.certified_bound, BOUNDS)
         _one_of("certified-gamma", self.certified_gamma, GAMMAS)
         _positive("certified-lambda", self.certified_lambda)
+        _positive("certified-refresh-ratio", self.certified_refresh_ratio)
         _positive("certified-epsilon", self.certified_epsilon)
         _in_range("certified-delta", self.certified_delta, 0.0, 1.0, closed_high=False)
         if self.certified_noise != "none":

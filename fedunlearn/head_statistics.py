@@ -337,7 +337,8 @@ class CentralHeadData:
 
     def __init__(self, loss: str, features: np.ndarray, targets: np.ndarray) -> None:
         self.loss = check_loss(loss)
-        self.features = np.ascontiguousarray(check_features(features))
+        # A private copy: removals only mask rows, so a caller editing X later must not change D.
+        self.features = np.array(check_features(features), order="C", copy=True)
         self.targets = np.asarray(targets, dtype=np.float64)
         if self.targets.ndim != 2 or len(self.targets) != len(self.features):
             raise ConfigError(

@@ -90,6 +90,7 @@ class FederatedHeadData:
         self.model_id = model_digest(self.model_state)
         self.removed_ids: dict[int, set[int]] = {p: set() for p in self.partitions}
         self.messages = 0
+        self.model_resends = 0
         replies = self._ask("prepare", self.partitions, {}, attach_model=True)
         self.sizes = {p: int(r["metrics"]["count"]) for p, r in replies.items()}
         dims = {int(r["sums"]["dim"].numpy()[0]) for r in replies.values()}
@@ -152,6 +153,7 @@ class FederatedHeadData:
             if not retry:
                 return answers
             pending = retry
+            self.model_resends += len(retry)
         raise RuntimeError(f"certified head: clients {pending} could not compute their features")
 
     @staticmethod
@@ -252,6 +254,7 @@ def certified_params(config: ExperimentConfig) -> CertifiedRemovalParams:
         mode=config.certified_mode,
         bound=config.certified_bound,
         gamma=config.certified_gamma,
+        refresh_ratio=config.certified_refresh_ratio,
     )
 
 
@@ -342,6 +345,7 @@ def run_certified_head(
             "test_accuracy_final": accuracy(),
             "beta_final": head.beta,
             "messages": data.messages,
+            "model_resends": data.model_resends,
         }
     )
     run.write_json("certified_summary.json", summary)

@@ -54,6 +54,10 @@ def test_federated_certified_head_matches_central_and_certifies_every_request(tm
     assert summary["central_relative_difference"] <= 1e-6
     assert summary["test_accuracy_trained"] > 0.5
     assert summary["requests"] == 13
+    # Clients keep their features between queries: the body is resent only when a query lands on a
+    # simulation worker that has not yet seen that client, never once per request (~150 messages).
+    assert summary["messages"] > 100
+    assert summary["model_resends"] <= 12
 
     ledger = read_ledger(run_dir / "certified_removal.jsonl")
     assert [c["kind"] for c in ledger] == ["train"] + ["remove"] * 13
