@@ -2,6 +2,7 @@
 
     fedunlearn store info RUN_OR_STORE_DIR      rounds, clients, dtype, bytes per round, index table
     fedunlearn store verify RUN_OR_STORE_DIR    check every blob's checksum (exit 1 if any is bad)
+    fedunlearn certificates RUN_DIR_OR_LEDGER   the certified-removal ledger, one line per request
     fedunlearn data check NAME --root DIR       load a dataset and print its sizes
     fedunlearn data download NAME --root DIR    fetch a dataset into DIR (the only command that downloads)
 
@@ -55,6 +56,50 @@ def _store_verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _certificates(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from fedunlearn.certified_removal import read_ledger
+
+    path = args.path / "certified_removal.jsonl" if args.path.is_dir() else args.path
+    if not path.is_file():
+        raise ConfigError(
+            "path",
+            str(args.path),
+            "a run directory holding certified_removal.jsonl, or a ledger file",
+        )
+    records = read_ledger(path)
+    table = pd.DataFrame(
+        [
+            {
+                "request": r["request"],
+                "kind": r["kind"],
+                "removed": r["removed"],
+                "n_after": r["n_after"],
+                "beta_after": r["beta_after"],
+                "budget": r["budget"],
+                "retrained": r["retrained"],
+                "certified": r["certified"],
+                "epsilon": r["total_epsilon"],
+                "delta": r["total_delta"],
+                "seconds": r["seconds"],
+            }
+            for r in records
+        ]
+    )
+    if not args.all and len(table) > 20:
+        table = pd.concat([table.head(5), table.tail(15)])
+    print(table.to_markdown(index=False, floatfmt=".4g"))
+    if records:
+        last = records[-1]
+        print(
+            f"{len(records)} certificate(s), {sum(r['retrained'] for r in records[1:])} retrain(s); "
+            f"{last['loss']} loss, {last['mode']} mode, {last['bound']} bound, lambda {last['lam']:g}, "
+            f"sigma {last['sigma']:g}; now beta {last['beta_after']:.4g} of {last['budget']:.4g}"
+        )
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from fedunlearn.datasets import load_dataset
 
@@ -80,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify = store_commands.add_parser("verify", help="verify every checksum")
     verify.add_argument("path", type=Path)
     verify.set_defaults(handler=_store_verify)
+    ledger = groups.add_parser("certificates", help="show a certified-removal ledger")
+    ledger.add_argument("path", type=Path, help="run directory or certified_removal.jsonl")
+    ledger.add_argument("--all", action="store_true", help="every request, not the first/last 20")
+    ledger.set_defaults(handler=_certificates)
     data = groups.add_parser("data", help="check or download a dataset")
     data_commands = data.add_subparsers(dest="command", required=True)
     for name, text in (

@@ -315,3 +315,22 @@ def test_bad_removal_requests_are_refused_and_change_nothing():
             head.remove(ids)
     np.testing.assert_array_equal(head.weights, weights)
     assert data.count() == 39
+
+
+def test_cli_prints_the_ledger_and_refuses_a_missing_one(tmp_path, capsys):
+    from fedunlearn.cli import main
+
+    x, labels, cls = _problem(11, 60, 4)
+    head = CertifiedHead(
+        CentralHeadData("logistic", x, one_vs_rest_targets(labels, cls)),
+        CertifiedRemovalParams(sigma=1.0, lam=1e-2),
+        ledger=tmp_path / "certified_removal.jsonl",
+    )
+    head.fit()
+    for i in range(3):
+        head.remove([i])
+    assert main(["certificates", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "4 certificate(s), 0 retrain(s)" in out and out.count("| remove |") == 3
+    assert main(["certificates", str(tmp_path / "nowhere")]) == 2
+    assert "certified_removal.jsonl" in capsys.readouterr().err
