@@ -69,9 +69,10 @@ settings.register_profile("certified", max_examples=25, deadline=None)
     lam=st.sampled_from([1e-3, 1e-2, 1e-1]),
     sigma=st.sampled_from([0.05, 1.0, 10.0]),
     batch=st.integers(1, 3),
+    noise=st.sampled_from(["gaussian", "gamma"]),
 )
 def test_true_residual_never_exceeds_the_reported_bound(
-    seed, n, d, classes, loss, mode, bound, gamma, lam, sigma, batch
+    seed, n, d, classes, loss, mode, bound, gamma, lam, sigma, batch, noise
 ):
     """After every removal, in both modes and with every bound: ||grad L_b(w; D')|| <= beta."""
     x, labels, cls = _problem(seed, n, d, classes)
@@ -82,6 +83,7 @@ def test_true_residual_never_exceeds_the_reported_bound(
             loss=loss,
             lam=lam,
             sigma=sigma,
+            noise=noise,
             mode=mode,
             bound=bound,
             gamma=gamma,
