@@ -224,3 +224,44 @@ def diagonal_fisher(
                     shape = (-1,) + (1,) * (g.dim() - 1)
                     fisher[name] += (weight.view(shape) * g.square()).sum(dim=0)
     return {name: f / len(inputs) for name, f in fisher.items()}
+
+
+def variational_forgetting(
+    model: nn.Module,
+    retained_loss,
+    lam: float,
+    *,
+    steps: int = 200,
+    lr: float = 0.05,
+    init_std: float = 1e-3,
+    generator: torch.Generator | None = None,
+) -> dict[str, torch.Tensor]:
+    """Section 4: the diagonal noise covariance Sigma minimising ``E_n[L_Dr(w + n)] - lambda log|Sigma|``.
+
+    ``retained_loss(params)`` returns the loss on (a batch of) D_r for a parameter dict (use
+    ``torch.func.functional_call``). Optimised with Adam on ``log sigma^2`` and the reparametrisation
+    ``n = sigma * eps``, one noise draw per step. Returns the variances per parameter tensor; draw the
+    scrubbed model as ``w + sqrt(variance) * eps``.
+    """
+    if not lam > 0:
+        raise ConfigError("lam", lam, "a number > 0 (the weight of the log-determinant)")
+    if steps < 1:
+        raise ConfigError("steps", steps, "an integer >= 1")
+    weights = {name: p.detach() for name, p in model.named_parameters()}
+    log_var = {
+        name: torch.full_like(p, 2 * float(np.log(init_std)), requires_grad=True)
+        for name, p in weights.items()
+    }
+    optimizer = torch.optim.Adam(list(log_var.values()), lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        noisy = {
+            name: w
+            + torch.exp(0.5 * log_var[name])
+            * torch.randn(w.shape, dtype=w.dtype, device=w.device, generator=generator)
+            for name, w in weights.items()
+        }
+        objective = retained_loss(noisy) - lam * sum(v.sum() for v in log_var.values())
+        objective.backward()
+        optimizer.step()
+    return {name: torch.exp(v.detach()) for name, v in log_var.items()}

@@ -149,3 +149,27 @@ def test_diagonal_fisher_matches_a_per_sample_brute_force():
     )
     for name in brute:
         torch.testing.assert_close(sampled[name], brute[name] / len(x), rtol=0.15, atol=1e-3)
+
+
+def test_variational_forgetting_finds_the_optimal_noise_of_a_quadratic():
+    """E[(w+n)^T A (w+n)]/2 - lam sum log s^2 is minimised at s_i^2 = 2 lam / A_ii."""
+    from fedunlearn.scrubbing import variational_forgetting
+
+    curvature = torch.tensor([0.5, 2.0, 8.0], dtype=torch.float64)
+    model = nn.Linear(3, 1, bias=False).double()
+
+    def retained_loss(params):
+        w = params["weight"][0]
+        return 0.5 * (curvature * w.square()).sum()
+
+    variance = variational_forgetting(
+        model,
+        retained_loss,
+        lam=0.01,
+        steps=3000,
+        lr=0.02,
+        generator=torch.Generator().manual_seed(0),
+    )["weight"][0]
+    torch.testing.assert_close(variance, 2 * 0.01 / curvature, rtol=0.25, atol=0.0)
+    with pytest.raises(ConfigError):
+        variational_forgetting(model, retained_loss, lam=0.0)
