@@ -30,8 +30,3 @@ def head_features(
     ]
     phi = torch.cat(parts).numpy() if parts else np.zeros((0, model.feature_dim))
     return normalize_features(np.hstack([phi, np.ones((len(phi), 1))]))
-
-
-def head_dimension(model: BodyHeadNet) -> int:
-    """The certified head's input width: the body's features plus the constant."""
-    return model.feature_dim + 1

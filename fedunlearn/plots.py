@@ -20,9 +20,6 @@ def save_figure(fig, path: Path) -> Path:
     return path
 
 
-_save = save_figure
-
-
 def plot_training_curves(metrics: pd.DataFrame, path: Path, title: str = "") -> Path:
     """Test accuracy and losses per round, retained rounds marked (``metrics.csv`` of a run)."""
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -53,7 +50,7 @@ def plot_training_curves(metrics: pd.DataFrame, path: Path, title: str = "") -> 
     ax_loss.legend()
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_unlearning_comparison(table: pd.DataFrame, path: Path, title: str = "") -> Path:
@@ -79,7 +76,7 @@ def plot_unlearning_comparison(table: pd.DataFrame, path: Path, title: str = "")
     ax_time.grid(axis="y", alpha=0.3)
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = "") -> Path:
@@ -96,4 +93,4 @@ def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = 
     ax.legend()
     if title:
         ax.set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -167,6 +167,7 @@ class FederatedHeadData:
     def sums(
         self, weights: np.ndarray, *, hessian: bool, single_precision: bool = False
     ) -> HeadSums:
+        # Clients always form float64 Hessians (single_precision is a central-data speed option).
         replies = self._ask("sums", self.partitions, {"weights": weights}, hessian=hessian)
         parts = [HeadSums.from_arrays(self._arrays(replies[p])) for p in self.partitions]
         return sum(parts[1:], parts[0])

@@ -53,9 +53,6 @@ def _exact_minimizer_least_squares(x, t, lam, b):
     )
 
 
-settings.register_profile("certified", max_examples=25, deadline=None)
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
