@@ -84,7 +84,7 @@ def answer_head_query(msg: Message, setup: ClientSetup) -> Message:
         if not present[ids].all():
             raise ConfigError("ids", ids[~present[ids]].tolist(), "samples not removed before")
         parts = removed_parts(
-            loss, features[ids], targets[ids], arrays["weights"], arrays["anchor"]
+            loss, features[ids], targets[ids], arrays["weights"], arrays.get("anchor")
         )
         return _reply(msg, parts.to_arrays(), count=count)
     terms = step_sums(

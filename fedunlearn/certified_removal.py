@@ -445,8 +445,8 @@ class CertifiedHead:
         ids = list(ids)
         weights = self.weights
         n_before = self.data.count()
-        anchor = self._anchor if p.mode == "fast" else weights
-        parts = self.data.removed(ids, weights, anchor)
+        # Only the fast mode downdates a cached factor; the exact mode needs no factor shipped.
+        parts = self.data.removed(ids, weights, self._anchor if p.mode == "fast" else None)
         m = parts.count
         if m >= n_before:
             raise ConfigError("ids", f"{m} samples", f"fewer than all {n_before} training samples")

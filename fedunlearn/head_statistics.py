@@ -277,12 +277,16 @@ def removed_parts(
     features: np.ndarray,
     targets: np.ndarray,
     weights: np.ndarray,
-    anchor: np.ndarray,
+    anchor: np.ndarray | None,
 ) -> RemovedParts:
-    """:class:`RemovedParts` of the samples ``features`` being removed."""
+    """:class:`RemovedParts` of the samples ``features`` being removed; without an ``anchor`` (the
+    exact mode needs no cached factor) the factor is empty, shape (K, 0, d)."""
     grad = head_sums(loss, features, targets, weights, hessian=False).gradient
-    curvature = second_derivative(loss, head_scores(features, anchor), targets)  # (m, K)
-    factor = np.sqrt(curvature).T[:, :, None] * features[None, :, :]
+    if anchor is None:
+        factor = np.zeros((weights.shape[0], 0, features.shape[1]))
+    else:
+        curvature = second_derivative(loss, head_scores(features, anchor), targets)  # (m, K)
+        factor = np.sqrt(curvature).T[:, :, None] * features[None, :, :]
     return RemovedParts(len(features), grad, factor, features.T @ features)
 
 
@@ -308,9 +312,10 @@ class HeadData(Protocol):
     def gram(self) -> np.ndarray: ...
 
     def removed(
-        self, ids: Sequence[Hashable], weights: np.ndarray, anchor: np.ndarray
+        self, ids: Sequence[Hashable], weights: np.ndarray, anchor: np.ndarray | None
     ) -> RemovedParts:
-        """The parts of samples ``ids`` (which must be present) at ``weights``/``anchor``."""
+        """The parts of samples ``ids`` (which must be present) at ``weights``/``anchor``
+        (``anchor=None``: no Hessian factor)."""
         ...
 
     def drop(self, ids: Sequence[Hashable]) -> None:
@@ -399,7 +404,7 @@ class CentralHeadData:
         return index
 
     def removed(
-        self, ids: Sequence[Hashable], weights: np.ndarray, anchor: np.ndarray
+        self, ids: Sequence[Hashable], weights: np.ndarray, anchor: np.ndarray | None
     ) -> RemovedParts:
         index = self._indices(ids)
         return removed_parts(self.loss, self.features[index], self.targets[index], weights, anchor)

@@ -205,13 +205,14 @@ class FederatedHeadData:
         return grouped
 
     def removed(
-        self, ids: Sequence[Hashable], weights: np.ndarray, anchor: np.ndarray
+        self, ids: Sequence[Hashable], weights: np.ndarray, anchor: np.ndarray | None
     ) -> RemovedParts:
         grouped = self._grouped(ids)
+        head = {"weights": weights} if anchor is None else {"weights": weights, "anchor": anchor}
         replies = self._ask(
             "removed",
             sorted(grouped),
-            {"weights": weights, "anchor": anchor},
+            head,
             extra={p: {"ids": grouped[p]} for p in grouped},
         )
         parts = [RemovedParts.from_arrays(self._arrays(replies[p])) for p in sorted(grouped)]

@@ -83,6 +83,11 @@ def test_removed_parts_factor_is_the_hessian_part_at_the_anchor():
     np.testing.assert_allclose(parts.gram, x[:5].T @ x[:5])
     again = RemovedParts.from_arrays(parts.to_arrays())
     np.testing.assert_array_equal(again.gram, parts.gram)
+    # Without an anchor (exact mode) no factor is formed or sent.
+    bare = removed_parts("logistic", x[:5], t[:5], w, None)
+    assert bare.factor.shape == (3, 0, 6)
+    np.testing.assert_array_equal(bare.gradient, parts.gradient)
+    np.testing.assert_array_equal(bare.gram, parts.gram)
 
 
 def test_single_precision_grams_are_close_but_not_equal():
