@@ -10,11 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.client_state import ClientSetup, client_config, client_setup, node_partition
 from clients.head_queries import answer_head_query
+from clients.scrub_queries import answer_scrub_query, forget_mask
+from fedunlearn.errors import ConfigError
+from fedunlearn.forgetting_baselines import negative_gradient_epochs, random_label_epochs
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import evaluate as evaluate_model
 from fedunlearn.training import train_epochs
@@ -87,28 +91,55 @@ def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         """Sums over this client's head features for the server's certified head (Guo et al.)."""
         return answer_head_query(msg, client_setup(context, overrides))
 
+    @app.query("scrub_stats")
+    def scrub_stats(msg: Message, context: Context) -> Message:
+        """Sums over this client's D_r / D_f for the server's scrubbing plug-in (Golatkar et al.)."""
+        return answer_scrub_query(msg, client_setup(context, overrides))
+
     return app
+
+
+#: What a training message may ask for (``objective``): ordinary SGD on the client's data (minus D_f
+#: when ``forget`` names a cohort), or a forgetting baseline on the client's share of D_f.
+OBJECTIVES = ("train", "negative-gradient", "random-labels")
 
 
 def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
     model = _received_model(msg, setup)
     config = msg.content["config"]
     server_round = int(config.get("server-round", 0))
-    loss = train_epochs(
-        model,
-        setup.data.x,
-        setup.data.y,
+    objective = str(config.get("objective", "train"))
+    if objective not in OBJECTIVES:
+        raise ConfigError("objective", objective, f"one of {', '.join(OBJECTIVES)}")
+    x, y = setup.data.x, setup.data.y
+    if "forget" in config:
+        forgotten = torch.as_tensor(forget_mask(setup, str(config["forget"])))
+        keep = forgotten if objective != "train" else ~forgotten
+        x, y = x[keep], y[keep]
+    settings = dict(
         epochs=int(config.get("local-epochs", setup.config.local_epochs)),
         lr=float(config.get("lr", setup.config.lr)),
         batch_size=int(config.get("batch-size", setup.config.batch_size)),
         momentum=float(config.get("momentum", setup.config.momentum)),
-        weight_decay=float(config.get("weight-decay", setup.config.weight_decay)),
         seed=derive_seed(setup.config.seed, "train", server_round, setup.partition_id),
         device=setup.device,
     )
+    if objective == "train":
+        loss = train_epochs(
+            model,
+            x,
+            y,
+            weight_decay=float(config.get("weight-decay", setup.config.weight_decay)),
+            **settings,
+        )
+    else:
+        baseline = (
+            negative_gradient_epochs if objective == "negative-gradient" else random_label_epochs
+        )
+        loss = baseline(model, x, y, num_classes=setup.num_classes, **settings)
     metrics = MetricRecord(
         {
-            "num-examples": len(setup.data),
+            "num-examples": len(x),
             "partition-id": setup.partition_id,
             "train-loss": loss,
             "calibration": int(action == "calibrate"),

@@ -24,6 +24,18 @@ STORE_DTYPES = ("float32", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
 UNLEARNING_METHODS = ("federaser", "fedaccum", "fedretrain")
+#: Scrubbing methods (Golatkar et al.) and their baselines; "original" and "retrain" always run.
+SCRUB_METHODS = (
+    "newton",
+    "newton-forget-only",
+    "newton-finite",
+    "fisher",
+    "fisher-sqrt",
+    "finetune",
+    "negative-gradient",
+    "random-labels",
+    "hiding",
+)
 
 
 def _key(field_name: str) -> str:
@@ -84,6 +96,22 @@ class ExperimentConfig:
     dp_noise_multiplier: float = 0.0
     dp_clipping_norm: float = 1.0
     dp_delta: float = 1e-5
+    scrub: bool = False
+    scrub_forget: str = ""
+    scrub_methods: str = ",".join(SCRUB_METHODS)
+    scrub_newton_lambda: float = 1e-6
+    scrub_fisher_lambda: float = 1e-7
+    scrub_fisher_sqrt_lambda: float = 1e-11
+    scrub_sigma_h: float = 1.0
+    scrub_lambda_factors: str = "0.01,0.1,1,10,100"
+    scrub_damping: float = 1e-3
+    scrub_fisher_floor: float = 1e-3
+    scrub_fisher_samples: int = 1000
+    scrub_time: float = 0.0
+    scrub_baseline_rounds: int = 2
+    scrub_baseline_epochs: int = 1
+    scrub_relearn_threshold: float = 0.3
+    scrub_relearn_epochs: float = 1.0
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -189,6 +217,7 @@ class ExperimentConfig:
                 "set together with run-name (the trained run) and unlearn-clients (whom to forget)",
             )
         self._validate_certified()
+        self._validate_scrub()
         _in_range("dp-noise-multiplier", self.dp_noise_multiplier, 0.0, math.inf)
         _positive("dp-clipping-norm", self.dp_clipping_norm)
         _in_range("dp-delta", self.dp_delta, 0.0, 1.0, closed_high=False)
@@ -273,6 +302,62 @@ class ExperimentConfig:
                 f"a comma-separated subset of {', '.join(UNLEARNING_METHODS)}",
             )
         return list(dict.fromkeys(names))
+
+    def _validate_scrub(self) -> None:
+        for key in (
+            "scrub-newton-lambda",
+            "scrub-fisher-lambda",
+            "scrub-fisher-sqrt-lambda",
+            "scrub-sigma-h",
+        ):
+            _positive(key, getattr(self, key.replace("-", "_")))
+        _in_range("scrub-damping", self.scrub_damping, 0.0, math.inf)
+        _in_range("scrub-fisher-floor", self.scrub_fisher_floor, 0.0, math.inf)
+        _in_range("scrub-time", self.scrub_time, 0.0, math.inf)
+        _at_least("scrub-fisher-samples", self.scrub_fisher_samples, 1)
+        _at_least("scrub-baseline-rounds", self.scrub_baseline_rounds, 1)
+        _at_least("scrub-baseline-epochs", self.scrub_baseline_epochs, 1)
+        _positive("scrub-relearn-threshold", self.scrub_relearn_threshold)
+        _positive("scrub-relearn-epochs", self.scrub_relearn_epochs)
+        _ = self.scrub_lambda_grid, self.scrubbing_methods  # parse (and raise) now
+        if self.scrub:
+            _ = self.forget_set  # parses and range-checks
+
+    @property
+    def forget_set(self):
+        """The cohort D_f named by ``scrub-forget`` (:class:`fedunlearn.forget_sets.ForgetSet`)."""
+        from fedunlearn.forget_sets import ForgetSet
+
+        if not self.scrub_forget.strip():
+            raise ConfigError(
+                "scrub-forget", self.scrub_forget, "a cohort when scrub=true, e.g. 'class:5'"
+            )
+        return ForgetSet.parse(self.scrub_forget, num_clients=self.num_clients)
+
+    @property
+    def scrubbing_methods(self) -> list[str]:
+        """The scrubbing methods and baselines to run (``scrub-methods``), in the order given."""
+        names = [m for m in self.scrub_methods.replace(" ", "").lower().split(",") if m]
+        unknown = [m for m in names if m not in SCRUB_METHODS]
+        if unknown:
+            raise ConfigError(
+                "scrub-methods",
+                self.scrub_methods,
+                f"a comma-separated subset of {', '.join(SCRUB_METHODS)}",
+            )
+        return list(dict.fromkeys(names))
+
+    @property
+    def scrub_lambda_grid(self) -> list[float]:
+        """The factors multiplying each method's lambda for the information/error trade-off."""
+        allowed = "comma-separated numbers > 0, e.g. '0.01,0.1,1,10,100'"
+        try:
+            factors = [float(f) for f in self.scrub_lambda_factors.replace(" ", "").split(",") if f]
+        except ValueError:
+            raise ConfigError("scrub-lambda-factors", self.scrub_lambda_factors, allowed) from None
+        if any(not (f > 0 and math.isfinite(f)) for f in factors):
+            raise ConfigError("scrub-lambda-factors", self.scrub_lambda_factors, allowed)
+        return sorted(set(factors))
 
     def is_retained_round(self, server_round: int) -> bool:
         """FedEraser's schedule: t_1 = 1, t_{j+1} = t_j + Δt."""

@@ -10,6 +10,9 @@ CVPR 2020): the math, Flower-free.
   ``H_Dr = H_D - H_Df``, so a cached ``H_D`` and the forgotten data suffice.
 * Information bound (Proposition 2): ``KL(N(w_o, S_o) || N(w_r, S_r))`` in nats between the scrubbed
   original and the scrubbed retrained model.
+* Finite-time scrub (eq. 6, Proposition 3): :func:`finite_time_scrub` maps the weights reached by
+  gradient flow on L_D for a time t to those reached on L_Dr from the same initialisation.
+* The bound over a grid of lambda (Proposition 2): :func:`kl_over_lambda`.
 
 The linear head's exact Hessian is :func:`softmax_head_sums` (cross-entropy on ``W x``, W of shape
 (K, d), flattened row-major).
@@ -265,3 +268,193 @@ def variational_forgetting(
         objective.backward()
         optimizer.step()
     return {name: torch.exp(v.detach()) for name, v in log_var.items()}
+
+
+def _clamped_eigh(matrix: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Eigen-decomposition of a symmetric matrix, eigenvalues clamped at ``floor * max``."""
+    eig, vec = np.linalg.eigh((matrix + matrix.T) / 2)
+    top = max(float(eig[-1]), np.finfo(float).tiny)
+    return np.maximum(eig, floor * top), vec
+
+
+def finite_time_scrub(
+    weights: np.ndarray,
+    gradient_all: np.ndarray,
+    curvature_all: np.ndarray,
+    gradient_retained: np.ndarray,
+    curvature_retained: np.ndarray,
+    lam: float,
+    sigma_h: float,
+    *,
+    time: float,
+    lr: float = 1.0,
+    max_exponent: float = 30.0,
+    rng: np.random.Generator | None = None,
+    floor: float = EIGEN_FLOOR,
+) -> Scrubbed:
+    """The finite-time scrub (eq. 6, Proposition 3) plus eq. 7's noise, on a flat parameter vector.
+
+    Derivation. For quadratic losses ``L_D(w) = (w - w_D)^T A (w - w_D) / 2`` and
+    ``L_Dr(w) = (w - w_r)^T B (w - w_r) / 2``, gradient flow with learning rate ``eta`` for a time
+    ``t`` from the same initialisation ``w0`` reaches
+
+        w_D(t)  = w_D + exp(-eta A t) (w0 - w_D),
+        w_Dr(t) = w_r + exp(-eta B t) (w0 - w_r).
+
+    At ``w = w_D(t)``, ``d = A^{-1} grad L_D(w) = w - w_D`` and
+    ``d_r = B^{-1} grad L_Dr(w) = w - w_r``, so ``w0 = w - d + exp(eta A t) d`` and the scrub
+    mapping ``w_D(t)`` to ``w_Dr(t)`` is
+
+        S(w) = w - d_r + exp(-eta B t) (d_r - d + exp(eta A t) d).
+
+    At ``t = 0`` it is the identity; as ``t -> inf`` at a trained model (``d -> 0``) it is the
+    Newton step ``w - d_r`` of eq. 7. The sample adds eq. 7's noise
+    ``(lambda sigma_h^2)^{1/4} B^{-1/4} n`` (covariance ``sqrt(lambda) sigma_h B^{-1/2}``).
+
+    ``gradient_all``/``curvature_all`` are ``grad L_D(w)`` and A (Hessian or Fisher of L_D);
+    ``gradient_retained``/``curvature_retained`` are ``grad L_Dr(w)`` and B. The matrix functions
+    come from ``eigh`` of the symmetrised A and B, eigenvalues clamped at ``floor * max eigenvalue``
+    as in the appendix (before inverting, and before the exponentials). ``exp(eta A t)`` explodes
+    on a long run (and ``d`` is then tiny, or only numerically non-zero): the exponent
+    ``eta t eig(A)`` is capped at ``max_exponent``, which keeps the computation finite and is exact
+    whenever ``eta t eig_max(A) <= max_exponent``. ``time = inf`` gives the ``t -> inf`` limit.
+    """
+    _check_noise(lam, sigma_h)
+    if not time >= 0:
+        raise ConfigError("time", time, "a number >= 0 (the training time t of eq. 6)")
+    if not (lr > 0 and np.isfinite(lr)):
+        raise ConfigError("lr", lr, "a finite number > 0 (the learning rate eta of eq. 6)")
+    if not max_exponent > 0:
+        raise ConfigError("max_exponent", max_exponent, "a number > 0")
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    g_all = np.asarray(gradient_all, dtype=np.float64).ravel()
+    g_ret = np.asarray(gradient_retained, dtype=np.float64).ravel()
+    a = np.asarray(curvature_all, dtype=np.float64)
+    b = np.asarray(curvature_retained, dtype=np.float64)
+    k = w.size
+    for name, value in (("curvature_all", a), ("curvature_retained", b)):
+        if value.shape != (k, k):
+            raise ConfigError(name, f"shape {value.shape}", f"a ({k}, {k}) matrix like the weights")
+    for name, value in (("gradient_all", g_all), ("gradient_retained", g_ret)):
+        if value.size != k:
+            raise ConfigError(name, f"size {value.size}", f"{k} entries like the weights")
+    eig_a, vec_a = _clamped_eigh(a, floor)
+    eig_b, vec_b = _clamped_eigh(b, floor)
+    coord_a = vec_a.T @ g_all / eig_a  # d in A's eigenbasis
+    d = vec_a @ coord_a
+    d_r = vec_b @ (vec_b.T @ g_ret / eig_b)
+    if time == 0:
+        grow, shrink = np.ones_like(eig_a), np.ones_like(eig_b)
+    else:
+        grow = np.exp(np.minimum(lr * time * eig_a, max_exponent))
+        shrink = np.exp(-lr * time * eig_b)
+    restart = d_r - d + vec_a @ (grow * coord_a)  # w0 - w_r
+    mean = w - d_r + vec_b @ (shrink * (vec_b.T @ restart))
+    scale = (lam * sigma_h**2) ** 0.25
+    covariance = scale**2 * psd_power(b, -0.5, floor=floor)
+    sample = mean
+    if scale > 0:
+        rng = rng or np.random.default_rng()
+        sample = mean + scale * psd_power(b, -0.25, floor=floor) @ rng.normal(size=k)
+    return Scrubbed(sample.reshape(np.shape(weights)), mean, covariance)
+
+
+def kl_over_lambda(
+    mean0: np.ndarray,
+    base_cov0: np.ndarray,
+    mean1: np.ndarray,
+    base_cov1: np.ndarray,
+    lams,
+    sigma_h: float,
+) -> np.ndarray:
+    """Proposition 2's bound ``KL(N(m0, s C0) || N(m1, s C1))`` (nats) for each lambda in ``lams``.
+
+    Eq. 7's noise ``(lambda sigma_h^2)^{1/4} B^{-1/4} n`` has covariance ``s C`` with
+    ``s = sqrt(lambda) sigma_h`` and ``C = B^{-1/2}`` (a full matrix), or, for Fisher forgetting,
+    the diagonal ``C = F^{2 power}`` (a vector). Then
+
+        KL = [tr(C1^{-1} C0) + (m1 - m0)^T C1^{-1} (m1 - m0) / s - k + log|C1| - log|C0|] / 2,
+
+    so only the Mahalanobis term depends on lambda: the rest is computed once (one Cholesky of C1,
+    or one pass over the diagonals) and the whole grid costs no more than one :func:`gaussian_kl`.
+    The result has the shape of ``lams``; every lambda must be > 0 (and ``sigma_h`` > 0).
+    """
+    grid = np.asarray(lams, dtype=np.float64)
+    if grid.size == 0 or not np.all(grid > 0):
+        raise ConfigError("lams", lams, "one or more numbers > 0 (the noise levels lambda)")
+    if not (sigma_h > 0 and np.isfinite(sigma_h)):
+        raise ConfigError("sigma_h", sigma_h, "a finite number > 0")
+    m0, m1 = np.ravel(mean0).astype(np.float64), np.ravel(mean1).astype(np.float64)
+    k = m0.size
+    if m1.size != k:
+        raise ConfigError("mean1", f"size {m1.size}", f"{k} entries like mean0")
+    diff = m1 - m0
+    c0 = np.asarray(base_cov0, dtype=np.float64)
+    c1 = np.asarray(base_cov1, dtype=np.float64)
+    for name, value in (("base_cov0", c0), ("base_cov1", c1)):
+        if value.shape not in ((k,), (k, k)):
+            raise ConfigError(name, f"shape {value.shape}", f"({k},) (diagonal) or ({k}, {k})")
+    if c0.ndim == 1 and c1.ndim == 1:
+        if np.any(c0 <= 0) or np.any(c1 <= 0):
+            raise ConfigError("base_cov0/base_cov1", "a non-positive variance", "variances > 0")
+        fixed = np.sum(c0 / c1) - k + np.sum(np.log(c1) - np.log(c0))
+        mahalanobis = float(np.sum(diff**2 / c1))
+    else:
+        c0 = np.diag(c0) if c0.ndim == 1 else c0
+        c1 = np.diag(c1) if c1.ndim == 1 else c1
+        try:
+            l1 = np.linalg.cholesky(c1)
+        except np.linalg.LinAlgError as error:
+            raise ConfigError("base_cov1", "a matrix", "symmetric positive definite") from error
+        sign0, logdet0 = np.linalg.slogdet(c0)
+        if sign0 <= 0:
+            raise ConfigError("base_cov0", "a matrix", "symmetric positive definite")
+        trace = float(np.trace(np.linalg.solve(l1.T, np.linalg.solve(l1, c0))))
+        y = np.linalg.solve(l1, diff)
+        fixed = trace - k + 2 * np.sum(np.log(np.diag(l1))) - logdet0
+        mahalanobis = float(y @ y)
+    return 0.5 * (fixed + mahalanobis / (np.sqrt(grid) * sigma_h))
+
+
+class NewtonScrubber:
+    """Eq. 7 with one eigendecomposition of B, for many noise levels lambda.
+
+    ``mean = w - B^{-1} g`` and the base covariance ``B^{-1/2}`` (the covariance is
+    ``sqrt(lambda) sigma_h B^{-1/2}``) are fixed by (w, g, B); :meth:`sample` draws the scrubbed
+    weights for any lambda. Eigenvalues are clamped at ``floor * max`` as in :func:`psd_power`.
+    Same result as :func:`newton_scrub`, at the cost of one ``eigh`` instead of a solve and two.
+    """
+
+    def __init__(
+        self,
+        weights: np.ndarray,
+        gradient: np.ndarray,
+        curvature: np.ndarray,
+        *,
+        floor: float = EIGEN_FLOOR,
+    ) -> None:
+        w = np.asarray(weights, dtype=np.float64)
+        g = np.asarray(gradient, dtype=np.float64).ravel()
+        b = np.asarray(curvature, dtype=np.float64)
+        if b.shape != (w.size, w.size) or g.size != w.size:
+            raise ConfigError(
+                "curvature",
+                f"shape {b.shape}",
+                f"a ({w.size}, {w.size}) matrix matching the weights",
+            )
+        self.shape = w.shape
+        eig, vec = np.linalg.eigh((b + b.T) / 2)
+        self.eigenvalues = np.maximum(eig, floor * max(float(eig[-1]), np.finfo(float).tiny))
+        self.eigenvectors = vec
+        self.mean = (w.ravel() - vec @ ((vec.T @ g) / self.eigenvalues)).reshape(self.shape)
+
+    def base_covariance(self) -> np.ndarray:
+        """``B^{-1/2}``: the covariance at ``sqrt(lambda) sigma_h = 1``."""
+        return (self.eigenvectors * self.eigenvalues**-0.5) @ self.eigenvectors.T
+
+    def sample(self, lam: float, sigma_h: float, rng: np.random.Generator) -> np.ndarray:
+        """``mean + (lambda sigma_h^2)^{1/4} B^{-1/4} n``, n ~ N(0, I)."""
+        _check_noise(lam, sigma_h)
+        vec = self.eigenvectors
+        noise = vec @ (self.eigenvalues**-0.25 * (vec.T @ rng.normal(size=vec.shape[0])))
+        return self.mean + (lam * sigma_h**2) ** 0.25 * noise.reshape(self.shape)

@@ -8,7 +8,7 @@ The same round loop trains FedRetrain (the targets left out) during unlearning.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -79,16 +79,21 @@ def fedavg_rounds(
     test: tuple[torch.Tensor, torch.Tensor] | None = None,
     on_round: Callable[[int, EvaluationResult | None, MetricRecord, int, float], None]
     | None = None,
+    rounds: int | None = None,
+    extra_config: Mapping[str, int | float | str] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Run ``config.rounds`` FedAvg rounds from ``model``'s weights; returns the final state.
+    """Run ``rounds`` (default ``config.rounds``) FedAvg rounds from ``model``'s weights; returns the
+    final state.
 
     ``test`` (inputs, labels) turns on a server-side evaluation after each round, reported to
     ``on_round(round, evaluation, train_metrics, clients_replied, round_seconds)``.
+    ``extra_config`` is added to every training message's config (e.g. a scrubbing baseline's
+    ``objective`` and ``forget``).
     """
     device = resolve_device(config.device)
     arrays = ArrayRecord(model.state_dict())
-    train_config = train_config_record(config)
-    for server_round in range(1, config.rounds + 1):
+    train_config = {**train_config_record(config), **dict(extra_config or {})}
+    for server_round in range(1, (config.rounds if rounds is None else rounds) + 1):
         started = time.perf_counter()
         messages = strategy.configure_train(
             server_round, arrays, ConfigRecord(dict(train_config)), grid

@@ -17,6 +17,7 @@ from fedunlearn.errors import FedUnlearnError
 from server.certified_head import run_certified_head
 from server.federated_training import dp_epsilon_of, train_federated
 from server.run_loading import load_trained_run
+from server.scrubbing import run_scrubbing
 from server.unlearning import run_unlearning
 
 
@@ -32,7 +33,8 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         """Validate the run config, train (FedAvg with retention), unlearn and compare; then, with
-        ``certified-head``, train a certified head and stream removal requests to it."""
+        ``certified-head``, train a certified head and stream removal requests to it; with ``scrub``, scrub a cohort with every
+        scrubbing method and baseline."""
         try:
             config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
             if config.unlearn_only:
@@ -43,6 +45,8 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
                 run_unlearning(grid, outcome, log=_log)
             if config.certified_head:
                 run_certified_head(grid, outcome, log=_log, dp_epsilon=dp_epsilon_of(config))
+            if config.scrub:
+                run_scrubbing(grid, outcome, log=_log)
             _log(f"results in {outcome.run.path}")
         except FedUnlearnError as error:
             _log(f"error: {error}")

@@ -173,3 +173,227 @@ def test_variational_forgetting_finds_the_optimal_noise_of_a_quadratic():
     torch.testing.assert_close(variance, 2 * 0.01 / curvature, rtol=0.25, atol=0.0)
     with pytest.raises(ConfigError):
         variational_forgetting(model, retained_loss, lam=0.0)
+
+
+# ---------------------------------------------------------------- finite-time scrub (eq. 6)
+
+
+def _flow(curvature, minimiser, w0, eta, t):
+    """Exact gradient flow on (w - w*)^T C (w - w*) / 2 for time t, by scipy's expm."""
+    from scipy.linalg import expm
+
+    return minimiser + expm(-eta * t * curvature) @ (w0 - minimiser)
+
+
+def _quadratic_pair(seed, k=5):
+    rng = np.random.default_rng(seed)
+    a, b = _spd(rng, k), _spd(rng, k)
+    return rng, a, b, rng.normal(size=k), rng.normal(size=k), rng.normal(size=k)
+
+
+@pytest.mark.parametrize("t", [0.05, 0.3, 1.5])
+def test_finite_time_scrub_maps_the_flow_on_all_data_to_the_flow_on_retained_data(t):
+    """Proposition 3: S(w_D(t)) = w_Dr(t) for quadratic losses, both flows from the same w0."""
+    from fedunlearn.scrubbing import finite_time_scrub
+
+    _, a, b, w_d, w_r, w0 = _quadratic_pair(5)
+    eta = 0.2
+    assert eta * t * np.linalg.eigvalsh(a)[-1] < 30  # below the cap: the formula is exact
+    w = _flow(a, w_d, w0, eta, t)
+    scrubbed = finite_time_scrub(
+        w, a @ (w - w_d), a, b @ (w - w_r), b, lam=0.0, sigma_h=1.0, time=t, lr=eta
+    )
+    np.testing.assert_allclose(scrubbed.weights, _flow(b, w_r, w0, eta, t), atol=1e-9)
+    np.testing.assert_allclose(scrubbed.covariance, 0.0)
+    # The scrub is not the Newton step at finite t.
+    assert not np.allclose(scrubbed.weights, w_r, atol=1e-3)
+
+
+def test_finite_time_scrub_at_time_zero_is_the_identity():
+    from fedunlearn.scrubbing import finite_time_scrub
+
+    _, a, b, w_d, w_r, w = _quadratic_pair(6)
+    scrubbed = finite_time_scrub(
+        w, a @ (w - w_d), a, b @ (w - w_r), b, lam=0.0, sigma_h=0.0, time=0.0, lr=0.5
+    )
+    np.testing.assert_allclose(scrubbed.weights, w, atol=1e-12)
+
+
+@pytest.mark.parametrize("t", [1e4, np.inf])
+def test_finite_time_scrub_after_a_long_run_is_the_newton_scrub(t):
+    from fedunlearn.scrubbing import finite_time_scrub
+
+    _, a, b, _, w_r, w = _quadratic_pair(7)
+    g_r = b @ (w - w_r)
+    long_run = finite_time_scrub(w, np.zeros(5), a, g_r, b, lam=0.0, sigma_h=1.0, time=t, lr=0.1)
+    newton = newton_scrub(w, g_r, b, lam=0.0, sigma_h=1.0)
+    np.testing.assert_allclose(long_run.mean, newton.mean, atol=1e-10)
+    np.testing.assert_allclose(long_run.mean, w_r, atol=1e-10)
+
+
+def test_finite_time_scrub_noise_is_eq_7s():
+    from fedunlearn.scrubbing import finite_time_scrub
+
+    rng, a, b, w_d, w_r, w = _quadratic_pair(8, k=3)
+    args = (w, a @ (w - w_d), a, b @ (w - w_r), b)
+    first = finite_time_scrub(*args, lam=0.04, sigma_h=1.5, time=0.7, lr=0.3)
+    expected = np.sqrt(0.04) * 1.5 * psd_power(b, -0.5)
+    np.testing.assert_allclose(first.covariance, expected, rtol=1e-12)
+    draws = np.stack(
+        [
+            finite_time_scrub(*args, lam=0.04, sigma_h=1.5, time=0.7, lr=0.3, rng=rng).weights
+            for _ in range(8000)
+        ]
+    )
+    np.testing.assert_allclose(draws.mean(axis=0), first.mean, atol=0.03)
+    np.testing.assert_allclose(np.cov(draws.T), expected, atol=0.04 * np.abs(expected).max())
+    # Same noise draw as the Newton scrub for the same seed: only the mean differs.
+    finite = finite_time_scrub(
+        *args, lam=0.04, sigma_h=1.5, time=0.7, lr=0.3, rng=np.random.default_rng(3)
+    )
+    newton = newton_scrub(w, args[3], b, 0.04, 1.5, rng=np.random.default_rng(3))
+    np.testing.assert_allclose(finite.weights - finite.mean, newton.weights - newton.mean)
+
+
+def test_finite_time_scrub_caps_the_exponent_and_stays_finite():
+    from fedunlearn.scrubbing import finite_time_scrub
+
+    _, a, b, w_d, w_r, w = _quadratic_pair(9)
+    args = (w, a @ (w - w_d), a, b @ (w - w_r), b)
+    # eta t eig_max(A) ~ 1e8: exp would overflow to inf (and inf * 0 to nan) without the cap.
+    huge = finite_time_scrub(*args, lam=0.0, sigma_h=0.0, time=1e7, lr=1.0)
+    assert np.all(np.isfinite(huge.weights))
+    # exp(-eta B t) has flushed to 0, so what is left is the Newton step.
+    np.testing.assert_allclose(huge.weights, w_r, atol=1e-9)
+    # Below the cap, the cap's value is irrelevant.
+    t = 29.0 / (0.1 * np.linalg.eigvalsh(a)[-1])
+    capped = finite_time_scrub(*args, lam=0.0, sigma_h=0.0, time=t, lr=0.1, max_exponent=30.0)
+    loose = finite_time_scrub(*args, lam=0.0, sigma_h=0.0, time=t, lr=0.1, max_exponent=700.0)
+    np.testing.assert_allclose(capped.weights, loose.weights, rtol=1e-12)
+    # Above it, it is not.
+    tight = finite_time_scrub(*args, lam=0.0, sigma_h=0.0, time=t, lr=0.1, max_exponent=5.0)
+    assert not np.allclose(tight.weights, loose.weights)
+
+
+@pytest.mark.parametrize(
+    ("override", "parameter"),
+    [
+        ({"time": -1.0}, "time"),
+        ({"time": float("nan")}, "time"),
+        ({"lr": 0.0}, "lr"),
+        ({"lr": -0.1}, "lr"),
+        ({"lam": -1.0}, "lam"),
+        ({"sigma_h": -1.0}, "sigma_h"),
+        ({"max_exponent": 0.0}, "max_exponent"),
+        ({"curvature_all": np.eye(4)}, "curvature_all"),
+        ({"curvature_retained": np.eye(2)}, "curvature_retained"),
+        ({"gradient_all": np.zeros(4)}, "gradient_all"),
+        ({"gradient_retained": np.zeros(2)}, "gradient_retained"),
+    ],
+)
+def test_finite_time_scrub_rejects_bad_arguments(override, parameter):
+    from fedunlearn.scrubbing import finite_time_scrub
+
+    kwargs = {
+        "weights": np.zeros(3),
+        "gradient_all": np.zeros(3),
+        "curvature_all": np.eye(3),
+        "gradient_retained": np.zeros(3),
+        "curvature_retained": np.eye(3),
+        "lam": 0.1,
+        "sigma_h": 1.0,
+        "time": 1.0,
+        "lr": 0.1,
+    }
+    kwargs.update(override)
+    with pytest.raises(ConfigError) as error:
+        finite_time_scrub(**kwargs)
+    assert error.value.parameter == parameter
+
+
+# ---------------------------------------------------------------- KL over a lambda grid
+
+
+LAMS = np.array([1e-6, 1e-4, 1e-2, 0.3, 1.0, 5.0])
+
+
+def test_kl_over_lambda_equals_gaussian_kl_per_lambda_full_covariances():
+    from fedunlearn.scrubbing import kl_over_lambda
+
+    rng = np.random.default_rng(10)
+    c0, c1 = psd_power(_spd(rng, 4), -0.5), psd_power(_spd(rng, 4), -0.5)
+    m0, m1 = rng.normal(size=4), rng.normal(size=4)
+    sigma_h = 0.7
+    got = kl_over_lambda(m0, c0, m1, c1, LAMS, sigma_h)
+    assert got.shape == LAMS.shape
+    s = np.sqrt(LAMS) * sigma_h
+    expected = [gaussian_kl(m0, si * c0, m1, si * c1) for si in s]
+    np.testing.assert_allclose(got, expected, rtol=1e-9)
+    assert np.all(np.diff(got) < 0)  # more noise, less information
+    # Equal means: only the covariance mismatch is left, the same for every lambda.
+    same = kl_over_lambda(m0, c0, m0, c1, LAMS, sigma_h)
+    np.testing.assert_allclose(same, gaussian_kl(m0, c0, m0, c1), rtol=1e-9)
+    assert same[0] > 0
+
+
+def test_kl_over_lambda_equals_gaussian_kl_per_lambda_diagonal_covariances():
+    from fedunlearn.scrubbing import kl_over_lambda
+
+    rng = np.random.default_rng(11)
+    f0, f1 = rng.uniform(0.1, 5.0, size=6), rng.uniform(0.1, 5.0, size=6)
+    c0, c1 = f0**-0.5, f1**-0.5  # Fisher forgetting, power -1/4
+    m0, m1 = rng.normal(size=6), rng.normal(size=6)
+    got = kl_over_lambda(m0, c0, m1, c1, LAMS, 2.0)
+    s = np.sqrt(LAMS) * 2.0
+    np.testing.assert_allclose(got, [gaussian_kl(m0, si * c0, m1, si * c1) for si in s], rtol=1e-9)
+    assert np.all(np.diff(got) < 0)
+    # Mixed diagonal/full agrees with full/full.
+    np.testing.assert_allclose(kl_over_lambda(m0, c0, m1, np.diag(c1), LAMS, 2.0), got, rtol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("override", "parameter"),
+    [
+        ({"lams": [0.1, 0.0]}, "lams"),
+        ({"lams": [-1.0]}, "lams"),
+        ({"lams": []}, "lams"),
+        ({"sigma_h": 0.0}, "sigma_h"),
+        ({"mean1": np.zeros(2)}, "mean1"),
+        ({"base_cov1": np.ones(2)}, "base_cov1"),
+        ({"base_cov1": -np.eye(3)}, "base_cov1"),
+    ],
+)
+def test_kl_over_lambda_rejects_bad_arguments(override, parameter):
+    from fedunlearn.scrubbing import kl_over_lambda
+
+    kwargs = {
+        "mean0": np.zeros(3),
+        "base_cov0": np.eye(3),
+        "mean1": np.ones(3),
+        "base_cov1": np.eye(3),
+        "lams": [0.1, 1.0],
+        "sigma_h": 1.0,
+    }
+    kwargs.update(override)
+    with pytest.raises(ConfigError) as error:
+        kl_over_lambda(**kwargs)
+    assert error.value.parameter == parameter
+
+
+def test_newton_scrubber_matches_newton_scrub_for_every_lambda():
+    from fedunlearn.scrubbing import NewtonScrubber
+
+    rng = np.random.default_rng(7)
+    b = _spd(rng, 5)
+    w, g = rng.normal(size=5), rng.normal(size=5)
+    scrubber = NewtonScrubber(w, g, b)
+    for lam in (1e-4, 1e-2):
+        reference = newton_scrub(w, g, b, lam=lam, sigma_h=1.5, rng=np.random.default_rng(3))
+        np.testing.assert_allclose(scrubber.mean, reference.mean, rtol=1e-10)
+        np.testing.assert_allclose(
+            np.sqrt(lam) * 1.5 * scrubber.base_covariance(), reference.covariance, rtol=1e-10
+        )
+        draws = np.stack([scrubber.sample(lam, 1.5, rng) for _ in range(20000)])
+        np.testing.assert_allclose(
+            np.cov(draws.T), reference.covariance, atol=0.03 * np.abs(reference.covariance).max()
+        )

@@ -1,0 +1,564 @@
+"""Scrubbing the federated model (Golatkar et al., *Eternal Sunshine of the Spotless Net*): the
+server-side plug-in, its baselines and readouts.
+
+After training, the cohort D_f named by ``scrub-forget`` (a class across clients, samples of a client,
+or a whole client) is forgotten by every method in ``scrub-methods``; the clients compute the sums the
+scrub needs at the model the server sends (``query.scrub_stats``, ``clients/scrub_queries.py``):
+
+* ``newton``: eq. 7 on the linear head, exact: ``B = H_Dr / n_r + mu I`` (``scrub-damping`` mu) and
+  ``grad L_Dr`` from the clients' D_r sums; noise ``(lambda sigma_h^2)^{1/4} B^{-1/4} n``.
+* ``newton-forget-only``: Section 3.2, ``B = H_D - H_Df`` and ``grad L_Dr = -grad L_Df`` (valid at a
+  minimum of L_D); H_D is the cache of the head's Hessian at the end of training (both parts, one
+  query) and, at forgetting time, only the clients holding D_f compute anything new.
+* ``newton-finite``: eq. 6 (:func:`fedunlearn.scrubbing.finite_time_scrub`), time ``scrub-time``
+  (eta t; 0 = lr times the local SGD steps a client took in training).
+* ``fisher`` / ``fisher-sqrt``: Fisher forgetting of the whole network with the diagonal Fisher of
+  D_r (eq. 8), std ``(lambda sigma_h^2)^{1/4} F^{-1/4}`` or the appendix's ``F^{-1/2}``; F is floored
+  at ``scrub-fisher-floor`` (the reference code's variance cap).
+* Baselines (Section 5.2), as federated rounds with the same clients: ``finetune`` (D_r),
+  ``negative-gradient`` and ``random-labels`` (the clients holding D_f), ``hiding`` (server only: the
+  class's head row re-initialised; class cohorts only).
+* ``retrain`` (FedRetrain without D_f, from the same initial weights and seed) is the reference and
+  ``original`` the trained model.
+
+Readouts (Section 5.3): error on D_test, D_f and D_r; relearn time; output-entropy histograms; the
+information bound (Proposition 2) between the scrubbed original and the scrubbed retrained model,
+over a lambda grid, with the error it costs (the paper's Fig. 2). The readouts use the clients' data,
+which the server rebuilds from the run config in a simulation (measurement only: no method reads it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from fedunlearn.forget_sets import ForgetSet
+from fedunlearn.forgetting_baselines import hide_class
+from fedunlearn.head_curvature import assemble_hessian, head_matrix, with_head
+from fedunlearn.scrub_readouts import (
+    error_rate,
+    output_entropy,
+    plot_entropy_histograms,
+    plot_information_tradeoff,
+    plot_relearn_times,
+    relearn_time,
+)
+from fedunlearn.scrubbing import NewtonScrubber, finite_time_scrub, kl_over_lambda
+from fedunlearn.seeding import derive_seed
+from fedunlearn.training import resolve_device
+from server.federated_training import TrainingOutcome, fedavg_rounds
+from server.federation import failure_reasons
+from strategies.retaining_fedavg import RetainingFedAvg
+
+SCRUB_QUERY = "query.scrub_stats"
+Log = Callable[[str], None]
+State = dict[str, torch.Tensor]
+#: Fisher forgetting variants: method -> power of F in the noise's standard deviation.
+FISHER_POWERS = {"fisher": -0.25, "fisher-sqrt": -0.5}
+
+
+def fisher_lambda(config, kind: str) -> float:
+    """The run config's lambda for a Fisher variant (their noise scales differ by orders)."""
+    return config.scrub_fisher_lambda if kind == "fisher" else config.scrub_fisher_sqrt_lambda
+
+
+#: Samples per split for the entropy histograms.
+ENTROPY_SAMPLES = 2000
+
+
+class ScrubStatistics:
+    """Asks clients for sums over their D_r / D_f at a model and adds them up."""
+
+    def __init__(self, grid: Grid, outcome: TrainingOutcome, forget: ForgetSet) -> None:
+        self.grid = grid
+        self.node_of = dict(outcome.members.node_of_partition)
+        self.forget = forget
+        self.messages = 0
+
+    def ask(
+        self,
+        op: str,
+        state: Mapping[str, torch.Tensor],
+        parts: Sequence[str],
+        partitions: Sequence[int],
+        **config,
+    ) -> dict[str, dict]:
+        """``{part: {"count": n, name: summed array}}`` over ``partitions``."""
+        messages = [
+            Message(
+                content=RecordDict(
+                    {
+                        "config": ConfigRecord(
+                            {"op": op, "parts": list(parts), "forget": str(self.forget), **config}
+                        ),
+                        "model": ArrayRecord(dict(state)),
+                    }
+                ),
+                dst_node_id=self.node_of[p],
+                message_type=SCRUB_QUERY,
+            )
+            for p in partitions
+        ]
+        replies = list(self.grid.send_and_receive(messages, timeout=3600))
+        self.messages += len(messages)
+        failed = [r for r in replies if r.has_error()]
+        if failed or len(replies) != len(messages):
+            reasons = failure_reasons(failed) if failed else "no reply before the timeout"
+            raise RuntimeError(f"scrubbing: {op} failed on some clients: {reasons}")
+        totals: dict[str, dict] = {part: {"count": 0} for part in parts}
+        for reply in replies:
+            metrics = reply.content["metrics"]
+            stats = reply.content["stats"]
+            for part in parts:
+                totals[part]["count"] += int(metrics[f"{part}.count"])
+            for key, array in stats.items():
+                part, name = key.split(".", 1)
+                value = array.numpy().astype(np.float64)
+                totals[part][name] = totals[part].get(name, 0.0) + value
+        return totals
+
+
+def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:
+    """Forget ``scrub-forget`` with every method in ``scrub-methods``; returns the readout table."""
+    config = outcome.config
+    splits = outcome.data.splits
+    forget = ForgetSet.parse(
+        config.scrub_forget, num_clients=config.num_clients, num_classes=splits.num_classes
+    )
+    methods = config.scrubbing_methods
+    partitions = outcome.members.partition_ids
+    masks = {
+        p: forget.mask(outcome.data.client_split(p).y.numpy(), p, config.seed) for p in partitions
+    }
+    holders = [p for p in partitions if masks[p].any()]
+    keepers = [p for p in partitions if (~masks[p]).any()]
+    n_forget = int(sum(m.sum() for m in masks.values()))
+    log(
+        f"scrubbing {forget} ({n_forget} samples on {len(holders)} client(s)): {', '.join(methods)}"
+    )
+    if not holders:
+        raise RuntimeError(f"scrub-forget={forget} selects no sample of this federation")
+    stats = ScrubStatistics(grid, outcome, forget)
+    original = outcome.final_state
+    models: dict[str, State] = {"original": original}
+    seconds: dict[str, float] = {}
+    details: dict[str, dict] = {}
+
+    def timed(name: str, build: Callable[[], State]) -> None:
+        started = time.perf_counter()
+        models[name] = build()
+        seconds[name] = time.perf_counter() - started
+        outcome.run.save_model(f"model_scrub_{name}", models[name])
+        log(f"scrub {name}: {seconds[name]:.1f}s")
+
+    timed(
+        "retrain",
+        lambda: _federated(
+            grid,
+            outcome,
+            outcome.initial_state,
+            keepers,
+            config.rounds,
+            {"forget": str(forget)},
+            "retrain",
+            log,
+        ),
+    )
+
+    head_methods = {"newton", "newton-forget-only", "newton-finite"} & set(methods)
+    scrubbers: dict[str, NewtonScrubber] = {}
+    if head_methods:
+        parts = ("retained", "forgotten")
+        started = time.perf_counter()
+        head = stats.ask("head", original, parts, partitions, hessian=True)
+        w = head_matrix(original)
+        k, d = w.shape
+        n_r, n_f = head["retained"]["count"], head["forgotten"]["count"]
+        hessian_r = assemble_hessian(head["retained"]["blocks"], k, d)
+        hessian_f = assemble_hessian(head["forgotten"]["blocks"], k, d)
+        damping = config.scrub_damping * np.eye(k * d)
+        collect = time.perf_counter() - started
+        log(f"head statistics (K={k}, d={d}) from {len(partitions)} clients: {collect:.1f}s")
+
+        def newton(kind: str) -> State:
+            if kind == "newton":
+                gradient = head["retained"]["gradient"] / n_r
+                curvature = hessian_r / n_r + damping
+            else:  # Section 3.2: H_D (cached) minus H_Df; grad L_Dr = -grad L_Df at a minimum
+                gradient = -head["forgotten"]["gradient"] / n_r
+                curvature = (hessian_r + hessian_f - hessian_f) / n_r + damping
+            scrubbers[kind] = NewtonScrubber(w, gradient, curvature)
+            rng = np.random.default_rng(derive_seed(config.seed, "scrub", kind))
+            sample = scrubbers[kind].sample(config.scrub_newton_lambda, config.scrub_sigma_h, rng)
+            return with_head(original, sample)
+
+        for kind in ("newton", "newton-forget-only"):
+            if kind in methods:
+                timed(kind, lambda kind=kind: newton(kind))
+                seconds[kind] += collect
+
+        if "newton-finite" in methods:
+
+            def finite() -> State:
+                n = n_r + n_f
+                scrubbed = finite_time_scrub(
+                    w,
+                    (head["retained"]["gradient"] + head["forgotten"]["gradient"]) / n,
+                    (hessian_r + hessian_f) / n + damping,
+                    head["retained"]["gradient"] / n_r,
+                    hessian_r / n_r + damping,
+                    config.scrub_newton_lambda,
+                    config.scrub_sigma_h,
+                    time=_training_time(outcome),
+                    rng=np.random.default_rng(derive_seed(config.seed, "scrub", "newton-finite")),
+                )
+                return with_head(original, scrubbed.weights)
+
+            timed("newton-finite", finite)
+            seconds["newton-finite"] += collect
+            details["newton-finite"] = {"time": _training_time(outcome)}
+
+    fishers: dict[str, dict[str, np.ndarray]] = {}
+    if {"fisher", "fisher-sqrt"} & set(methods):
+        started = time.perf_counter()
+        fishers["original"] = _fisher(stats, original, keepers, config)
+        collect = time.perf_counter() - started
+        log(f"diagonal Fisher of D_r from {len(keepers)} clients: {collect:.1f}s")
+        for kind, power in FISHER_POWERS.items():
+            if kind in methods:
+                timed(
+                    kind,
+                    lambda kind=kind, power=power: _fisher_sample(
+                        original,
+                        fishers["original"],
+                        power,
+                        config.scrub_fisher_lambda,
+                        config,
+                        kind,
+                    ),
+                )
+                seconds[kind] += collect
+
+    baseline_rounds = {
+        "finetune": ("train", keepers),
+        "negative-gradient": ("negative-gradient", holders),
+        "random-labels": ("random-labels", holders),
+    }
+    for kind, (objective, clients) in baseline_rounds.items():
+        if kind in methods:
+            extra = {
+                "forget": str(forget),
+                "objective": objective,
+                "local-epochs": config.scrub_baseline_epochs,
+            }
+            timed(
+                kind,
+                lambda extra=extra, clients=clients, kind=kind: _federated(
+                    grid, outcome, original, clients, config.scrub_baseline_rounds, extra, kind, log
+                ),
+            )
+    if "hiding" in methods:
+        if forget.is_class:
+
+            def hiding() -> State:
+                model = outcome.new_model()
+                model.load_state_dict(original)
+                generator = torch.Generator().manual_seed(derive_seed(config.seed, "hiding"))
+                hide_class(model, forget.label, generator=generator)
+                return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+            timed("hiding", hiding)
+        else:
+            log(f"hiding skipped: it hides a class, and {forget} is not one")
+
+    # ------------------------------------------------------------------ readouts
+    data = _readout_data(outcome, masks, forget)
+    tradeoff = _information_tradeoff(
+        stats, outcome, forget, data, models, scrubbers, fishers, keepers, log
+    )
+    table, entropies = _readouts(outcome, data, models, seconds, tradeoff, log)
+    run = outcome.run
+    run.write_table("scrubbing", table)
+    run.write_table("scrubbing_tradeoff", tradeoff)
+    plot_entropy_histograms(
+        entropies, run.path / "scrubbing_entropy.png", num_classes=splits.num_classes
+    )
+    plot_relearn_times(table, run.path / "scrubbing_relearn.png")
+    if not tradeoff.empty:
+        plot_information_tradeoff(tradeoff, run.path / "scrubbing_tradeoff.png")
+    run.append_log(
+        "scrubbing.jsonl",
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "forget": str(forget),
+            "forgotten_samples": n_forget,
+            "holders": holders,
+            "methods": methods,
+            "seconds": seconds,
+            "details": details,
+            "messages": stats.messages,
+        },
+    )
+    log("scrubbing results:\n" + table.to_markdown(index=False, floatfmt=".4g"))
+    log(f"scrubbing table {run.path / 'scrubbing.csv'}; figures scrubbing_*.png")
+    return table
+
+
+# ---------------------------------------------------------------------- methods
+def _federated(
+    grid: Grid,
+    outcome: TrainingOutcome,
+    start: State,
+    partitions: Sequence[int],
+    rounds: int,
+    extra: Mapping[str, int | float | str],
+    name: str,
+    log: Log,
+) -> State:
+    """FedAvg rounds from ``start`` with only ``partitions`` taking part (training messages carry
+    ``extra``: the cohort to leave out, or a baseline's objective)."""
+    config = outcome.config
+    nodes = [outcome.members.node_of_partition[p] for p in partitions]
+    strategy = RetainingFedAvg(
+        None,
+        participants=nodes,
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=len(nodes),
+        min_available_nodes=config.num_clients,
+    )
+    model = outcome.new_model()
+    model.load_state_dict(start)
+
+    def progress(server_round, _result, _metrics, replied, round_seconds):
+        log(f"{name}: round {server_round}/{rounds}, {replied} clients, {round_seconds:.1f}s")
+
+    return fedavg_rounds(
+        grid, strategy, model, config, on_round=progress, rounds=rounds, extra_config=extra
+    )
+
+
+def _training_time(outcome: TrainingOutcome) -> float:
+    """eta t for eq. 6: ``scrub-time``, or lr times the SGD steps a client took in training."""
+    config = outcome.config
+    if config.scrub_time > 0:
+        return config.scrub_time
+    sizes = list(outcome.members.num_examples.values())
+    steps = int(np.ceil(np.mean(sizes) / config.batch_size)) * config.local_epochs * config.rounds
+    return config.lr * steps
+
+
+def _fisher(stats: ScrubStatistics, state: State, keepers, config) -> dict[str, np.ndarray]:
+    """The mean diagonal Fisher of D_r at ``state``, per parameter tensor."""
+    totals = stats.ask(
+        "fisher", state, ("retained",), keepers, **{"max-samples": config.scrub_fisher_samples}
+    )["retained"]
+    count = max(totals.pop("count"), 1)
+    return {name: value / count for name, value in totals.items()}
+
+
+def _fisher_std(fisher: Mapping[str, np.ndarray], power: float, floor: float) -> dict:
+    """The per-parameter standard deviation at ``lambda sigma_h^2 = 1``: ``max(F, floor)^power``."""
+    return {name: np.maximum(f, max(floor, 1e-30)) ** power for name, f in fisher.items()}
+
+
+def _fisher_sample(original: State, fisher, power: float, lam: float, config, kind: str) -> State:
+    std = _fisher_std(fisher, power, config.scrub_fisher_floor)
+    scale = (lam * config.scrub_sigma_h**2) ** 0.25
+    rng = np.random.default_rng(derive_seed(config.seed, "scrub", kind, lam))
+    out = {k: v.detach().clone() for k, v in original.items()}
+    for name, s in std.items():
+        noise = scale * s * rng.normal(size=s.shape)
+        out[name] = (out[name].double() + torch.as_tensor(noise)).to(out[name].dtype)
+    return out
+
+
+# ---------------------------------------------------------------------- readouts
+def _readout_data(outcome: TrainingOutcome, masks, forget: ForgetSet) -> dict:
+    """D, D_f, D_r (from the rebuilt partitions), D_test and, for a class, D_test without it."""
+    xs, ys, fs = [], [], []
+    for p, mask in masks.items():
+        split = outcome.data.client_split(p)
+        xs.append(split.x)
+        ys.append(split.y)
+        fs.append(torch.as_tensor(mask))
+    x, y, f = torch.cat(xs), torch.cat(ys), torch.cat(fs)
+    test = outcome.data.splits.test
+    data = {"D": (x, y), "D_f": (x[f], y[f]), "D_r": (x[~f], y[~f]), "D_test": (test.x, test.y)}
+    if forget.is_class:
+        other = test.y != forget.label
+        data["D_test_other"] = (test.x[other], test.y[other])
+        data["D_test_class"] = (test.x[~other], test.y[~other])
+    return data
+
+
+def _information_tradeoff(
+    stats, outcome, forget, data, models, scrubbers, fishers, keepers, log
+) -> pd.DataFrame:
+    """Proposition 2's bound in nats and the errors, over ``lambda * scrub-lambda-factors``."""
+    config = outcome.config
+    retrained = models["retrain"]
+    device = resolve_device(config.device)
+    rows = []
+    model = outcome.new_model()
+
+    def errors(state: State) -> tuple[float, float]:
+        model.load_state_dict(state)
+        return (
+            error_rate(model, *data["D_f"], device=device),
+            error_rate(model, *data["D_test"], device=device),
+        )
+
+    if "newton" in scrubbers:
+        head = stats.ask("head", retrained, ("retained",), keepers, hessian=True)["retained"]
+        w_r = head_matrix(retrained)
+        k, d = w_r.shape
+        n_r = head["count"]
+        curvature = assemble_hessian(head["blocks"], k, d) / n_r + config.scrub_damping * np.eye(
+            k * d
+        )
+        scrub_r = NewtonScrubber(w_r, head["gradient"] / n_r, curvature)
+        scrub_o = scrubbers["newton"]
+        lams = [config.scrub_newton_lambda * f for f in config.scrub_lambda_grid]
+        nats = kl_over_lambda(
+            scrub_o.mean,
+            scrub_o.base_covariance(),
+            scrub_r.mean,
+            scrub_r.base_covariance(),
+            lams,
+            config.scrub_sigma_h,
+        )
+        for lam, kl in zip(lams, nats, strict=True):
+            rng = np.random.default_rng(derive_seed(config.seed, "tradeoff", "newton", lam))
+            e_f, e_t = errors(
+                with_head(models["original"], scrub_o.sample(lam, config.scrub_sigma_h, rng))
+            )
+            rows.append(_tradeoff_row("newton", lam, kl, e_f, e_t, "head only, given the body"))
+        log(f"information bound (newton, head): {', '.join(f'{v:.3g}' for v in nats)} nats")
+    if fishers:
+        fishers["retrain"] = _fisher(stats, retrained, keepers, config)
+        names = list(fishers["original"])
+        flat = lambda state: np.concatenate(  # noqa: E731
+            [state[n].detach().double().numpy().ravel() for n in names]
+        )
+        for kind, power in FISHER_POWERS.items():
+            if kind not in models:
+                continue
+            lams = [fisher_lambda(config, kind) * f for f in config.scrub_lambda_grid]
+            base = {
+                which: np.concatenate(
+                    [
+                        (s**2).ravel()
+                        for s in _fisher_std(
+                            fishers[which], power, config.scrub_fisher_floor
+                        ).values()
+                    ]
+                )
+                for which in ("original", "retrain")
+            }
+            nats = kl_over_lambda(
+                flat(models["original"]),
+                base["original"],
+                flat(retrained),
+                base["retrain"],
+                lams,
+                config.scrub_sigma_h,
+            )
+            for lam, kl in zip(lams, nats, strict=True):
+                sample = _fisher_sample(
+                    models["original"], fishers["original"], power, lam, config, kind
+                )
+                e_f, e_t = errors(sample)
+                rows.append(_tradeoff_row(kind, lam, kl, e_f, e_t, "whole network"))
+            log(f"information bound ({kind}): {', '.join(f'{v:.3g}' for v in nats)} nats")
+    return pd.DataFrame(rows)
+
+
+def _tradeoff_row(method, lam, nats, error_forget, error_test, scope) -> dict:
+    return {
+        "method": method,
+        "lam": lam,
+        "information_nats": float(nats),
+        "error_forget": error_forget,
+        "error_test": error_test,
+        "scope": scope,
+    }
+
+
+def _readouts(outcome, data, models, seconds, tradeoff, log) -> tuple[pd.DataFrame, dict]:
+    config = outcome.config
+    device = resolve_device(config.device)
+    x_d, y_d = data["D"]
+    x_f, y_f = data["D_f"]
+    rng = np.random.default_rng(derive_seed(config.seed, "entropy"))
+    subsets = {
+        name: torch.as_tensor(
+            np.sort(
+                rng.choice(
+                    len(data[name][0]), min(ENTROPY_SAMPLES, len(data[name][0])), replace=False
+                )
+            )
+        )
+        for name in ("D_r", "D_f", "D_test")
+    }
+    rows, entropies = [], {}
+    lam_of = {
+        "newton": config.scrub_newton_lambda,
+        "newton-forget-only": config.scrub_newton_lambda,
+        "newton-finite": config.scrub_newton_lambda,
+        "fisher": config.scrub_fisher_lambda,
+        "fisher-sqrt": config.scrub_fisher_sqrt_lambda,
+    }
+    for method, state in models.items():
+        model = outcome.new_model()
+        model.load_state_dict(state)
+        row = {"method": method}
+        for name in data:
+            if name != "D":
+                row[f"error_{name[2:]}"] = error_rate(model, *data[name], device=device)
+        relearn = relearn_time(
+            model,
+            x_d,
+            y_d,
+            x_f,
+            y_f,
+            threshold=config.scrub_relearn_threshold,
+            lr=config.lr,
+            momentum=config.momentum,
+            batch_size=config.batch_size,
+            max_epochs=config.scrub_relearn_epochs,
+            check_every=max(1, -(-len(x_d) // config.batch_size) // 50),
+            seed=derive_seed(config.seed, "relearn"),
+            device=device,
+        )
+        row["relearn_epochs"] = relearn.epochs if relearn.reached else float("nan")
+        row["relearn_reached"] = relearn.reached
+        row["relearn_budget_epochs"] = relearn.budget_epochs
+        row["forget_loss_start"] = relearn.curve[0][1]
+        row["lam"] = lam_of.get(method, float("nan"))
+        match = tradeoff[(tradeoff["method"] == method)] if not tradeoff.empty else tradeoff
+        if method in lam_of and not match.empty:
+            at = match[np.isclose(match["lam"], row["lam"])]
+            row["information_nats"] = (
+                float(at["information_nats"].iloc[0]) if not at.empty else float("nan")
+            )
+        else:
+            row["information_nats"] = float("nan")
+        row["seconds"] = seconds.get(method, float("nan"))
+        rows.append(row)
+        entropies[method] = {
+            name: output_entropy(model, data[name][0][subsets[name]], device=device)
+            for name in subsets
+        }
+        log(f"readouts {method}: error D_f {row['error_f']:.3f}, relearn {row['relearn_epochs']}")
+    table = pd.DataFrame(rows)
+    reference = table.set_index("method").loc["retrain"]
+    for column in ("error_f", "relearn_epochs"):
+        table[f"{column}_gap_to_retrain"] = (table[column] - reference[column]).abs()
+    return table, entropies
