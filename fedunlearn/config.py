@@ -31,6 +31,7 @@ SCRUB_METHODS = (
     "newton-finite",
     "fisher",
     "fisher-sqrt",
+    "fisher-reference",
     "finetune",
     "negative-gradient",
     "random-labels",
@@ -102,6 +103,7 @@ class ExperimentConfig:
     scrub_newton_lambda: float = 1e-6
     scrub_fisher_lambda: float = 1e-7
     scrub_fisher_sqrt_lambda: float = 1e-11
+    scrub_fisher_reference_lambda: float = 1e-12
     scrub_sigma_h: float = 1.0
     scrub_lambda_factors: str = "0.01,0.1,1,10,100"
     scrub_damping: float = 1e-3
@@ -308,6 +310,7 @@ class ExperimentConfig:
             "scrub-newton-lambda",
             "scrub-fisher-lambda",
             "scrub-fisher-sqrt-lambda",
+            "scrub-fisher-reference-lambda",
             "scrub-sigma-h",
         ):
             _positive(key, getattr(self, key.replace("-", "_")))

@@ -20,6 +20,7 @@ The linear head's exact Hessian is :func:`softmax_head_sums` (cross-entropy on `
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -458,3 +459,48 @@ class NewtonScrubber:
         vec = self.eigenvectors
         noise = vec @ (self.eigenvalues**-0.25 * (vec.T @ rng.normal(size=vec.shape[0])))
         return self.mean + (lam * sigma_h**2) ** 0.25 * noise.reshape(self.shape)
+
+
+def reference_fisher_variance(
+    fisher: Mapping[str, np.ndarray],
+    *,
+    head: tuple[str, ...] = ("head.weight", "head.bias"),
+    forget_class: int | None = None,
+    max_variance: float = 1e3,
+    head_max_variance: float = 1e2,
+    boost: float = 10.0,
+    per_neuron: bool = True,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Fisher forgetting as the authors' released code does it: the base variance (at ``alpha = 1``)
+    and which parameters have their mean reset to 0, per tensor.
+
+    ``alpha * var`` is the noise variance, ``alpha = sqrt(lambda) sigma_h`` (std
+    ``(lambda sigma_h^2)^{1/4} F^{-1/2}``, the appendix's variant). Beyond eq. 8, the reference code
+    (i) caps ``1/F`` at ``max_variance`` (``head_max_variance`` on the last layer), (ii) averages
+    the variance over each output unit (``per_neuron``: one variance per row of a weight tensor),
+    (iii) multiplies the variance of the last layer and of 1-D tensors (biases, norms) by ``boost``
+    and (iv), to forget a class, resets that class's last-layer row to the prior mean 0: D_r carries
+    no information on it, so the scrub draws it afresh. The reference fixes that row's variance at
+    1e-4; here it is 1 (scaled by alpha like every other entry) so that the covariance stays
+    ``sqrt(lambda) sigma_h`` times a fixed base, as Proposition 2's lambda grid needs.
+    """
+    base, reset = {}, {}
+    for name, f in fisher.items():
+        f = np.asarray(f, dtype=np.float64)
+        in_head = name in head
+        var = np.minimum(1.0 / (f + 1e-8), head_max_variance if in_head else max_variance)
+        if per_neuron and var.ndim > 1:
+            var = np.broadcast_to(
+                var.mean(axis=tuple(range(1, var.ndim)), keepdims=True), var.shape
+            )
+            var = var.copy()
+        mask = np.zeros(var.shape, dtype=bool)
+        if in_head and forget_class is not None:
+            if not 0 <= forget_class < var.shape[0]:
+                raise ConfigError("forget_class", forget_class, f"a class in 0..{var.shape[0] - 1}")
+            mask[forget_class] = True
+            var[forget_class] = 1.0
+        if in_head or var.ndim == 1:
+            var = var * boost
+        base[name], reset[name] = var, mask
+    return base, reset

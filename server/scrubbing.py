@@ -14,7 +14,10 @@ scrub needs at the model the server sends (``query.scrub_stats``, ``clients/scru
   (eta t; 0 = lr times the local SGD steps a client took in training).
 * ``fisher`` / ``fisher-sqrt``: Fisher forgetting of the whole network with the diagonal Fisher of
   D_r (eq. 8), std ``(lambda sigma_h^2)^{1/4} F^{-1/4}`` or the appendix's ``F^{-1/2}``; F is floored
-  at ``scrub-fisher-floor`` (the reference code's variance cap).
+  at ``scrub-fisher-floor`` (caps the noise of parameters D_r does not use).
+* ``fisher-reference``: the authors' released recipe
+  (:func:`fedunlearn.scrubbing.reference_fisher_variance`): ``F^{-1/2}`` with capped variances
+  averaged per output unit, and a forgotten class's last-layer row reset to the prior mean.
 * Baselines (Section 5.2), as federated rounds with the same clients: ``finetune`` (D_r),
   ``negative-gradient`` and ``random-labels`` (the clients holding D_f), ``hiding`` (server only: the
   class's head row re-initialised; class cohorts only).
@@ -49,7 +52,12 @@ from fedunlearn.scrub_readouts import (
     plot_relearn_times,
     relearn_time,
 )
-from fedunlearn.scrubbing import NewtonScrubber, finite_time_scrub, kl_over_lambda
+from fedunlearn.scrubbing import (
+    NewtonScrubber,
+    finite_time_scrub,
+    kl_over_lambda,
+    reference_fisher_variance,
+)
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import resolve_device
 from server.federated_training import TrainingOutcome, fedavg_rounds
@@ -61,11 +69,24 @@ Log = Callable[[str], None]
 State = dict[str, torch.Tensor]
 #: Fisher forgetting variants: method -> power of F in the noise's standard deviation.
 FISHER_POWERS = {"fisher": -0.25, "fisher-sqrt": -0.5}
+#: Every Fisher scrub: eq. 8's two powers, and the authors' released recipe
+#: (:func:`fedunlearn.scrubbing.reference_fisher_variance`).
+FISHER_VARIANTS = ("fisher", "fisher-sqrt", "fisher-reference")
+
+
+def relearn_check_every(samples: int, batch_size: int) -> int:
+    """Steps between D_f-loss checks in the relearn readout: 1/400 of an epoch (relearning a
+    forgotten MNIST class takes well under a tenth of an epoch), at least every step."""
+    return max(1, -(-samples // batch_size) // 400)
 
 
 def fisher_lambda(config, kind: str) -> float:
     """The run config's lambda for a Fisher variant (their noise scales differ by orders)."""
-    return config.scrub_fisher_lambda if kind == "fisher" else config.scrub_fisher_sqrt_lambda
+    return {
+        "fisher": config.scrub_fisher_lambda,
+        "fisher-sqrt": config.scrub_fisher_sqrt_lambda,
+        "fisher-reference": config.scrub_fisher_reference_lambda,
+    }[kind]
 
 
 #: Samples per split for the entropy histograms.
@@ -225,22 +246,21 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
             details["newton-finite"] = {"time": _training_time(outcome)}
 
     fishers: dict[str, dict[str, np.ndarray]] = {}
-    if {"fisher", "fisher-sqrt"} & set(methods):
+    if set(FISHER_VARIANTS) & set(methods):
         started = time.perf_counter()
         fishers["original"] = _fisher(stats, original, keepers, config)
         collect = time.perf_counter() - started
         log(f"diagonal Fisher of D_r from {len(keepers)} clients: {collect:.1f}s")
-        for kind, power in FISHER_POWERS.items():
+        for kind in FISHER_VARIANTS:
             if kind in methods:
                 timed(
                     kind,
-                    lambda kind=kind, power=power: _fisher_sample(
-                        original,
-                        fishers["original"],
-                        power,
-                        config.scrub_fisher_lambda,
+                    lambda kind=kind: _fisher_sample(
+                        *_fisher_gaussian(kind, original, fishers["original"], config, forget),
+                        fisher_lambda(config, kind),
                         config,
                         kind,
+                        original,
                     ),
                 )
                 seconds[kind] += collect
@@ -363,19 +383,29 @@ def _fisher(stats: ScrubStatistics, state: State, keepers, config) -> dict[str, 
     return {name: value / count for name, value in totals.items()}
 
 
-def _fisher_std(fisher: Mapping[str, np.ndarray], power: float, floor: float) -> dict:
-    """The per-parameter standard deviation at ``lambda sigma_h^2 = 1``: ``max(F, floor)^power``."""
-    return {name: np.maximum(f, max(floor, 1e-30)) ** power for name, f in fisher.items()}
+def _fisher_gaussian(
+    kind: str, state: State, fisher: Mapping[str, np.ndarray], config, forget: ForgetSet
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Mean and base variance (the variance at ``sqrt(lambda) sigma_h = 1``) of a Fisher scrub."""
+    mean = {name: state[name].detach().double().numpy() for name in fisher}
+    if kind == "fisher-reference":
+        base, reset = reference_fisher_variance(
+            fisher, forget_class=forget.label if forget.is_class else None
+        )
+        return {name: np.where(reset[name], 0.0, mean[name]) for name in mean}, base
+    power = FISHER_POWERS[kind]
+    floor = max(config.scrub_fisher_floor, 1e-30)
+    return mean, {name: np.maximum(f, floor) ** (2 * power) for name, f in fisher.items()}
 
 
-def _fisher_sample(original: State, fisher, power: float, lam: float, config, kind: str) -> State:
-    std = _fisher_std(fisher, power, config.scrub_fisher_floor)
-    scale = (lam * config.scrub_sigma_h**2) ** 0.25
+def _fisher_sample(mean, base, lam: float, config, kind: str, template: State) -> State:
+    """``template`` with its parameters drawn as ``mean + (sqrt(lambda) sigma_h base)^{1/2} n``."""
+    scale = np.sqrt(np.sqrt(lam) * config.scrub_sigma_h)
     rng = np.random.default_rng(derive_seed(config.seed, "scrub", kind, lam))
-    out = {k: v.detach().clone() for k, v in original.items()}
-    for name, s in std.items():
-        noise = scale * s * rng.normal(size=s.shape)
-        out[name] = (out[name].double() + torch.as_tensor(noise)).to(out[name].dtype)
+    out = {k: v.detach().clone() for k, v in template.items()}
+    for name, m in mean.items():
+        drawn = m + scale * np.sqrt(base[name]) * rng.normal(size=m.shape)
+        out[name] = torch.as_tensor(drawn).to(out[name].dtype)
     return out
 
 
@@ -408,12 +438,14 @@ def _information_tradeoff(
     rows = []
     model = outcome.new_model()
 
-    def errors(state: State) -> tuple[float, float]:
+    def errors(state: State) -> dict[str, float]:
         model.load_state_dict(state)
-        return (
-            error_rate(model, *data["D_f"], device=device),
-            error_rate(model, *data["D_test"], device=device),
-        )
+        names = {"D_f": "error_forget", "D_test": "error_test", "D_test_other": "error_test_other"}
+        return {
+            column: error_rate(model, *data[name], device=device)
+            for name, column in names.items()
+            if name in data
+        }
 
     if "newton" in scrubbers:
         head = stats.ask("head", retrained, ("retained",), keepers, hessian=True)["retained"]
@@ -435,60 +467,46 @@ def _information_tradeoff(
             config.scrub_sigma_h,
         )
         for lam, kl in zip(lams, nats, strict=True):
-            rng = np.random.default_rng(derive_seed(config.seed, "tradeoff", "newton", lam))
-            e_f, e_t = errors(
-                with_head(models["original"], scrub_o.sample(lam, config.scrub_sigma_h, rng))
+            # the table's draw at the configured lambda: same seed, same noise direction
+            rng = np.random.default_rng(derive_seed(config.seed, "scrub", "newton"))
+            sample = with_head(models["original"], scrub_o.sample(lam, config.scrub_sigma_h, rng))
+            rows.append(
+                _tradeoff_row("newton", lam, kl, errors(sample), "head only, given the body")
             )
-            rows.append(_tradeoff_row("newton", lam, kl, e_f, e_t, "head only, given the body"))
         log(f"information bound (newton, head): {', '.join(f'{v:.3g}' for v in nats)} nats")
     if fishers:
         fishers["retrain"] = _fisher(stats, retrained, keepers, config)
-        names = list(fishers["original"])
-        flat = lambda state: np.concatenate(  # noqa: E731
-            [state[n].detach().double().numpy().ravel() for n in names]
-        )
-        for kind, power in FISHER_POWERS.items():
+        for kind in FISHER_VARIANTS:
             if kind not in models:
                 continue
             lams = [fisher_lambda(config, kind) * f for f in config.scrub_lambda_grid]
-            base = {
-                which: np.concatenate(
-                    [
-                        (s**2).ravel()
-                        for s in _fisher_std(
-                            fishers[which], power, config.scrub_fisher_floor
-                        ).values()
-                    ]
-                )
+            gaussian = {
+                which: _fisher_gaussian(kind, models[which], fishers[which], config, forget)
                 for which in ("original", "retrain")
             }
+            flat = {
+                which: [np.concatenate([v.ravel() for v in part.values()]) for part in pair]
+                for which, pair in gaussian.items()
+            }
             nats = kl_over_lambda(
-                flat(models["original"]),
-                base["original"],
-                flat(retrained),
-                base["retrain"],
+                flat["original"][0],
+                flat["original"][1],
+                flat["retrain"][0],
+                flat["retrain"][1],
                 lams,
                 config.scrub_sigma_h,
             )
             for lam, kl in zip(lams, nats, strict=True):
                 sample = _fisher_sample(
-                    models["original"], fishers["original"], power, lam, config, kind
+                    *gaussian["original"], lam, config, kind, models["original"]
                 )
-                e_f, e_t = errors(sample)
-                rows.append(_tradeoff_row(kind, lam, kl, e_f, e_t, "whole network"))
+                rows.append(_tradeoff_row(kind, lam, kl, errors(sample), "whole network"))
             log(f"information bound ({kind}): {', '.join(f'{v:.3g}' for v in nats)} nats")
     return pd.DataFrame(rows)
 
 
-def _tradeoff_row(method, lam, nats, error_forget, error_test, scope) -> dict:
-    return {
-        "method": method,
-        "lam": lam,
-        "information_nats": float(nats),
-        "error_forget": error_forget,
-        "error_test": error_test,
-        "scope": scope,
-    }
+def _tradeoff_row(method, lam, nats, errors: Mapping[str, float], scope) -> dict:
+    return {"method": method, "lam": lam, "information_nats": float(nats), **errors, "scope": scope}
 
 
 def _readouts(outcome, data, models, seconds, tradeoff, log) -> tuple[pd.DataFrame, dict]:
@@ -512,8 +530,7 @@ def _readouts(outcome, data, models, seconds, tradeoff, log) -> tuple[pd.DataFra
         "newton": config.scrub_newton_lambda,
         "newton-forget-only": config.scrub_newton_lambda,
         "newton-finite": config.scrub_newton_lambda,
-        "fisher": config.scrub_fisher_lambda,
-        "fisher-sqrt": config.scrub_fisher_sqrt_lambda,
+        **{kind: fisher_lambda(config, kind) for kind in FISHER_VARIANTS},
     }
     for method, state in models.items():
         model = outcome.new_model()
@@ -533,7 +550,7 @@ def _readouts(outcome, data, models, seconds, tradeoff, log) -> tuple[pd.DataFra
             momentum=config.momentum,
             batch_size=config.batch_size,
             max_epochs=config.scrub_relearn_epochs,
-            check_every=max(1, -(-len(x_d) // config.batch_size) // 50),
+            check_every=relearn_check_every(len(x_d), config.batch_size),
             seed=derive_seed(config.seed, "relearn"),
             device=device,
         )

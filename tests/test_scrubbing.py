@@ -397,3 +397,33 @@ def test_newton_scrubber_matches_newton_scrub_for_every_lambda():
         np.testing.assert_allclose(
             np.cov(draws.T), reference.covariance, atol=0.03 * np.abs(reference.covariance).max()
         )
+
+
+def test_reference_fisher_variance_caps_averages_boosts_and_resets_the_class_row():
+    from fedunlearn.scrubbing import reference_fisher_variance
+
+    fisher = {
+        "body.weight": np.array([[1.0, 0.25], [0.0, 1e-9]]),
+        "body.bias": np.array([4.0, 0.0]),
+        "head.weight": np.array([[1.0, 1.0], [0.0, 0.0], [2.0, 2.0]]),
+        "head.bias": np.array([1.0, 0.0, 0.5]),
+    }
+    base, reset = reference_fisher_variance(fisher, forget_class=1)
+    # per output unit: the mean of min(1/F, 1e3) over the row
+    np.testing.assert_allclose(base["body.weight"][0], [2.5, 2.5], rtol=1e-6)
+    np.testing.assert_allclose(base["body.weight"][1], [1e3, 1e3], rtol=1e-6)
+    # 1-D tensors and the head are boosted x10; the head's cap is 1e2
+    np.testing.assert_allclose(base["body.bias"], [2.5, 1e4], rtol=1e-6)
+    np.testing.assert_allclose(base["head.weight"][[0, 2], 0], [10.0, 5.0], rtol=1e-6)
+    # the forgotten class's row: mean reset, variance 1 (x10), nothing else reset
+    assert reset["head.weight"][1].all() and reset["head.bias"][1]
+    assert reset["head.weight"].sum() == 2 and reset["head.bias"].sum() == 1
+    assert not reset["body.weight"].any()
+    np.testing.assert_allclose(base["head.weight"][1], [10.0, 10.0])
+    # without a class nothing is reset and the head's empty row is capped at 1e2 (x10)
+    base, reset = reference_fisher_variance(fisher)
+    assert not any(m.any() for m in reset.values())
+    np.testing.assert_allclose(base["head.weight"][1], [1e3, 1e3], rtol=1e-6)
+    with pytest.raises(ConfigError) as error:
+        reference_fisher_variance(fisher, forget_class=3)
+    assert error.value.parameter == "forget_class"

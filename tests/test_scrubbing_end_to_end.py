@@ -71,7 +71,7 @@ def test_class_scrubbing_runs_every_method_and_reads_them_out(tmp_path):
     assert table.loc["newton", "error_f_gap_to_retrain"] == pytest.approx(expected_gap)
 
     tradeoff = pd.read_csv(run / "scrubbing_tradeoff.csv")
-    assert set(tradeoff["method"]) == {"newton", "fisher", "fisher-sqrt"}
+    assert set(tradeoff["method"]) == {"newton", "fisher", "fisher-sqrt", "fisher-reference"}
     for _, rows in tradeoff.groupby("method"):
         rows = rows.sort_values("lam")
         nats = rows["information_nats"].to_numpy()
