@@ -120,13 +120,16 @@ class RunDirectory:
             json.loads(line) for line in target.read_text(encoding="utf-8").splitlines() if line
         ]
 
-    def write_table(self, name: str, table: pd.DataFrame, *, markdown: bool = True) -> Path:
-        """Write ``<name>.csv`` and, unless ``markdown`` is false, ``<name>.md``."""
+    def write_table(
+        self, name: str, table: pd.DataFrame, *, markdown: bool = True, floatfmt: str = ".4f"
+    ) -> Path:
+        """Write ``<name>.csv`` and, unless ``markdown`` is false, ``<name>.md`` (numbers formatted
+        with ``floatfmt``)."""
         target = self.path / f"{name}.csv"
         atomic_write_bytes(target, table.to_csv(index=False).encode())
         if markdown:
             atomic_write_bytes(
                 self.path / f"{name}.md",
-                (table.to_markdown(index=False, floatfmt=".4f") + "\n").encode(),
+                (table.to_markdown(index=False, floatfmt=floatfmt) + "\n").encode(),
             )
         return target

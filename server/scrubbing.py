@@ -191,6 +191,7 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
             log,
         ),
     )
+    details["retrain"] = {"clients": list(keepers), "rounds": config.rounds}
 
     head_methods = {"newton", "newton-forget-only", "newton-finite"} & set(methods)
     scrubbers: dict[str, NewtonScrubber] = {}
@@ -283,6 +284,7 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
                     grid, outcome, original, clients, config.scrub_baseline_rounds, extra, kind, log
                 ),
             )
+            details[kind] = {"clients": list(clients), "rounds": config.scrub_baseline_rounds}
     if "hiding" in methods:
         if forget.is_class:
 
@@ -304,8 +306,8 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
     )
     table, entropies = _readouts(outcome, data, models, seconds, tradeoff, log)
     run = outcome.run
-    run.write_table("scrubbing", table)
-    run.write_table("scrubbing_tradeoff", tradeoff)
+    run.write_table("scrubbing", table, floatfmt=".4g")  # lambdas span 1e-12 .. 1e-4
+    run.write_table("scrubbing_tradeoff", tradeoff, floatfmt=".4g")
     plot_entropy_histograms(
         entropies, run.path / "scrubbing_entropy.png", num_classes=splits.num_classes
     )

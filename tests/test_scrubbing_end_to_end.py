@@ -100,4 +100,7 @@ def test_whole_client_scrubbing_leaves_that_client_out_and_skips_hiding(tmp_path
     assert list(table.index) == ["original", "retrain", "newton", "finetune", "negative-gradient"]
     log = [json.loads(line) for line in (run / "scrubbing.jsonl").read_text().splitlines()]
     assert log[-1]["holders"] == [2]
+    # Only the client holding D_f runs the negative gradient; retraining and fine-tuning leave it out.
+    clients = {method: entry["clients"] for method, entry in log[-1]["details"].items()}
+    assert clients == {"retrain": [0, 1, 3], "finetune": [0, 1, 3], "negative-gradient": [2]}
     assert "error_test_other" not in table.columns  # only a class cohort has "other classes"

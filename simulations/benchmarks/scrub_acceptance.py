@@ -33,6 +33,11 @@ def main(argv=None) -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--data-root", help="override the run's data root")
     parser.add_argument("--max-epochs", type=float, default=0.1)
+    parser.add_argument(
+        "--thresholds",
+        default="",
+        help="D_f loss thresholds for the relearn time, e.g. '0.3,0.1' (default: the run's, and 0.1)",
+    )
     args = parser.parse_args(argv)
     run = args.run_dir
     values = json.loads((run / "config.json").read_text())
@@ -49,6 +54,9 @@ def main(argv=None) -> int:
         fs.append(torch.as_tensor(forget.mask(split.y.numpy(), p, config.seed)))
     x, y, f = torch.cat(xs), torch.cat(ys), torch.cat(fs)
     table = pd.read_csv(run / "scrubbing.csv").set_index("method")
+    thresholds = [float(t) for t in args.thresholds.split(",") if t] or sorted(
+        {config.scrub_relearn_threshold, 0.1}, reverse=True
+    )
     rows = []
     for method in table.index:
         name = "model_final" if method == "original" else f"model_scrub_{method}"
@@ -62,7 +70,7 @@ def main(argv=None) -> int:
             y,
             x[f],
             y[f],
-            threshold=config.scrub_relearn_threshold,
+            threshold=min(thresholds),
             lr=config.lr,
             momentum=config.momentum,
             batch_size=config.batch_size,
@@ -70,19 +78,16 @@ def main(argv=None) -> int:
             check_every=1,
             seed=derive_seed(config.seed, "relearn"),
         )
-        rows.append(
-            {
-                "method": method,
-                "relearn_steps": relearn.steps if relearn.reached else float("nan"),
-                "relearn_epochs": relearn.epochs if relearn.reached else float("nan"),
-            }
-        )
-        print(f"{method}: relearn {rows[-1]['relearn_steps']} steps", flush=True)
+        # one run to the lowest threshold; the curve (every step) gives the others
+        row = {"method": method}
+        for threshold in thresholds:
+            steps = next((step for step, loss in relearn.curve if loss <= threshold), None)
+            row[f"relearn_steps@{threshold:g}"] = float("nan") if steps is None else steps
+        rows.append(row)
+        print(f"{method}: {row}", flush=True)
     out = pd.DataFrame(rows).set_index("method")
     out["error_f"] = table["error_f"]
     base = table.loc["original"]
-    retrain_steps = out.loc["retrain", "relearn_steps"]
-    out["relearn_gap_steps"] = (out["relearn_steps"] - retrain_steps).abs()
     if forget.is_class:
         out["other_class_error_up_points"] = 100 * (
             table["error_test_other"] - base["error_test_other"]
@@ -93,10 +98,12 @@ def main(argv=None) -> int:
     else:
         out["error_f_gap_points"] = 100 * (out["error_f"] - out.loc["retrain", "error_f"]).abs()
         out["meets_sample_criterion"] = out["error_f_gap_points"] <= 10
-    worst_baseline = min(
-        out.loc[m, "relearn_gap_steps"] for m in ("finetune", "negative-gradient") if m in out.index
-    )
-    out["relearn_closer_than_finetune_and_neggrad"] = out["relearn_gap_steps"] < worst_baseline
+    for threshold in thresholds:
+        column = f"relearn_steps@{threshold:g}"
+        gap = (out[column] - out.loc["retrain", column]).abs()
+        out[f"relearn_gap@{threshold:g}"] = gap
+        closest_baseline = min(gap[m] for m in ("finetune", "negative-gradient") if m in gap.index)
+        out[f"relearn_closer_than_baselines@{threshold:g}"] = gap < closest_baseline
     out = out.reset_index()
     out.to_csv(run / "scrub_acceptance.csv", index=False)
     (run / "scrub_acceptance.md").write_text(out.to_markdown(index=False, floatfmt=".4g") + "\n")
