@@ -41,6 +41,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from fedunlearn.errors import ConfigError
 from fedunlearn.forget_sets import ForgetSet
 from fedunlearn.forgetting_baselines import hide_class
 from fedunlearn.head_curvature import assemble_hessian, head_matrix, with_head
@@ -145,6 +146,21 @@ class ScrubStatistics:
         return totals
 
 
+def cohort_masks(config, data) -> dict[int, np.ndarray]:
+    """Every client's D_f mask for ``scrub-forget``; a cohort that cannot be drawn from this
+    federation (too few samples, or none at all) is a :class:`ConfigError`, raised before training."""
+    forget = ForgetSet.parse(
+        config.scrub_forget, num_clients=config.num_clients, num_classes=data.splits.num_classes
+    )
+    masks = {
+        p: forget.mask(data.client_split(p).y.numpy(), p, config.seed)
+        for p in range(config.num_clients)
+    }
+    if not any(m.any() for m in masks.values()):
+        raise ConfigError("scrub-forget", config.scrub_forget, "a cohort with at least one sample")
+    return masks
+
+
 def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:
     """Forget ``scrub-forget`` with every method in ``scrub-methods``; returns the readout table."""
     config = outcome.config
@@ -154,17 +170,13 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
     )
     methods = config.scrubbing_methods
     partitions = outcome.members.partition_ids
-    masks = {
-        p: forget.mask(outcome.data.client_split(p).y.numpy(), p, config.seed) for p in partitions
-    }
+    masks = cohort_masks(config, outcome.data)
     holders = [p for p in partitions if masks[p].any()]
     keepers = [p for p in partitions if (~masks[p]).any()]
     n_forget = int(sum(m.sum() for m in masks.values()))
     log(
         f"scrubbing {forget} ({n_forget} samples on {len(holders)} client(s)): {', '.join(methods)}"
     )
-    if not holders:
-        raise RuntimeError(f"scrub-forget={forget} selects no sample of this federation")
     stats = ScrubStatistics(grid, outcome, forget)
     original = outcome.final_state
     models: dict[str, State] = {"original": original}

@@ -65,3 +65,23 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypat
         atomic_write_bytes(target, b"new")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_a_cohort_the_federation_cannot_supply_stops_the_server_before_training(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    from server.server_app import create_server_app
+
+    app = create_server_app({"output-dir": str(tmp_path / "out"), "unlearn-clients": ""})
+    context = Context(
+        run_id=1,
+        node_id=0,
+        node_config={},
+        state=RecordDict(),
+        run_config={"scrub": True, "scrub-forget": "samples:0:500:5"},
+    )
+    grid = Mock()
+    with pytest.raises(ConfigError) as info:
+        app._main(grid, context)
+    assert info.value.parameter == "scrub-forget" and "at most" in str(info.value)
+    assert not grid.method_calls and not (tmp_path / "out").exists()
