@@ -94,3 +94,34 @@ def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = 
     if title:
         ax.set_title(title)
     return save_figure(fig, path)
+
+
+def plot_roc_curves(
+    curves: dict[str, tuple], path: Path, title: str = "", *, reference: str = "fedretrain"
+) -> Path:
+    """Log-log ROC curves of a membership-inference attack, one per model (Carlini et al. 2022 plot
+    the low-FPR region this way: an attack that works only at FPR << 1 is invisible on linear axes).
+
+    ``curves`` maps a model's name to ``(fpr, tpr)`` arrays; the ``reference`` model (the one every
+    unlearning method is judged against) is drawn dashed and black, chance as a dotted diagonal.
+    """
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    floor = 1e-5
+    for name, (fpr, tpr) in curves.items():
+        fpr = np.maximum(np.asarray(fpr, dtype=float), floor)
+        tpr = np.maximum(np.asarray(tpr, dtype=float), floor)
+        style = {"color": "black", "linestyle": "--", "linewidth": 2} if name == reference else {}
+        ax.plot(fpr, tpr, label=name, **style)
+    ax.plot([floor, 1], [floor, 1], color="grey", linestyle=":", label="chance")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(floor, 1)
+    ax.set_ylim(floor, 1)
+    ax.set_xlabel("false-positive rate")
+    ax.set_ylabel("true-positive rate")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title or "membership inference ROC (log-log)")
+    return save_figure(fig, path)

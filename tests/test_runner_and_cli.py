@@ -121,3 +121,16 @@ def test_cli_checks_the_embedded_dataset():
         text=True,
     )
     assert result.returncode == 0 and "1347 training and 450 test samples" in result.stdout
+
+
+def test_roc_curves_figure_is_written_with_zero_rates_on_log_axes(tmp_path):
+    import numpy as np
+
+    from fedunlearn.plots import plot_roc_curves
+
+    curves = {
+        "original": (np.array([0.0, 0.001, 0.5, 1.0]), np.array([0.0, 0.2, 0.9, 1.0])),
+        "fedretrain": (np.array([0.0, 1.0]), np.array([0.0, 1.0])),
+    }
+    path = plot_roc_curves(curves, tmp_path / "roc.png", title="test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
