@@ -114,6 +114,8 @@ class ExperimentConfig:
     scrub_baseline_epochs: int = 1
     scrub_relearn_threshold: float = 0.3
     scrub_relearn_epochs: float = 1.0
+    mia: bool = False
+    mia_reference_models: int = 2
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -220,6 +222,7 @@ class ExperimentConfig:
             )
         self._validate_certified()
         self._validate_scrub()
+        self._validate_mia()
         _in_range("dp-noise-multiplier", self.dp_noise_multiplier, 0.0, math.inf)
         _positive("dp-clipping-norm", self.dp_clipping_norm)
         _in_range("dp-delta", self.dp_delta, 0.0, 1.0, closed_high=False)
@@ -325,6 +328,30 @@ class ExperimentConfig:
         _ = self.scrub_lambda_grid, self.scrubbing_methods  # parse (and raise) now
         if self.scrub:
             _ = self.forget_set  # parses and range-checks
+
+    def _validate_mia(self) -> None:
+        _at_least("mia-reference-models", self.mia_reference_models, 2)
+        if not self.mia:
+            return
+        if len(self.unlearn_targets) != 1:
+            raise ConfigError(
+                "unlearn-clients",
+                self.unlearn_clients,
+                "exactly one client when mia=true (the target every method forgets)",
+            )
+        if "fedretrain" not in self.methods:
+            raise ConfigError(
+                "unlearn-methods",
+                self.unlearn_methods,
+                "a list with fedretrain when mia=true (every method is judged against it)",
+            )
+        target = f"client:{self.unlearn_targets[0]}"
+        if self.scrub and str(self.forget_set) != target:
+            raise ConfigError(
+                "scrub-forget",
+                self.scrub_forget,
+                f"{target!r} when mia=true: the scrubbing methods must forget the same target",
+            )
 
     @property
     def forget_set(self):

@@ -17,6 +17,7 @@ from fedunlearn.errors import FedUnlearnError
 from fedunlearn.federated_data import load_federated_data
 from server.certified_head import run_certified_head
 from server.federated_training import dp_epsilon_of, train_federated
+from server.membership_audit import run_membership_audit
 from server.run_loading import load_trained_run
 from server.scrubbing import cohort_masks, run_scrubbing
 from server.unlearning import run_unlearning
@@ -50,6 +51,8 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
                 run_certified_head(grid, outcome, log=_log, dp_epsilon=dp_epsilon_of(config))
             if config.scrub:
                 run_scrubbing(grid, outcome, log=_log)
+            if config.mia:
+                run_membership_audit(grid, outcome, log=_log)
             _log(f"results in {outcome.run.path}")
         except FedUnlearnError as error:
             _log(f"error: {error}")

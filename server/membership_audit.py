@@ -1,0 +1,180 @@
+"""The platform's verdict on unlearning: every model a run produced, attacked by every membership-
+inference attack, in one table judged against FedRetrain (issue 6; math in
+:mod:`fedunlearn.mia_evaluation`).
+
+With ``mia = true`` the ServerApp, after training, unlearning (``unlearn-clients``: one target) and
+scrubbing (``scrub-forget = client:<target>``), collects the models in :data:`AUDITED` (one line per
+method: its name and the file its plug-in saved), trains ``mia-reference-models`` reference models
+without the target for offline LiRA (FedRetrain from differently seeded initial weights), and
+attacks each model on the target's data against as many unseen held-out samples. The held-out set is
+the test split, cut in two disjoint halves: one trains the shadow attack, the other is the
+evaluation's non-members. In a simulation the server rebuilds the target's data from the run config
+to measure (no method reads it).
+
+Outputs: ``membership.csv/.md`` (methods x test accuracy, target accuracy, shadow precision / recall
+/ F1 / AUC, threshold AUC and TPR at 1% / 0.1% FPR, LiRA AUC and TPR at 0.1% FPR, gaps to
+FedRetrain, verdict, seconds), ``membership_roc.png`` (log-log ROC of the loss attack and LiRA).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fedunlearn.lira import logit_confidence
+from fedunlearn.mia_attacks import disjoint_indices, split_held_out
+from fedunlearn.mia_evaluation import MembershipAudit, ModelOutputs, softmax_outputs
+from fedunlearn.plots import plot_roc_curves
+from fedunlearn.seeding import derive_seed
+from fedunlearn.training import evaluate, resolve_device
+from server.federated_training import TrainingOutcome, fedavg_rounds
+from strategies.retaining_fedavg import RetainingFedAvg
+
+Log = Callable[[str], None]
+
+#: Every model the audit compares: method name -> the model file its plug-in saved in the run
+#: directory. Adding a method to the comparison is one line here.
+AUDITED: dict[str, str] = {
+    "original": "model_final",
+    "fedretrain": "model_fedretrain",
+    "federaser": "model_federaser",
+    "fedaccum": "model_fedaccum",
+    "newton": "model_scrub_newton",
+    "newton-forget-only": "model_scrub_newton-forget-only",
+    "newton-finite": "model_scrub_newton-finite",
+    "fisher": "model_scrub_fisher",
+    "fisher-sqrt": "model_scrub_fisher-sqrt",
+    "fisher-reference": "model_scrub_fisher-reference",
+    "finetune": "model_scrub_finetune",
+    "negative-gradient": "model_scrub_negative-gradient",
+    "random-labels": "model_scrub_random-labels",
+}
+
+
+def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:
+    """Attack every model of the run listed in :data:`AUDITED`; returns the judged table."""
+    config = outcome.config
+    run = outcome.run
+    target = config.unlearn_targets[0]
+    device = resolve_device(config.device)
+    splits = outcome.data.splits
+    target_split = outcome.data.client_split(target)
+    rng = np.random.default_rng(derive_seed(config.seed, "mia"))
+
+    # Disjoint data: attack training (held-out half A + others' training data), evaluation
+    # (the target's data + held-out half B, as many as the target's samples).
+    attack_half, eval_half = split_held_out(
+        len(splits.test.y), derive_seed(config.seed, "mia-split")
+    )
+    disjoint_indices(attack_half, eval_half, names=["attack held-out", "evaluation held-out"])
+    n_target = len(target_split.y)
+    unseen = np.sort(rng.choice(eval_half, size=min(n_target, len(eval_half)), replace=False))
+    others = np.concatenate(
+        [outcome.data.partitions[p] for p in range(config.num_clients) if p != target]
+    )
+    shadow_members = np.sort(
+        rng.choice(others, size=min(len(others), len(attack_half)), replace=False)
+    )
+    x_unseen, y_unseen = splits.test.x[unseen], splits.test.y[unseen]
+
+    model = outcome.new_model()
+
+    def outputs(state) -> ModelOutputs:
+        model.load_state_dict(state)
+        return ModelOutputs(
+            softmax_outputs(model, target_split.x, device=device),
+            target_split.y.numpy(),
+            softmax_outputs(model, x_unseen, device=device),
+            y_unseen.numpy(),
+        )
+
+    model.load_state_dict(outcome.final_state)
+    audit = MembershipAudit(
+        softmax_outputs(model, splits.train.x[shadow_members], device=device),
+        softmax_outputs(model, splits.test.x[attack_half], device=device),
+        seed=config.seed,
+    )
+    reference_phi = _reference_confidences(grid, outcome, target, outputs, log)
+    seconds = _seconds(run)
+    available = {
+        name: f for name, f in AUDITED.items() if (run.path / f"{f}.safetensors").is_file()
+    }
+    log(f"membership audit of {len(available)} model(s): {', '.join(available)}")
+    for name, filename in available.items():
+        state = run.load_model(filename)
+        model.load_state_dict(state)
+        test = evaluate(model, splits.test.x, splits.test.y, device=device)
+        target_eval = evaluate(model, target_split.x, target_split.y, device=device)
+        audit.audit(
+            name,
+            outputs(state),
+            lira_reference_phi=reference_phi,
+            extra={
+                "test_accuracy": test.accuracy,
+                "target_accuracy": target_eval.accuracy,
+                "seconds": seconds.get(name, float("nan")),
+            },
+        )
+    table = audit.table(reference="fedretrain")
+    run.write_table("membership", table, floatfmt=".4g")
+    plot_roc_curves(
+        {name: curves["lira"] for name, curves in audit.curves.items()},
+        run.path / "membership_roc.png",
+        title=f"LiRA (offline, {len(reference_phi)} reference models): client {target}",
+    )
+    columns = ["method", "test_accuracy", "target_accuracy", "shadow_f1", "loss_auc", "lira_auc"]
+    log(
+        "membership audit:\n"
+        + table[columns + ["verdict"]].to_markdown(index=False, floatfmt=".3f")
+    )
+    log(f"membership table {run.path / 'membership.csv'}; ROC membership_roc.png")
+    return table
+
+
+def _reference_confidences(grid, outcome: TrainingOutcome, target: int, outputs, log) -> np.ndarray:
+    """Logit confidences (m, n_target + n_unseen) of ``mia-reference-models`` models trained
+    without the target (offline LiRA): FedRetrain from differently seeded initial weights."""
+    config = outcome.config
+    nodes = [n for p, n in outcome.members.node_of_partition.items() if p != target]
+    rows = []
+    for index in range(config.mia_reference_models):
+        started = time.perf_counter()
+        torch.manual_seed(derive_seed(config.seed, "mia-reference", index))
+        model = outcome.new_model()
+        strategy = RetainingFedAvg(
+            None,
+            participants=nodes,
+            fraction_train=1.0,
+            fraction_evaluate=0.0,
+            min_train_nodes=len(nodes),
+            min_available_nodes=config.num_clients,
+        )
+        state = fedavg_rounds(grid, strategy, model, config)
+        out = outputs(state)
+        rows.append(
+            np.concatenate(
+                [
+                    logit_confidence(out.target_probs, out.target_labels),
+                    logit_confidence(out.unseen_probs, out.unseen_labels),
+                ]
+            )
+        )
+        log(
+            f"LiRA reference model {index + 1}/{config.mia_reference_models} (without client "
+            f"{target}): {time.perf_counter() - started:.1f}s"
+        )
+    return np.stack(rows)
+
+
+def _seconds(run) -> dict[str, float]:
+    """Wall time of each method, from the unlearning and scrubbing logs of this run."""
+    seconds: dict[str, float] = {}
+    for log_name in ("unlearning_log.jsonl", "scrubbing.jsonl"):
+        if (run.path / log_name).is_file():
+            for entry in run.read_log(log_name):
+                seconds.update(entry.get("seconds", {}))
+    return seconds

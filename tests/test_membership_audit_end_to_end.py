@@ -1,0 +1,98 @@
+"""End to end, in process: every model of a run attacked and judged against FedRetrain (issue 6).
+
+Four virtual clients train on digits; client 1 is forgotten by FedEraser, FedAccum, FedRetrain and
+three scrubbing methods; two reference models trained without client 1 serve offline LiRA.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+
+from clients.client_app import create_client_app
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.errors import ConfigError
+from server.server_app import create_server_app
+
+
+@pytest.mark.slow
+def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path):
+    from flwr.simulation import run_simulation
+
+    overrides = {
+        "num-clients": 4,
+        "rounds": 3,
+        "output-dir": str(tmp_path),
+        "run-name": "mia",
+        "node-wait-seconds": 60,
+        "unlearn-clients": "1",
+        "scrub": True,
+        "scrub-forget": "client:1",
+        "scrub-baseline-rounds": 1,
+        "scrub-methods": "newton,fisher-reference,finetune",
+        "mia": True,
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_simulation(
+            server_app=create_server_app(overrides),
+            client_app=create_client_app(overrides),
+            num_supernodes=4,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": 2},
+            },
+        )
+    run = tmp_path / "mia"
+    table = pd.read_csv(run / "membership.csv").set_index("method")
+    assert list(table.index) == [
+        "original",
+        "fedretrain",
+        "federaser",
+        "fedaccum",
+        "newton",
+        "fisher-reference",
+        "finetune",
+    ]
+    for column in (
+        "test_accuracy",
+        "target_accuracy",
+        "shadow_precision",
+        "shadow_recall",
+        "shadow_f1",
+        "shadow_auc",
+        "loss_auc",
+        "loss_tpr@1%",
+        "confidence_tpr@0.1%",
+        "entropy_auc",
+        "lira_auc",
+        "lira_tpr@0.1%",
+        "shadow_f1_gap",
+        "lira_auc_gap",
+        "verdict",
+        "seconds",
+    ):
+        assert column in table.columns, column
+    assert table.loc["fedretrain", "verdict"] == "as retrained"
+    assert table.loc["fedretrain", "lira_auc_gap"] == 0.0
+    assert table[["loss_auc", "lira_auc", "shadow_f1"]].notna().all().all()
+    assert table.loc["federaser", "seconds"] > 0
+    assert (run / "membership_roc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("values", "parameter"),
+    [
+        ({"mia": True, "unlearn-clients": "0,1"}, "unlearn-clients"),
+        ({"mia": True, "unlearn-clients": ""}, "unlearn-clients"),
+        ({"mia": True, "unlearn-methods": "federaser,fedaccum"}, "unlearn-methods"),
+        ({"mia": True, "scrub": True, "scrub-forget": "client:3"}, "scrub-forget"),
+        ({"mia-reference-models": 1}, "mia-reference-models"),
+    ],
+)
+def test_an_audit_that_could_not_be_judged_is_refused_up_front(values, parameter):
+    with pytest.raises(ConfigError) as error:
+        ExperimentConfig.from_run_config(values)
+    assert error.value.parameter == parameter
