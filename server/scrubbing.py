@@ -190,19 +190,30 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
         outcome.run.save_model(f"model_scrub_{name}", models[name])
         log(f"scrub {name}: {seconds[name]:.1f}s")
 
-    timed(
-        "retrain",
-        lambda: _federated(
-            grid,
-            outcome,
-            outcome.initial_state,
-            keepers,
-            config.rounds,
-            {"forget": str(forget)},
+    fedretrain = outcome.run.path / "model_fedretrain.safetensors"
+    if (
+        forget.kind == "client"
+        and config.unlearn_targets == [forget.client]
+        and fedretrain.is_file()
+    ):
+        # The unlearning step already retrained without this client, from the same initial weights
+        # and seeds: the same model, so it is reused rather than trained twice.
+        timed("retrain", lambda: outcome.run.load_model("model_fedretrain"))
+        details["retrain_reused"] = "model_fedretrain"
+    else:
+        timed(
             "retrain",
-            log,
-        ),
-    )
+            lambda: _federated(
+                grid,
+                outcome,
+                outcome.initial_state,
+                keepers,
+                config.rounds,
+                {"forget": str(forget)},
+                "retrain",
+                log,
+            ),
+        )
     details["retrain"] = {"clients": list(keepers), "rounds": config.rounds}
 
     head_methods = {"newton", "newton-forget-only", "newton-finite"} & set(methods)
