@@ -104,6 +104,8 @@ class MembershipAudit:
             raise ConfigError("name", name, "a method not audited yet")
         o = outputs
         row: dict[str, float | str] = {"method": name}
+        row["n_members"] = len(o.target_labels)
+        row["n_nonmembers"] = min(len(o.unseen_labels), len(o.target_labels))
         shadow = self.shadow.evaluate(o.target_probs, o.unseen_probs)
         row.update({f"shadow_{k}": float(shadow[k]) for k in ("precision", "recall", "f1", "auc")})
         attacks = threshold_attacks(
@@ -136,37 +138,55 @@ class MembershipAudit:
         self.curves[name] = curves
         return row
 
-    def table(self, *, reference: str = "fedretrain", tolerance: float = DEFAULT_TOLERANCE):
+    def table(self, *, reference: str = "fedretrain", tolerance: float | None = None):
         """Every audited model, judged against ``reference`` (see :func:`judge`)."""
         return judge(pd.DataFrame(self.rows), reference=reference, tolerance=tolerance)
 
 
+def null_auc_std(n_members: int, n_nonmembers: int) -> float:
+    """Standard deviation of the AUC of an attack with no signal (Mann-Whitney under H0):
+    ``sqrt((n1 + n2 + 1) / (12 n1 n2))``."""
+    return float(np.sqrt((n_members + n_nonmembers + 1) / (12.0 * n_members * n_nonmembers)))
+
+
 def judge(
-    table: pd.DataFrame, *, reference: str = "fedretrain", tolerance: float = DEFAULT_TOLERANCE
+    table: pd.DataFrame, *, reference: str = "fedretrain", tolerance: float | None = None
 ) -> pd.DataFrame:
     """Add each judged score's gap to the ``reference`` row and a verdict.
 
     The verdict compares the attack scores with the reference's, not with zero: ``as retrained``
-    when every judged score is within ``tolerance`` of it, ``leaks membership`` when some score is
+    when every judged score is within the tolerance of it, ``leaks membership`` when some score is
     higher by more, ``Streisand effect`` when some is lower by more (and none higher: a model
-    attacked less successfully than the retrained one is conspicuous too).
+    attacked less successfully than the retrained one is conspicuous too). The tolerance is
+    ``tolerance`` or, by default, per row the larger of 0.02 and twice the standard deviation of a
+    no-signal AUC on that many members and non-members (:func:`null_auc_std`): a gap smaller than
+    that is sampling noise (135 targets: 0.07; 3,000: 0.015).
     """
     if "method" not in table or reference not in set(table["method"]):
         raise ConfigError("reference", reference, "a method present in the table (its judge)")
-    if not tolerance >= 0:
-        raise ConfigError("tolerance", tolerance, "a number >= 0")
+    if tolerance is not None and not tolerance >= 0:
+        raise ConfigError("tolerance", tolerance, "a number >= 0, or None (from the sample sizes)")
     out = table.copy()
+    if tolerance is not None:
+        out["tolerance"] = float(tolerance)
+    elif {"n_members", "n_nonmembers"} <= set(out.columns):
+        out["tolerance"] = [
+            max(DEFAULT_TOLERANCE, 2 * null_auc_std(int(m), int(n)))
+            for m, n in zip(out["n_members"], out["n_nonmembers"], strict=True)
+        ]
+    else:
+        out["tolerance"] = DEFAULT_TOLERANCE
     base = out.set_index("method").loc[reference]
     judged = [c for c in JUDGED if c in out]
     for column in judged:
         out[f"{column}_gap"] = out[column] - base[column]
     gaps = out[[f"{c}_gap" for c in judged]].to_numpy(dtype=float)
     verdicts = []
-    for row in gaps:
+    for row, limit in zip(gaps, out["tolerance"], strict=True):
         finite = row[np.isfinite(row)]
-        if finite.size and finite.max() > tolerance:
+        if finite.size and finite.max() > limit:
             verdicts.append("leaks membership")
-        elif finite.size and finite.min() < -tolerance:
+        elif finite.size and finite.min() < -limit:
             verdicts.append("Streisand effect")
         else:
             verdicts.append("as retrained")

@@ -63,6 +63,21 @@ def test_original_leaks_retrained_is_the_judge_and_overdone_forgetting_is_conspi
     assert table.loc["original", "loss_auc_gap"] == pytest.approx(expected)
     assert table.loc["original", "test_accuracy"] == 0.9
     assert set(audit.curves["original"]) == {"loss"}
+    # 400 members and non-members: gaps under twice a no-signal AUC's std (0.041) are noise
+    assert table.loc["original", "tolerance"] == pytest.approx(2 * np.sqrt(801 / (12 * 400 * 400)))
+
+
+def test_small_gaps_are_sampling_noise_unless_a_tolerance_is_given():
+    table = pd.DataFrame(
+        {
+            "method": ["fedretrain", "a"],
+            "loss_auc": [0.50, 0.53],
+            "n_members": [135, 135],
+            "n_nonmembers": [135, 135],
+        }
+    )
+    assert list(judge(table)["verdict"]) == ["as retrained", "as retrained"]  # 0.03 < 0.07
+    assert list(judge(table, tolerance=0.02)["verdict"]) == ["as retrained", "leaks membership"]
 
 
 def test_offline_lira_uses_reference_models_trained_without_the_target(audit):
