@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.training import train_epochs
 
 
 def _is_count(value: object, minimum: int) -> bool:
@@ -94,24 +95,21 @@ def negative_gradient_epochs(
     _check_training_arguments(
         x_forget, y_forget, epochs=epochs, lr=lr, batch_size=batch_size, num_classes=num_classes
     )
-    device = torch.device(device)
-    model.to(device).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    generator = torch.Generator().manual_seed(seed)
-    last_epoch_loss = float("nan")
-    for _ in range(epochs):
-        order = torch.randperm(len(x_forget), generator=generator)
-        total = 0.0
-        for start in range(0, len(x_forget), batch_size):
-            index = order[start : start + batch_size]
-            inputs, targets = x_forget[index].to(device), y_forget[index].to(device)
-            optimizer.zero_grad(set_to_none=True)
-            clamped = chance_clamped_cross_entropy(model(inputs), targets, num_classes).mean()
-            (-clamped).backward()
-            optimizer.step()
-            total += clamped.item() * len(index)
-        last_epoch_loss = total / len(x_forget)
-    return last_epoch_loss
+    ascent = train_epochs(
+        model,
+        x_forget,
+        y_forget,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        seed=seed,
+        momentum=momentum,
+        device=device,
+        loss_fn=lambda logits, targets: (
+            -chance_clamped_cross_entropy(logits, targets, num_classes).mean()
+        ),
+    )
+    return -ascent
 
 
 def random_labels(
@@ -147,26 +145,18 @@ def random_label_epochs(
     _check_training_arguments(
         x_forget, y_forget, epochs=epochs, lr=lr, batch_size=batch_size, num_classes=num_classes
     )
-    device = torch.device(device)
-    model.to(device).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    loss_fn = nn.CrossEntropyLoss()
-    generator = torch.Generator().manual_seed(seed)
-    last_epoch_loss = float("nan")
-    for _ in range(epochs):
-        labels = random_labels(y_forget, num_classes, generator)
-        order = torch.randperm(len(x_forget), generator=generator)
-        total = 0.0
-        for start in range(0, len(x_forget), batch_size):
-            index = order[start : start + batch_size]
-            inputs, targets = x_forget[index].to(device), labels[index].to(device)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(inputs), targets)
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(index)
-        last_epoch_loss = total / len(x_forget)
-    return last_epoch_loss
+    return train_epochs(
+        model,
+        x_forget,
+        y_forget,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        seed=seed,
+        momentum=momentum,
+        device=device,
+        relabel=lambda generator: random_labels(y_forget, num_classes, generator),
+    )
 
 
 def final_linear(model: nn.Module) -> nn.Linear:

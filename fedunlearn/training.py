@@ -6,6 +6,7 @@ permutation drawn from a seeded generator: the same seed gives the same batches 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -46,11 +47,15 @@ def train_epochs(
     momentum: float = 0.0,
     weight_decay: float = 0.0,
     device: torch.device | str = "cpu",
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    relabel: Callable[[torch.Generator], torch.Tensor] | None = None,
 ) -> float:
     """Train ``model`` in place with SGD for ``epochs`` passes over ``(x, y)``.
 
     Returns the mean training loss over the last epoch. The optimizer (and its momentum) starts
-    fresh on every call, as a federated client's does each round.
+    fresh on every call, as a federated client's does each round. ``loss_fn(logits, targets)`` is
+    the batch loss minimised (default: mean cross-entropy); ``relabel(generator)``, when given,
+    draws each epoch's labels (before that epoch's shuffle) in place of ``y``.
     """
     if len(x) == 0:
         raise ConfigError("x", "an empty dataset", "at least one training sample")
@@ -59,15 +64,16 @@ def train_epochs(
     optimizer = torch.optim.SGD(
         model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
     )
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
     generator = torch.Generator().manual_seed(seed)
     last_epoch_loss = float("nan")
     for _ in range(epochs):
+        labels = y if relabel is None else relabel(generator)
         order = torch.randperm(len(x), generator=generator)
         total, count = 0.0, 0
         for start in range(0, len(x), batch_size):
             index = order[start : start + batch_size]
-            inputs, targets = x[index].to(device), y[index].to(device)
+            inputs, targets = x[index].to(device), labels[index].to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(inputs), targets)
             loss.backward()

@@ -30,3 +30,32 @@ def flower_task_identity():
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     yield
     TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
+
+
+@pytest.fixture
+def simulate():
+    """:func:`simulate_in_process`, for the end-to-end tests."""
+    return simulate_in_process
+
+
+def simulate_in_process(overrides: dict, num_supernodes: int) -> None:
+    """Run the ServerApp and ClientApp with ``overrides`` in a Ray simulation of
+    ``num_supernodes`` virtual clients (1 CPU each, 2 in all): the end-to-end tests' harness."""
+    import warnings
+
+    from flwr.simulation import run_simulation
+
+    from clients.client_app import create_client_app
+    from server.server_app import create_server_app
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_simulation(
+            server_app=create_server_app(overrides),
+            client_app=create_client_app(overrides),
+            num_supernodes=num_supernodes,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": 2},
+            },
+        )

@@ -7,21 +7,16 @@ clients' sums, removes single samples and then a whole client, and writes a cert
 from __future__ import annotations
 
 import json
-import warnings
 
 import pandas as pd
 import pytest
 
-from clients.client_app import create_client_app
 from fedunlearn.certified_removal import read_ledger
-from server.server_app import create_server_app
 
 pytestmark = pytest.mark.slow
 
 
-def test_federated_certified_head_matches_central_and_certifies_every_request(tmp_path):
-    from flwr.simulation import run_simulation
-
+def test_federated_certified_head_matches_central_and_certifies_every_request(tmp_path, simulate):
     overrides = {
         "num-clients": 4,
         "rounds": 2,
@@ -37,17 +32,7 @@ def test_federated_certified_head_matches_central_and_certifies_every_request(tm
         "dp-noise-multiplier": 1.0,
         "dp-clipping-norm": 0.2,  # noise std zC/K = 0.05 per parameter: the body still learns
     }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_simulation(
-            server_app=create_server_app(overrides),
-            client_app=create_client_app(overrides),
-            num_supernodes=4,
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": 2},
-            },
-        )
+    simulate(overrides, num_supernodes=4)
     run_dir = tmp_path / "certified"
     summary = json.loads((run_dir / "certified_summary.json").read_text())
     # One core, two paths: the head trained from the clients' sums is the centralized head.

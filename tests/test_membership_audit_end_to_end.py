@@ -6,21 +6,15 @@ three scrubbing methods; two reference models trained without client 1 serve off
 
 from __future__ import annotations
 
-import warnings
-
 import pandas as pd
 import pytest
 
-from clients.client_app import create_client_app
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
-from server.server_app import create_server_app
 
 
 @pytest.mark.slow
-def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path):
-    from flwr.simulation import run_simulation
-
+def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path, simulate):
     overrides = {
         "num-clients": 4,
         "rounds": 3,
@@ -34,17 +28,7 @@ def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path):
         "scrub-methods": "newton,fisher-reference,finetune",
         "mia": True,
     }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_simulation(
-            server_app=create_server_app(overrides),
-            client_app=create_client_app(overrides),
-            num_supernodes=4,
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": 2},
-            },
-        )
+    simulate(overrides, num_supernodes=4)
     run = tmp_path / "mia"
     table = pd.read_csv(run / "membership.csv").set_index("method")
     assert list(table.index) == [

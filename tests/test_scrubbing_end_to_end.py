@@ -7,22 +7,17 @@ Fisher and baseline methods, against FedRetrain without class 3; then a whole cl
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from clients.client_app import create_client_app
 from fedunlearn.config import SCRUB_METHODS
-from server.server_app import create_server_app
 
 pytestmark = pytest.mark.slow
 
 
-def _simulate(tmp_path, name, **overrides):
-    from flwr.simulation import run_simulation
-
+def _simulate(simulate, tmp_path, name, **overrides):
     overrides = {
         "num-clients": 4,
         "rounds": 3,
@@ -35,22 +30,12 @@ def _simulate(tmp_path, name, **overrides):
         "scrub-baseline-rounds": 1,
         **overrides,
     }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_simulation(
-            server_app=create_server_app(overrides),
-            client_app=create_client_app(overrides),
-            num_supernodes=4,
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": 2},
-            },
-        )
+    simulate(overrides, num_supernodes=4)
     return tmp_path / name
 
 
-def test_class_scrubbing_runs_every_method_and_reads_them_out(tmp_path):
-    run = _simulate(tmp_path, "class", **{"scrub-forget": "class:3"})
+def test_class_scrubbing_runs_every_method_and_reads_them_out(tmp_path, simulate):
+    run = _simulate(simulate, tmp_path, "class", **{"scrub-forget": "class:3"})
     table = pd.read_csv(run / "scrubbing.csv").set_index("method")
     assert list(table.index) == ["original", "retrain", *SCRUB_METHODS]
     assert (run / "scrubbing.md").is_file()
@@ -86,8 +71,9 @@ def test_class_scrubbing_runs_every_method_and_reads_them_out(tmp_path):
     assert log[-1]["forget"] == "class:3" and log[-1]["holders"] == [0, 1, 2, 3]
 
 
-def test_whole_client_scrubbing_leaves_that_client_out_and_skips_hiding(tmp_path):
+def test_whole_client_scrubbing_leaves_that_client_out_and_skips_hiding(tmp_path, simulate):
     run = _simulate(
+        simulate,
         tmp_path,
         "client",
         **{
