@@ -20,6 +20,7 @@ The linear head's exact Hessian is :func:`softmax_head_sums` (cross-entropy on `
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -448,6 +449,21 @@ class NewtonScrubber:
         self.eigenvalues = np.maximum(eig, floor * max(float(eig[-1]), np.finfo(float).tiny))
         self.eigenvectors = vec
         self.mean = (w.ravel() - vec @ ((vec.T @ g) / self.eigenvalues)).reshape(self.shape)
+
+    def with_gradient(self, weights: np.ndarray, gradient: np.ndarray) -> NewtonScrubber:
+        """The scrub of (``weights``, ``gradient``) with the same B, reusing its eigendecomposition
+        (e.g. Section 3.2's ``-grad L_Df`` beside ``grad L_Dr``: the curvature is the same)."""
+        w = np.asarray(weights, dtype=np.float64)
+        g = np.asarray(gradient, dtype=np.float64).ravel()
+        if w.size != self.eigenvalues.size or g.size != w.size:
+            raise ConfigError(
+                "gradient", f"shape {np.shape(gradient)}", f"{self.eigenvalues.size} entries"
+            )
+        other = copy.copy(self)
+        other.shape = w.shape
+        vec = self.eigenvectors
+        other.mean = (w.ravel() - vec @ ((vec.T @ g) / self.eigenvalues)).reshape(w.shape)
+        return other
 
     def base_covariance(self) -> np.ndarray:
         """``B^{-1/2}``: the covariance at ``sqrt(lambda) sigma_h = 1``."""

@@ -130,6 +130,42 @@ def fedavg_rounds(
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
+def participant_rounds(
+    grid: Grid,
+    outcome: TrainingOutcome,
+    start: Mapping[str, torch.Tensor],
+    partitions: list[int],
+    *,
+    name: str,
+    log: Log = print,
+    rounds: int | None = None,
+    extra_config: Mapping[str, int | float | str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """FedAvg rounds (default ``rounds`` of the run) from the weights ``start`` with only the clients
+    ``partitions`` taking part, nothing retained; progress logged under ``name``. Training messages
+    carry ``extra_config`` (e.g. the cohort to leave out, or a baseline's objective)."""
+    config = outcome.config
+    nodes = [outcome.members.node_of_partition[p] for p in partitions]
+    strategy = RetainingFedAvg(
+        None,
+        participants=nodes,
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=len(nodes),
+        min_available_nodes=config.num_clients,
+    )
+    model = outcome.new_model()
+    model.load_state_dict(dict(start))
+    total = config.rounds if rounds is None else rounds
+
+    def progress(server_round, _result, _metrics, replied, round_seconds):
+        log(f"{name}: round {server_round}/{total}, {replied} clients, {round_seconds:.1f}s")
+
+    return fedavg_rounds(
+        grid, strategy, model, config, on_round=progress, rounds=total, extra_config=extra_config
+    )
+
+
 def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> TrainingOutcome:
     """Train with retaining FedAvg as ``config`` says; returns where the results are.
 

@@ -31,8 +31,7 @@ from fedunlearn.mia_evaluation import MembershipAudit, ModelOutputs, softmax_out
 from fedunlearn.plots import plot_roc_curves
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import evaluate, resolve_device
-from server.federated_training import TrainingOutcome, fedavg_rounds
-from strategies.retaining_fedavg import RetainingFedAvg
+from server.federated_training import TrainingOutcome, participant_rounds
 
 Log = Callable[[str], None]
 
@@ -108,14 +107,15 @@ def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) ->
         state = run.load_model(filename)
         model.load_state_dict(state)
         test = evaluate(model, splits.test.x, splits.test.y, device=device)
-        target_eval = evaluate(model, target_split.x, target_split.y, device=device)
+        scored = outputs(state)
+        target_accuracy = float(np.mean(scored.target_probs.argmax(axis=1) == scored.target_labels))
         audit.audit(
             name,
-            outputs(state),
+            scored,
             lira_reference_phi=reference_phi,
             extra={
                 "test_accuracy": test.accuracy,
-                "target_accuracy": target_eval.accuracy,
+                "target_accuracy": target_accuracy,
                 "seconds": seconds.get(name, float("nan")),
             },
         )
@@ -139,21 +139,15 @@ def _reference_confidences(grid, outcome: TrainingOutcome, target: int, outputs,
     """Logit confidences (m, n_target + n_unseen) of ``mia-reference-models`` models trained
     without the target (offline LiRA): FedRetrain from differently seeded initial weights."""
     config = outcome.config
-    nodes = [n for p, n in outcome.members.node_of_partition.items() if p != target]
+    others = [p for p in outcome.members.partition_ids if p != target]
     rows = []
     for index in range(config.mia_reference_models):
         started = time.perf_counter()
         torch.manual_seed(derive_seed(config.seed, "mia-reference", index))
-        model = outcome.new_model()
-        strategy = RetainingFedAvg(
-            None,
-            participants=nodes,
-            fraction_train=1.0,
-            fraction_evaluate=0.0,
-            min_train_nodes=len(nodes),
-            min_available_nodes=config.num_clients,
+        initial = outcome.new_model().state_dict()
+        state = participant_rounds(
+            grid, outcome, initial, others, name=f"LiRA reference {index + 1}", log=log
         )
-        state = fedavg_rounds(grid, strategy, model, config)
         out = outputs(state)
         rows.append(
             np.concatenate(

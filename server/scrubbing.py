@@ -61,9 +61,8 @@ from fedunlearn.scrubbing import (
 )
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import resolve_device
-from server.federated_training import TrainingOutcome, fedavg_rounds
+from server.federated_training import TrainingOutcome, participant_rounds
 from server.federation import failure_reasons
-from strategies.retaining_fedavg import RetainingFedAvg
 
 SCRUB_QUERY = "query.scrub_stats"
 Log = Callable[[str], None]
@@ -203,15 +202,14 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
     else:
         timed(
             "retrain",
-            lambda: _federated(
+            lambda: participant_rounds(
                 grid,
                 outcome,
                 outcome.initial_state,
                 keepers,
-                config.rounds,
-                {"forget": str(forget)},
-                "retrain",
-                log,
+                name="retrain",
+                log=log,
+                extra_config={"forget": str(forget)},
             ),
         )
     details["retrain"] = {"clients": list(keepers), "rounds": config.rounds}
@@ -234,12 +232,15 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
         def newton(kind: str) -> State:
             if kind == "newton":
                 gradient = head["retained"]["gradient"] / n_r
-                curvature = hessian_r / n_r + damping
-            else:  # Section 3.2: H_D (cached) minus H_Df; grad L_Dr = -grad L_Df at a minimum
-                cached_hessian_all = hessian_r + hessian_f
+            else:  # Section 3.2: grad L_Dr = -grad L_Df at a minimum of L_D
                 gradient = -head["forgotten"]["gradient"] / n_r
-                curvature = (cached_hessian_all - hessian_f) / n_r + damping
-            scrubbers[kind] = NewtonScrubber(w, gradient, curvature)
+            shared = next(iter(scrubbers.values()), None)
+            if shared is None:
+                # B = H_Dr / n_r + mu I; Section 3.2's H_D - H_Df, with H_D the cached sum of both
+                # parts, is the same matrix: one eigendecomposition serves both variants.
+                scrubbers[kind] = NewtonScrubber(w, gradient, hessian_r / n_r + damping)
+            else:
+                scrubbers[kind] = shared.with_gradient(w, gradient)
             rng = np.random.default_rng(derive_seed(config.seed, "scrub", kind))
             sample = scrubbers[kind].sample(config.scrub_newton_lambda, config.scrub_sigma_h, rng)
             return with_head(original, sample)
@@ -304,8 +305,15 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
             }
             timed(
                 kind,
-                lambda extra=extra, clients=clients, kind=kind: _federated(
-                    grid, outcome, original, clients, config.scrub_baseline_rounds, extra, kind, log
+                lambda extra=extra, clients=clients, kind=kind: participant_rounds(
+                    grid,
+                    outcome,
+                    original,
+                    clients,
+                    name=kind,
+                    log=log,
+                    rounds=config.scrub_baseline_rounds,
+                    extra_config=extra,
                 ),
             )
             details[kind] = {"clients": list(clients), "rounds": config.scrub_baseline_rounds}
@@ -357,39 +365,6 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
 
 
 # ---------------------------------------------------------------------- methods
-def _federated(
-    grid: Grid,
-    outcome: TrainingOutcome,
-    start: State,
-    partitions: Sequence[int],
-    rounds: int,
-    extra: Mapping[str, int | float | str],
-    name: str,
-    log: Log,
-) -> State:
-    """FedAvg rounds from ``start`` with only ``partitions`` taking part (training messages carry
-    ``extra``: the cohort to leave out, or a baseline's objective)."""
-    config = outcome.config
-    nodes = [outcome.members.node_of_partition[p] for p in partitions]
-    strategy = RetainingFedAvg(
-        None,
-        participants=nodes,
-        fraction_train=1.0,
-        fraction_evaluate=0.0,
-        min_train_nodes=len(nodes),
-        min_available_nodes=config.num_clients,
-    )
-    model = outcome.new_model()
-    model.load_state_dict(start)
-
-    def progress(server_round, _result, _metrics, replied, round_seconds):
-        log(f"{name}: round {server_round}/{rounds}, {replied} clients, {round_seconds:.1f}s")
-
-    return fedavg_rounds(
-        grid, strategy, model, config, on_round=progress, rounds=rounds, extra_config=extra
-    )
-
-
 def _training_time(outcome: TrainingOutcome) -> float:
     """eta t for eq. 6: ``scrub-time``, or lr times the SGD steps a client took in training."""
     config = outcome.config

@@ -393,6 +393,10 @@ def test_newton_scrubber_matches_newton_scrub_for_every_lambda():
         np.testing.assert_allclose(
             np.sqrt(lam) * 1.5 * scrubber.base_covariance(), reference.covariance, rtol=1e-10
         )
+        other_g = rng.normal(size=5)
+        np.testing.assert_allclose(
+            scrubber.with_gradient(w, other_g).mean, NewtonScrubber(w, other_g, b).mean, rtol=1e-10
+        )
         draws = np.stack([scrubber.sample(lam, 1.5, rng) for _ in range(20000)])
         np.testing.assert_allclose(
             np.cov(draws.T), reference.covariance, atol=0.03 * np.abs(reference.covariance).max()
