@@ -55,6 +55,7 @@ class ExperimentConfig:
     download: bool = False
     model: str = "auto"
     num_clients: int = 10
+    train_samples: int = 0
     partitioning: str = "iid"
     alpha: float = 0.5
     shards_per_client: int = 2
@@ -170,6 +171,13 @@ class ExperimentConfig:
         _one_of("device", self.device, DEVICES)
         _one_of("model", self.model, MODELS)
         _at_least("num-clients", self.num_clients, 1)
+        _at_least("train-samples", self.train_samples, 0)
+        if 0 < self.train_samples < self.num_clients:
+            raise ConfigError(
+                "train-samples",
+                self.train_samples,
+                f"0 (the whole training set) or at least num-clients={self.num_clients}",
+            )
         _at_least("rounds", self.rounds, 1)
         _at_least("local-epochs", self.local_epochs, 1)
         _at_least("batch-size", self.batch_size, 1)
@@ -344,6 +352,13 @@ class ExperimentConfig:
                 "unlearn-methods",
                 self.unlearn_methods,
                 "a list with fedretrain when mia=true (every method is judged against it)",
+            )
+        if self.certified_head and self.unlearn_targets[0] not in self.certified_client_targets:
+            raise ConfigError(
+                "certified-remove-clients",
+                self.certified_remove_clients,
+                f"a list with client {self.unlearn_targets[0]} when mia=true and "
+                "certified-head=true: the certified head must forget the same target",
             )
         target = f"client:{self.unlearn_targets[0]}"
         if self.scrub and str(self.forget_set) != target:

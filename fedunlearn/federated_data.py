@@ -14,6 +14,7 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.datasets import DatasetSplits, TensorSplit, load_dataset
 from fedunlearn.errors import ConfigError
 from fedunlearn.partitioning import partition_indices
+from fedunlearn.seeding import derive_seed
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,17 @@ class FederatedData:
 
 
 def load_federated_data(config: ExperimentConfig) -> FederatedData:
-    """Load and partition the dataset named by ``config`` (cached per process)."""
+    """Load and partition the dataset named by ``config`` (cached per process).
+
+    With ``train-samples = N`` only a seeded subset of N training samples is partitioned; the
+    partitions still index ``splits.train``.
+    """
     return _load_cached(
         config.dataset,
         str(config.data_root_path) if config.data_root else "",
         config.download,
         config.num_clients,
+        config.train_samples,
         config.partitioning,
         config.alpha,
         config.shards_per_client,
@@ -67,18 +73,39 @@ def _load_cached(
     data_root: str,
     download: bool,
     num_clients: int,
+    train_samples: int,
     partitioning: str,
     alpha: float,
     shards_per_client: int,
     seed: int,
 ) -> FederatedData:
     splits = load_dataset(dataset, data_root or None, download=download, seed=seed)
-    partitions = partition_indices(
-        splits.train.y,
+    pool = training_pool(len(splits.train), train_samples, seed)
+    labels = splits.train.y[torch.as_tensor(pool, dtype=torch.long)]
+    parts = partition_indices(
+        labels,
         num_clients,
         partitioning,
         alpha=alpha,
         shards_per_partition=shards_per_client,
         seed=seed,
     )
-    return FederatedData(splits=splits, partitions=tuple(partitions))
+    return FederatedData(splits=splits, partitions=tuple(pool[part] for part in parts))
+
+
+def training_pool(num_train: int, train_samples: int, seed: int) -> np.ndarray:
+    """The sorted indices of the training samples the federation shares out (``train-samples``).
+
+    ``0`` keeps all ``num_train``; ``N`` draws N of them without replacement from ``seed`` (a small
+    federation overfits its clients' data: the regime where membership inference has a signal).
+    """
+    if train_samples < 0 or train_samples > num_train:
+        raise ConfigError(
+            "train-samples",
+            train_samples,
+            f"0 (all) or an integer in [1, {num_train}] (the training set's size)",
+        )
+    if train_samples == 0:
+        return np.arange(num_train)
+    rng = np.random.default_rng(derive_seed(seed, "train-samples"))
+    return np.sort(rng.choice(num_train, size=train_samples, replace=False))

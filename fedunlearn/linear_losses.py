@@ -116,6 +116,30 @@ def predict_labels(scores: np.ndarray, classes: np.ndarray | list[int]) -> np.nd
     return classes[np.argmax(scores, axis=1)]
 
 
+def class_probabilities(loss: str, scores: np.ndarray) -> np.ndarray:
+    """Class probabilities ``(n, C)`` from head scores ``(n, K)``, for readers of a softmax vector
+    (the membership-inference attacks).
+
+    ``logistic``: head k's sigmoid is its estimate of P(class k | x) against the rest; the K
+    estimates are normalised to sum to one (one head gives ``[1 - p, p]``). ``least-squares``: the
+    softmax of the scores (one head: of ``[-s, s]``). The arg-max equals :func:`predict_labels`'s.
+    """
+    loss = check_loss(loss)
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 2 or scores.shape[1] < 1:
+        raise ConfigError("scores", scores.shape, "a 2-D array (n samples, K heads)")
+    if scores.shape[1] == 1:
+        scores = np.hstack([-scores, scores]) if loss == "least-squares" else scores
+        if loss == "logistic":
+            p = _sigmoid(scores[:, 0])
+            return np.stack([1.0 - p, p], axis=1)
+    if loss == "logistic":
+        p = _sigmoid(scores)
+        return p / np.maximum(p.sum(axis=1, keepdims=True), 1e-300)
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
 def _sigmoid(z: np.ndarray) -> np.ndarray:
     # Stable in both tails: exp never overflows.
     out = np.empty_like(z)

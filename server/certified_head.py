@@ -244,6 +244,16 @@ class FederatedHeadData:
         return [i for i in range(self.sizes[partition]) if i not in self.removed_ids[partition]]
 
 
+#: The one tensor of a saved certified head (``certified_head*.safetensors``): the (K, d) weights on
+#: :func:`fedunlearn.head_features.head_features` of the run's final model.
+HEAD_WEIGHTS = "certified_head.weights"
+
+
+def save_head(run, name: str, weights: np.ndarray) -> None:
+    """Save a certified head's weights as ``<name>.safetensors`` (key :data:`HEAD_WEIGHTS`)."""
+    run.save_model(name, {HEAD_WEIGHTS: torch.from_numpy(np.array(weights, dtype=np.float64))})
+
+
 def certified_params(config: ExperimentConfig) -> CertifiedRemovalParams:
     """The engine's settings from the run config's ``certified-*`` keys."""
     return CertifiedRemovalParams(
@@ -267,7 +277,8 @@ def run_certified_head(
 
     Writes to the run directory: ``certified_removal.jsonl`` (one certificate per request),
     ``certified_removal.csv/.md`` (test accuracy and beta every ``certified-eval-every`` requests),
-    ``certified_removal.png`` and ``certified_summary.json``.
+    ``certified_removal.png``, ``certified_summary.json`` and the head's weights before and after the
+    requests (``certified_head_trained`` / ``certified_head.safetensors``, see :func:`save_head`).
     """
     config: ExperimentConfig = outcome.config
     run = outcome.run
@@ -291,6 +302,7 @@ def run_certified_head(
     start = time.perf_counter()
     head.fit()
     train_seconds = time.perf_counter() - start
+    save_head(run, "certified_head_trained", head.weights)
     test_x = head_features(model, splits.test.x)
     test_y = splits.test.y.numpy()
 
@@ -339,6 +351,7 @@ def run_certified_head(
             )
     table = pd.DataFrame(rows)
     run.write_table("certified_removal", table)
+    save_head(run, "certified_head", head.weights)
     summary.update(
         {
             "requests": len(requests),

@@ -189,7 +189,8 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     run = RunDirectory.create(config.run_directory(), config.to_run_config())
     log(f"run directory: {run.path}")
     log(
-        f"{config.dataset}: {len(splits.train)} training samples over {config.num_clients} clients "
+        f"{config.dataset}: {sum(map(len, data.partitions))} of {len(splits.train)} training "
+        f"samples over {config.num_clients} clients "
         f"({config.partitioning}), {len(splits.test)} test samples; {config.rounds} rounds x "
         f"{config.local_epochs} local epochs; retention "
         + (

@@ -4,11 +4,13 @@ inference attack, in one table judged against FedRetrain (issue 6; math in
 
 With ``mia = true`` the ServerApp, after training, unlearning (``unlearn-clients``: one target) and
 scrubbing (``scrub-forget = client:<target>``), collects the models in :data:`AUDITED` (one line per
-method: its name and the file its plug-in saved), trains ``mia-reference-models`` reference models
+method: its name and the file its plug-in saved: a full model, or a certified head on the final
+model's features), trains ``mia-reference-models`` reference models
 without the target for offline LiRA (FedRetrain from differently seeded initial weights), and
-attacks each model on the target's data against as many unseen held-out samples. The held-out set is
-the test split, cut in two disjoint halves: one trains the shadow attack, the other is the
-evaluation's non-members. In a simulation the server rebuilds the target's data from the run config
+attacks each model on the target's data against as many unseen held-out samples. The held-out set
+(the training samples no client holds when ``train-samples`` leaves enough, else the test split) is
+cut in two disjoint halves: one trains the shadow attack, the other is the evaluation's
+non-members. In a simulation the server rebuilds the target's data from the run config
 to measure (no method reads it).
 
 Outputs: ``membership.csv/.md`` (methods x test accuracy, target accuracy, shadow precision / recall
@@ -25,15 +27,19 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedunlearn.head_features import head_features
+from fedunlearn.linear_losses import class_probabilities
 from fedunlearn.lira import logit_confidence
 from fedunlearn.mia_attacks import disjoint_indices, split_held_out
 from fedunlearn.mia_evaluation import MembershipAudit, ModelOutputs, softmax_outputs
 from fedunlearn.plots import plot_roc_curves
 from fedunlearn.seeding import derive_seed
-from fedunlearn.training import evaluate, resolve_device
+from fedunlearn.training import resolve_device
+from server.certified_head import HEAD_WEIGHTS
 from server.federated_training import TrainingOutcome, participant_rounds
 
 Log = Callable[[str], None]
+Probabilities = Callable[[torch.Tensor], np.ndarray]
 
 #: Every model the audit compares: method name -> the model file its plug-in saved in the run
 #: directory. Adding a method to the comparison is one line here.
@@ -51,6 +57,8 @@ AUDITED: dict[str, str] = {
     "finetune": "model_scrub_finetune",
     "negative-gradient": "model_scrub_negative-gradient",
     "random-labels": "model_scrub_random-labels",
+    "certified-head-trained": "certified_head_trained",
+    "certified-head": "certified_head",
 }
 
 
@@ -66,9 +74,9 @@ def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) ->
 
     # Disjoint data: attack training (held-out half A + others' training data), evaluation
     # (the target's data + held-out half B, as many as the target's samples).
-    attack_half, eval_half = split_held_out(
-        len(splits.test.y), derive_seed(config.seed, "mia-split")
-    )
+    held_x, held_y, held_name = _held_out(outcome.data, len(target_split.y))
+    log(f"membership audit: non-members from the {held_name} ({len(held_y)} samples)")
+    attack_half, eval_half = split_held_out(len(held_y), derive_seed(config.seed, "mia-split"))
     disjoint_indices(attack_half, eval_half, names=["attack held-out", "evaluation held-out"])
     n_target = len(target_split.y)
     unseen = np.sort(rng.choice(eval_half, size=min(n_target, len(eval_half)), replace=False))
@@ -78,23 +86,18 @@ def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) ->
     shadow_members = np.sort(
         rng.choice(others, size=min(len(others), len(attack_half)), replace=False)
     )
-    x_unseen, y_unseen = splits.test.x[unseen], splits.test.y[unseen]
+    x_unseen, y_unseen = held_x[unseen], held_y[unseen]
 
     model = outcome.new_model()
 
     def outputs(state) -> ModelOutputs:
-        model.load_state_dict(state)
-        return ModelOutputs(
-            softmax_outputs(model, target_split.x, device=device),
-            target_split.y.numpy(),
-            softmax_outputs(model, x_unseen, device=device),
-            y_unseen.numpy(),
-        )
+        probabilities = _probabilities(model, state, outcome, device)
+        return _outputs(probabilities, target_split, x_unseen, y_unseen)
 
     model.load_state_dict(outcome.final_state)
     audit = MembershipAudit(
         softmax_outputs(model, splits.train.x[shadow_members], device=device),
-        softmax_outputs(model, splits.test.x[attack_half], device=device),
+        softmax_outputs(model, held_x[attack_half], device=device),
         seed=config.seed,
     )
     reference_phi = _reference_confidences(grid, outcome, target, outputs, log)
@@ -104,17 +107,18 @@ def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) ->
     }
     log(f"membership audit of {len(available)} model(s): {', '.join(available)}")
     for name, filename in available.items():
-        state = run.load_model(filename)
-        model.load_state_dict(state)
-        test = evaluate(model, splits.test.x, splits.test.y, device=device)
-        scored = outputs(state)
+        probabilities = _probabilities(model, run.load_model(filename), outcome, device)
+        test_accuracy = float(
+            np.mean(probabilities(splits.test.x).argmax(axis=1) == splits.test.y.numpy())
+        )
+        scored = _outputs(probabilities, target_split, x_unseen, y_unseen)
         target_accuracy = float(np.mean(scored.target_probs.argmax(axis=1) == scored.target_labels))
         audit.audit(
             name,
             scored,
             lira_reference_phi=reference_phi,
             extra={
-                "test_accuracy": test.accuracy,
+                "test_accuracy": test_accuracy,
                 "target_accuracy": target_accuracy,
                 "seconds": seconds.get(name, float("nan")),
             },
@@ -133,6 +137,48 @@ def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) ->
     )
     log(f"membership table {run.path / 'membership.csv'}; ROC membership_roc.png")
     return table
+
+
+def _held_out(data, n_target: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """The non-member pool: the training samples no client holds (``train-samples`` > 0), which
+    share the members' distribution, when there are at least ``4 x n_target`` of them; otherwise
+    the test split (MNIST's test digits are not drawn like its training digits, so even a model that
+    never saw the target tells the two apart a little)."""
+    used = np.zeros(len(data.splits.train), dtype=bool)
+    for part in data.partitions:
+        used[part] = True
+    unused = torch.as_tensor(np.flatnonzero(~used), dtype=torch.long)
+    if len(unused) >= 4 * n_target:
+        return data.splits.train.x[unused], data.splits.train.y[unused], "unused training samples"
+    return data.splits.test.x, data.splits.test.y, "test split"
+
+
+def _probabilities(model, state, outcome: TrainingOutcome, device) -> Probabilities:
+    """The class probabilities a saved file gives: a full model's softmax, or a certified head's
+    (:data:`server.certified_head.HEAD_WEIGHTS`) on the features of the run's final model."""
+    if set(state) == {HEAD_WEIGHTS}:
+        weights = state[HEAD_WEIGHTS].double().numpy()
+        body = outcome.new_model()
+        body.load_state_dict(outcome.final_state)
+        loss = outcome.config.certified_loss
+        return lambda x: class_probabilities(
+            loss, head_features(body, x, device=device) @ weights.T
+        )
+
+    def softmax(x: torch.Tensor) -> np.ndarray:
+        model.load_state_dict(state)
+        return softmax_outputs(model, x, device=device)
+
+    return softmax
+
+
+def _outputs(probabilities: Probabilities, target_split, x_unseen, y_unseen) -> ModelOutputs:
+    return ModelOutputs(
+        probabilities(target_split.x),
+        target_split.y.numpy(),
+        probabilities(x_unseen),
+        y_unseen.numpy(),
+    )
 
 
 def _reference_confidences(grid, outcome: TrainingOutcome, target: int, outputs, log) -> np.ndarray:

@@ -333,3 +333,24 @@ def test_cli_prints_the_ledger_and_refuses_a_missing_one(tmp_path, capsys):
     assert "4 certificate(s), 0 retrain(s)" in out and out.count("| remove |") == 3
     assert main(["certificates", str(tmp_path / "nowhere")]) == 2
     assert "certified_removal.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loss", ["logistic", "least-squares"])
+@pytest.mark.parametrize("heads", [1, 4])
+def test_class_probabilities_are_distributions_that_predict_like_the_head(loss, heads):
+    from fedunlearn.linear_losses import class_probabilities, predict_labels
+
+    rng = np.random.default_rng(heads)
+    scores = rng.normal(scale=3.0, size=(200, heads))
+    classes = [0, 1] if heads == 1 else list(range(heads))
+    probabilities = class_probabilities(loss, scores)
+    assert probabilities.shape == (200, len(classes))
+    assert np.all(probabilities >= 0)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(
+        np.asarray(classes)[probabilities.argmax(axis=1)], predict_labels(scores, classes)
+    )
+    # A larger score for a class never lowers its probability.
+    raised = scores.copy()
+    raised[:, -1] += 1.0
+    assert np.all(class_probabilities(loss, raised)[:, -1] >= probabilities[:, -1])

@@ -41,6 +41,8 @@ def test_defaults_match_the_flower_app_config():
         ("retain", "maybe", "true or false"),
         ("lr", "fast", "a number"),
         ("run-name", "a/b", "without path separators"),
+        ("train-samples", -1, ">= 0"),
+        ("train-samples", 5, "at least num-clients=10"),
     ],
 )
 def test_each_bad_value_names_parameter_value_and_what_is_allowed(key, value, fragment):

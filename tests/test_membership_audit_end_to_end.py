@@ -1,13 +1,16 @@
 """End to end, in process: every model of a run attacked and judged against FedRetrain (issue 6).
 
 Four virtual clients train on digits; client 1 is forgotten by FedEraser, FedAccum, FedRetrain and
-three scrubbing methods; two reference models trained without client 1 serve offline LiRA.
+three scrubbing methods and the certified head; two reference models trained without client 1 serve offline LiRA.
 """
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
+import torch
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
@@ -26,6 +29,9 @@ def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path, simulat
         "scrub-forget": "client:1",
         "scrub-baseline-rounds": 1,
         "scrub-methods": "newton,fisher-reference,finetune",
+        "certified-head": True,
+        "certified-remove-clients": "1",
+        "certified-removals": 4,
         "mia": True,
     }
     simulate(overrides, num_supernodes=4)
@@ -39,6 +45,8 @@ def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path, simulat
         "newton",
         "fisher-reference",
         "finetune",
+        "certified-head-trained",
+        "certified-head",
     ]
     for column in (
         "test_accuracy",
@@ -63,6 +71,15 @@ def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path, simulat
     assert table.loc["fedretrain", "lira_auc_gap"] == 0.0
     assert table[["loss_auc", "lira_auc", "shadow_f1"]].notna().all().all()
     assert table.loc["federaser", "seconds"] > 0
+    # The certified head is read back from its file on the final model's features: its accuracy is
+    # the one the plug-in measured, before and after the requests.
+    certified = json.loads((run / "certified_summary.json").read_text())
+    assert table.loc["certified-head-trained", "test_accuracy"] == pytest.approx(
+        certified["test_accuracy_trained"]
+    )
+    assert table.loc["certified-head", "test_accuracy"] == pytest.approx(
+        certified["test_accuracy_final"]
+    )
     assert (run / "membership_roc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -74,9 +91,36 @@ def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path, simulat
         ({"mia": True, "unlearn-methods": "federaser,fedaccum"}, "unlearn-methods"),
         ({"mia": True, "scrub": True, "scrub-forget": "client:3"}, "scrub-forget"),
         ({"mia-reference-models": 1}, "mia-reference-models"),
+        ({"mia": True, "certified-head": True}, "certified-remove-clients"),
+        (
+            {"mia": True, "certified-head": True, "certified-remove-clients": "2"},
+            "certified-remove-clients",
+        ),
     ],
 )
 def test_an_audit_that_could_not_be_judged_is_refused_up_front(values, parameter):
     with pytest.raises(ConfigError) as error:
         ExperimentConfig.from_run_config(values)
     assert error.value.parameter == parameter
+
+
+def test_non_members_come_from_training_samples_no_client_holds():
+    import numpy as np
+
+    from fedunlearn.federated_data import load_federated_data
+    from server.membership_audit import _held_out
+
+    subset = load_federated_data(
+        ExperimentConfig.from_run_config({"num-clients": 4, "train-samples": 400})
+    )
+    x, y, name = _held_out(subset, n_target=100)
+    assert name == "unused training samples"
+    held = set(map(tuple, x.flatten(1).numpy().round(6)))
+    for part in subset.partitions:  # none of them is any client's sample
+        members = subset.splits.train.x[torch.as_tensor(part)].flatten(1).numpy().round(6)
+        assert not held & set(map(tuple, members))
+    assert len(y) == len(subset.splits.train) - 400
+
+    whole = load_federated_data(ExperimentConfig.from_run_config({"num-clients": 4}))
+    x, y, name = _held_out(whole, n_target=len(whole.partitions[0]))
+    assert name == "test split" and np.array_equal(y.numpy(), whole.splits.test.y.numpy())

@@ -216,3 +216,29 @@ def test_labels_that_are_not_a_1d_integer_array_are_rejected():
         partition_indices(np.zeros((4, 2), dtype=np.int64), 2)
     with pytest.raises(ConfigError, match="integer"):
         partition_indices(np.array([0.5, 1.5, 2.5]), 2)
+
+
+def test_train_samples_partitions_a_seeded_subset_of_the_training_set():
+    from fedunlearn.config import ExperimentConfig
+    from fedunlearn.federated_data import load_federated_data, training_pool
+
+    config = ExperimentConfig.from_run_config({"num-clients": 4, "train-samples": 300})
+    data = load_federated_data(config)
+    joined = np.concatenate(data.partitions)
+    assert len(joined) == 300 and len(np.unique(joined)) == 300
+    assert joined.max() < len(data.splits.train)
+    assert [len(p) for p in data.partitions] == [75] * 4
+    # Every party computes the same subset; another seed draws another one.
+    np.testing.assert_array_equal(training_pool(1000, 300, 0), training_pool(1000, 300, 0))
+    assert not np.array_equal(training_pool(1000, 300, 0), training_pool(1000, 300, 1))
+    np.testing.assert_array_equal(training_pool(50, 0, 3), np.arange(50))
+    split = data.client_split(2)
+    index = torch.as_tensor(data.partitions[2], dtype=torch.long)
+    assert torch.equal(split.y, data.splits.train.y[index])
+
+
+def test_train_samples_above_the_training_set_names_its_size():
+    from fedunlearn.federated_data import training_pool
+
+    with pytest.raises(ConfigError, match=r"train-samples.*1001.*\[1, 1000\]"):
+        training_pool(1000, 1001, 0)
