@@ -31,8 +31,10 @@ from scipy.stats import norm
 from fedunlearn.errors import ConfigError
 
 #: Probabilities are clipped to at least this before taking logs, so that p_y = 1 (or 0) gives
-#: a finite confidence of about ±27.6 rather than ±inf.
-PROB_FLOOR = 1e-12
+#: a finite confidence of about ±690.8 rather than ±inf. It sits near float64's smallest normal
+#: number so that a well-trained model's confident examples (1 - p_y of 1e-15 or less is common on
+#: MNIST) keep distinct confidences: a floor of 1e-12 tied one in seven of them.
+PROB_FLOOR = 1e-300
 
 
 def logit_confidence(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -42,8 +44,8 @@ def logit_confidence(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
     p = f(x)_y (Carlini et al. 2022, Sec. IV), which makes the per-example confidence distributions
     close to Gaussian. Following the authors' stable form, 1 − p_y is computed as the sum of the
     other classes' probabilities rather than by subtraction, so confidences near 1 keep their
-    resolution. Both terms are floored at :data:`PROB_FLOOR` = 1e-12, hence
-    |φ| ≤ log(1e12) ≈ 27.6 and p_y = 1 or p_y = 0 stay finite.
+    resolution. Both terms are floored at :data:`PROB_FLOOR` = 1e-300, hence
+    |φ| ≤ log(1e300) ≈ 690.8 and p_y = 1 or p_y = 0 stay finite.
 
     Parameters
     ----------

@@ -99,11 +99,19 @@ def loss_scores(probs: object, labels: object) -> np.ndarray:
     Returns
     -------
     numpy.ndarray, shape (n,)
-        ``log(max(p_y, 1e-12))``, at most 0 and at least about -27.6.
+        ``log(max(p_y, 1e-12))``, at most 0 and at least about -27.6. It is computed as
+        ``log1p(-sum of the other classes' p)``, so confident samples (p_y within 1e-16 of 1,
+        which float64 rounds to 1) keep distinct scores instead of all scoring 0.
     """
     p = _probs(probs)
     y = _labels(labels, p.shape[0], p.shape[1])
-    return np.log(np.clip(p[np.arange(p.shape[0]), y], PROB_FLOOR, 1.0))
+    rows = np.arange(p.shape[0])
+    masked = p.copy()
+    masked[rows, y] = 0.0
+    others = masked.sum(axis=1)  # summed, not 1 - p_y: keeps its digits when p_y is near 1
+    rest = np.where(others < 0.5, others, 1.0 - p[rows, y])  # the accurate one of the two
+    with np.errstate(divide="ignore"):
+        return np.maximum(np.log1p(-np.clip(rest, 0.0, 1.0)), np.log(PROB_FLOOR))
 
 
 def confidence_scores(probs: object, labels: object) -> np.ndarray:

@@ -86,6 +86,13 @@ class MembershipAudit:
             self.shadow_member_probs, self.shadow_nonmember_probs
         )
 
+    def fit_shadow(
+        self, member_probs: np.ndarray, nonmember_probs: np.ndarray
+    ) -> ShadowModelAttack:
+        """A shadow-model attack fitted on another shadow's outputs on the same data as the
+        original's (the shadow members and the attack's held-out half)."""
+        return ShadowModelAttack(self.seed).fit(member_probs, nonmember_probs)
+
     def audit(
         self,
         name: str,
@@ -93,12 +100,15 @@ class MembershipAudit:
         *,
         lira_reference_phi: np.ndarray | None = None,
         extra: Mapping[str, float] | None = None,
+        shadow: ShadowModelAttack | None = None,
     ) -> dict:
         """Attack one model; returns (and keeps) its row.
 
         ``lira_reference_phi`` (m, n_target + n_unseen) holds m >= 2 reference models' logit
         confidences on the same target-then-unseen samples, each reference trained without the
-        target (offline LiRA); ``extra`` adds columns (accuracy, wall time).
+        target (offline LiRA); ``extra`` adds columns (accuracy, wall time); ``shadow`` replaces
+        the attack fitted on the original model's outputs, for a model of another kind whose
+        outputs the original's do not resemble (:meth:`fit_shadow`).
         """
         if name in {row["method"] for row in self.rows}:
             raise ConfigError("name", name, "a method not audited yet")
@@ -106,7 +116,7 @@ class MembershipAudit:
         row: dict[str, float | str] = {"method": name}
         row["n_members"] = len(o.target_labels)
         row["n_nonmembers"] = min(len(o.unseen_labels), len(o.target_labels))
-        shadow = self.shadow.evaluate(o.target_probs, o.unseen_probs)
+        shadow = (shadow or self.shadow).evaluate(o.target_probs, o.unseen_probs)
         row.update({f"shadow_{k}": float(shadow[k]) for k in ("precision", "recall", "f1", "auc")})
         attacks = threshold_attacks(
             o.target_probs, o.target_labels, o.unseen_probs, o.unseen_labels

@@ -274,3 +274,9 @@ def test_reference_rejects_bad_input():
     with pytest.raises(ConfigError) as error:
         reference.scores(np.zeros(3), min_std=-1.0)
     assert error.value.parameter == "min_std"
+
+
+def test_logit_confidence_resolves_confidences_beyond_1e_minus_12():
+    probs = np.array([[1.0 - 1e-15, 1e-15], [1.0 - 1e-20, 1e-20], [1.0, 1e-30]])
+    phi = logit_confidence(probs, np.array([0, 0, 0]))
+    np.testing.assert_allclose(phi, [np.log(1e15), np.log(1e20), np.log(1e30)], rtol=1e-6)

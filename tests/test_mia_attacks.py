@@ -261,3 +261,11 @@ def test_split_held_out_rejects_bad_arguments(args, parameter):
     with pytest.raises(ConfigError) as raised:
         split_held_out(*args)
     assert raised.value.parameter == parameter
+
+
+def test_loss_scores_keep_confident_samples_apart():
+    # p_y = 1 - 1e-17 and 1 - 1e-19 both round to 1.0 in float64; their losses still differ.
+    probs = np.array([[1.0, 1e-17], [1.0, 1e-19], [0.5, 0.5]])
+    scores = loss_scores(probs, np.array([0, 0, 0]))
+    np.testing.assert_allclose(scores[:2], [-1e-17, -1e-19], rtol=1e-9)
+    assert scores[0] < scores[1] and scores[2] == pytest.approx(math.log(0.5))

@@ -128,3 +128,18 @@ def test_softmax_outputs_are_probabilities():
     assert probs.shape == (10, 4) and np.allclose(probs.sum(axis=1), 1.0)
     with pytest.raises(ConfigError):
         softmax_outputs(model, torch.randn(0, 3))
+
+
+def test_a_model_of_another_kind_is_attacked_with_its_own_shadow(audit):
+    # A model whose members sit at confidence 0.5 and non-members at 0.3: its outputs look nothing
+    # like the original's (0.95 / 0.6), so the original's attack calls everything a non-member,
+    # while a shadow fitted on this kind of model finds the members.
+    rng = np.random.default_rng(2)
+    other = _model(rng, 0.5, unseen_confidence=0.3)
+    own = audit.fit_shadow(_outputs(rng, 600, 0.5)[0], _outputs(rng, 600, 0.3)[0])
+    with_original = audit.audit("other-with-original-shadow", other)
+    with_own = audit.audit("other", other, shadow=own)
+    assert with_original["shadow_recall"] < 0.1
+    assert with_own["shadow_f1"] > 0.8
+    expected = own.evaluate(other.target_probs, other.unseen_probs)
+    assert with_own["shadow_f1"] == pytest.approx(expected["f1"])
