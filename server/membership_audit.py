@@ -5,13 +5,12 @@ inference attack, in one table judged against FedRetrain (issue 6; math in
 With ``mia = true`` the ServerApp, after training, unlearning (``unlearn-clients``: one target) and
 scrubbing (``scrub-forget = client:<target>``), collects the models in :data:`AUDITED` (one line per
 method: its name and the file its plug-in saved: a full model, or a certified head on the final
-model's features), trains ``mia-reference-models`` reference models
-without the target for offline LiRA (FedRetrain from differently seeded initial weights), and
-attacks each model on the target's data against as many unseen held-out samples. The held-out set
-(the training samples no client holds when ``train-samples`` leaves enough, else the test split) is
-cut in two disjoint halves: one trains the shadow attack, the other is the evaluation's
-non-members. In a simulation the server rebuilds the target's data from the run config
-to measure (no method reads it).
+model's features), trains ``mia-reference-models`` reference models without the target for offline
+LiRA (FedRetrain from differently seeded initial weights), and attacks each model on the target's
+data against as many unseen held-out samples. The held-out set (the training samples no client
+holds when ``train-samples`` leaves enough, else the test split) is cut in two disjoint halves: one
+trains the shadow attack, the other is the evaluation's non-members. In a simulation the server
+rebuilds the target's data from the run config to measure (no method reads it).
 
 Outputs: ``membership.csv/.md`` (methods x test accuracy, target accuracy, shadow precision / recall
 / F1 / AUC, threshold AUC and TPR at 1% / 0.1% FPR, LiRA AUC and TPR at 0.1% FPR, gaps to
@@ -158,10 +157,9 @@ def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) ->
 
 
 def _held_out(data, n_target: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """The non-member pool: the training samples no client holds (``train-samples`` > 0), which
-    share the members' distribution, when there are at least ``4 x n_target`` of them; otherwise
-    the test split (MNIST's test digits are not drawn like its training digits, so even a model that
-    never saw the target tells the two apart a little)."""
+    """The non-member pool: the training samples no client holds (``train-samples`` > 0), drawn
+    exactly like the members, when there are at least ``4 x n_target`` of them; otherwise the test
+    split."""
     used = np.zeros(len(data.splits.train), dtype=bool)
     for part in data.partitions:
         used[part] = True
