@@ -128,14 +128,13 @@ def class_probabilities(loss: str, scores: np.ndarray) -> np.ndarray:
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 2 or scores.shape[1] < 1:
         raise ConfigError("scores", scores.shape, "a 2-D array (n samples, K heads)")
-    if scores.shape[1] == 1:
-        scores = np.hstack([-scores, scores]) if loss == "least-squares" else scores
-        if loss == "logistic":
-            p = _sigmoid(scores[:, 0])
-            return np.stack([1.0 - p, p], axis=1)
     if loss == "logistic":
         p = _sigmoid(scores)
+        if scores.shape[1] == 1:
+            return np.hstack([1.0 - p, p])
         return p / np.maximum(p.sum(axis=1, keepdims=True), 1e-300)
+    if scores.shape[1] == 1:
+        scores = np.hstack([-scores, scores])
     shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
     return shifted / shifted.sum(axis=1, keepdims=True)
 

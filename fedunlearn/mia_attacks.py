@@ -109,9 +109,9 @@ def loss_scores(probs: object, labels: object) -> np.ndarray:
     masked = p.copy()
     masked[rows, y] = 0.0
     others = masked.sum(axis=1)  # summed, not 1 - p_y: keeps its digits when p_y is near 1
-    rest = np.where(others < 0.5, others, 1.0 - p[rows, y])  # the accurate one of the two
     with np.errstate(divide="ignore"):
-        return np.maximum(np.log1p(-np.clip(rest, 0.0, 1.0)), np.log(PROB_FLOOR))
+        scores = np.where(others < 0.5, np.log1p(-np.minimum(others, 0.5)), np.log(p[rows, y]))
+    return np.maximum(scores, np.log(PROB_FLOOR))
 
 
 def confidence_scores(probs: object, labels: object) -> np.ndarray:
