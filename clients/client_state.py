@@ -43,7 +43,13 @@ def client_config(context: Context, overrides: Mapping[str, Any] | None = None) 
 
 
 def client_setup(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientSetup:
-    """The client's setup from Flower's context (run config, then ``overrides``, + node config)."""
+    """The client's setup from Flower's context (run config, then ``overrides``, + node config).
+
+    A SuperNode started with ``--node-config "... data-root=/its/data"`` reads its partition from
+    that folder instead of the run config's ``data-root`` (each machine keeps its data where it is).
+    """
+    if "data-root" in context.node_config:
+        overrides = {**(overrides or {}), "data-root": str(context.node_config["data-root"])}
     config = client_config(context, overrides)
     partition_id, num_partitions = node_partition(context)
     if num_partitions != config.num_clients:

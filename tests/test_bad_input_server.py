@@ -85,3 +85,25 @@ def test_a_cohort_the_federation_cannot_supply_stops_the_server_before_training(
         app._main(grid, context)
     assert info.value.parameter == "scrub-forget" and "at most" in str(info.value)
     assert not grid.method_calls and not (tmp_path / "out").exists()
+
+
+def test_a_supernode_reads_its_data_from_its_own_data_root(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    from clients.client_state import client_setup
+
+    def context(node_config):
+        return Context(
+            run_id=1,
+            node_id=7,
+            node_config={"partition-id": 1, "num-partitions": 4, **node_config},
+            state=RecordDict(),
+            run_config={"num-clients": 4},
+        )
+
+    setup = client_setup(context({}))
+    assert setup.partition_id == 1 and len(setup.data.y) > 0
+    missing = tmp_path / "no-such-root"
+    with pytest.raises(ConfigError) as info:  # the node's own folder is the one used
+        client_setup(context({"data-root": str(missing)}))
+    assert info.value.parameter == "data-root" and str(missing) in str(info.value)

@@ -1,0 +1,1 @@
+"""Deployment Engine helpers: credentials for TLS and SuperNode authentication (see README)."""
