@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Start SuperNode PARTITION_ID of NUM_PARTITIONS on this machine, connected to the SuperLink over TLS
+# and authenticated by its key (registered beforehand with `flwr supernode register KEY.pub`).
+# Usage: start_supernode.sh SUPERLINK_HOST:PORT CA_CERT PRIVATE_KEY PARTITION_ID NUM_PARTITIONS [DATA_ROOT]
+#   DATA_ROOT  where this machine keeps the dataset (torchvision layout); default: the run config's
+set -euo pipefail
+if [ $# -lt 5 ]; then
+  echo "usage: start_supernode.sh SUPERLINK_HOST:PORT CA_CERT PRIVATE_KEY PARTITION_ID NUM_PARTITIONS [DATA_ROOT]" >&2
+  exit 2
+fi
+superlink=$1 ca=$2 key=$3 partition=$4 partitions=$5
+node_config="partition-id=$partition num-partitions=$partitions"
+if [ -n "${6:-}" ]; then
+  node_config="$node_config data-root=\"$(cd "$6" && pwd)\""
+fi
+exec flower-supernode \
+  --superlink "$superlink" \
+  --root-certificates "$ca" \
+  --auth-supernode-private-key "$key" \
+  --node-config "$node_config" \
+  --port "${SUPERNODE_PORT:-9094}"
