@@ -1,5 +1,5 @@
 """Flower's Deployment Engine on loopback: a SuperLink and 3 SuperNodes as separate processes, with
-TLS and SuperNode authentication, run a short training and a FedEraser unlearning through
+TLS and SuperNode authentication (started by the README's scripts), run a short training and a FedEraser unlearning through
 ``flwr run``; a SuperNode whose key is not registered is refused. Every process started here is
 stopped by its process group, also when the test fails.
 """
@@ -22,6 +22,7 @@ from simulations.deploy.credentials import write_credentials
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+DEPLOY = PROJECT_ROOT / "simulations" / "deploy"  # the start scripts the README documents
 
 
 def _free_port() -> int:
@@ -49,11 +50,15 @@ class Processes:
         self.directory, self.env = directory, env
         self.started: list[subprocess.Popen] = []
 
-    def start(self, name: str, command: list[str]) -> tuple[subprocess.Popen, Path]:
+    def start(self, name: str, command: list[str], **env: str) -> tuple[subprocess.Popen, Path]:
         log = self.directory / f"{name}.log"
         with open(log, "wb") as out:
             process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**self.env, **env},
+                start_new_session=True,
             )
         self.started.append(process)
         return process, log
@@ -114,16 +119,13 @@ def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_s
     superlink, superlink_log = processes.start(
         "superlink",
         [
-            str(BIN / "flower-superlink"),
-            "--ssl-ca-certfile", str(credentials.ca_certificate),
-            "--ssl-certfile", str(credentials.server_certificate),
-            "--ssl-keyfile", str(credentials.server_key),
-            "--enable-supernode-auth",
-            "--host", "127.0.0.1",
-            "--port", str(port),
-            "--disable-runtime-dependency-installation",
+            "bash",
+            str(DEPLOY / "start_superlink.sh"),
+            str(credentials.ca_certificate.parent),
+            str(port),
         ],
-    )  # fmt: skip
+        SUPERLINK_HOST="127.0.0.1",
+    )
     _wait_for_port(port, superlink, superlink_log)
     for index in range(3):  # the fourth key stays unregistered
         registered = subprocess.run(
@@ -138,14 +140,10 @@ def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_s
         return processes.start(
             f"supernode-{index}",
             [
-                str(BIN / "flower-supernode"),
-                "--superlink", f"127.0.0.1:{port}",
-                "--root-certificates", str(credentials.ca_certificate),
-                "--auth-supernode-private-key", str(key),
-                "--node-config",
-                f'partition-id={index} num-partitions=3 data-root="{data_root}"',
-                "--port", str(_free_port()),
+                "bash", str(DEPLOY / "start_supernode.sh"), f"127.0.0.1:{port}",
+                str(credentials.ca_certificate), str(key), str(index), "3", str(data_root),
             ],
+            SUPERNODE_PORT=str(_free_port()),
         )  # fmt: skip
 
     nodes = [supernode(i, credentials.supernode_keys[i]) for i in range(3)]

@@ -4,6 +4,7 @@
 #   CREDENTIALS_DIR  holds ca.crt, server.pem, server.key (python -m simulations.deploy.credentials)
 #   PORT             the one port of the Fleet, Control and ServerAppIo APIs (default 9092)
 #   STATE_DB         SQLite file that keeps registered SuperNodes across restarts (default: in memory)
+# SUPERLINK_HOST (environment) is the address to listen on (default 0.0.0.0: every interface).
 # Then register each SuperNode's public key: flwr supernode register supernode-<i>.pub
 set -euo pipefail
 credentials=$(cd "${1:?usage: start_superlink.sh CREDENTIALS_DIR [PORT] [STATE_DB]}" && pwd)
@@ -19,6 +20,6 @@ exec flower-superlink \
   --ssl-certfile "$credentials/server.pem" \
   --ssl-keyfile "$credentials/server.key" \
   --enable-supernode-auth \
-  --host 0.0.0.0 --port "$port" \
+  --host "${SUPERLINK_HOST:-0.0.0.0}" --port "$port" \
   --disable-runtime-dependency-installation \
   "${database[@]}"

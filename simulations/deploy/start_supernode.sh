@@ -3,6 +3,8 @@
 # and authenticated by its key (registered beforehand with `flwr supernode register KEY.pub`).
 # Usage: start_supernode.sh SUPERLINK_HOST:PORT CA_CERT PRIVATE_KEY PARTITION_ID NUM_PARTITIONS [DATA_ROOT]
 #   DATA_ROOT  where this machine keeps the dataset (torchvision layout); default: the run config's
+# SUPERNODE_PORT (environment): this SuperNode's local API port (default 9094; one per SuperNode
+# on a host).
 set -euo pipefail
 if [ $# -lt 5 ]; then
   echo "usage: start_supernode.sh SUPERLINK_HOST:PORT CA_CERT PRIVATE_KEY PARTITION_ID NUM_PARTITIONS [DATA_ROOT]" >&2
