@@ -7,7 +7,11 @@
 # SUPERLINK_HOST (environment) is the address to listen on (default 0.0.0.0: every interface).
 # Then register each SuperNode's public key: flwr supernode register supernode-<i>.pub
 set -euo pipefail
-credentials=$(cd "${1:?usage: start_superlink.sh CREDENTIALS_DIR [PORT] [STATE_DB]}" && pwd)
+if [ $# -lt 1 ] || [ ! -d "$1" ]; then
+  echo "usage: start_superlink.sh CREDENTIALS_DIR [PORT] [STATE_DB] (no credentials folder '${1:-}')" >&2
+  exit 2
+fi
+credentials=$(cd "$1" && pwd)
 port=${2:-9092}
 for f in ca.crt server.pem server.key; do
   [ -f "$credentials/$f" ] || { echo "start_superlink.sh: missing $credentials/$f" >&2; exit 2; }
@@ -22,4 +26,4 @@ exec flower-superlink \
   --enable-supernode-auth \
   --host "${SUPERLINK_HOST:-0.0.0.0}" --port "$port" \
   --disable-runtime-dependency-installation \
-  "${database[@]}"
+  ${database[@]+"${database[@]}"}  # (bash 3.2 treats an empty array as unset)
