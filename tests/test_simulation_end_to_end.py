@@ -7,37 +7,19 @@ test; product code runs under ``flwr run``.
 from __future__ import annotations
 
 import json
-import warnings
 
 import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from clients.client_app import create_client_app
 from fedunlearn.errors import ConfigError
 from fedunlearn.update_store import UpdateStore
-from server.server_app import create_server_app
 
 pytestmark = pytest.mark.slow
 
-BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2}}
 
-
-def _simulate(overrides: dict, num_supernodes: int) -> None:
-    from flwr.simulation import run_simulation
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_simulation(
-            server_app=create_server_app(overrides),
-            client_app=create_client_app(overrides),
-            num_supernodes=num_supernodes,
-            backend_config=BACKEND,
-        )
-
-
-def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path):
+def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path, simulate):
     overrides = {
         "num-clients": 4,
         "rounds": 2,
@@ -48,7 +30,7 @@ def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path):
         "node-wait-seconds": 60,
         "unlearn-clients": "",  # training and retention only; unlearning has its own test
     }
-    _simulate(overrides, num_supernodes=4)
+    simulate(overrides, num_supernodes=4)
 
     run_dir = tmp_path / "e2e"
     metrics = pd.read_csv(run_dir / "metrics.csv")
@@ -72,7 +54,7 @@ def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path):
     assert summary["retained_rounds"] == [1, 2]
 
 
-def test_federation_smaller_than_num_clients_fails_before_writing(tmp_path):
+def test_federation_smaller_than_num_clients_fails_before_writing(tmp_path, simulate):
     overrides = {
         "num-clients": 4,
         "rounds": 1,
@@ -80,12 +62,12 @@ def test_federation_smaller_than_num_clients_fails_before_writing(tmp_path):
         "node-wait-seconds": 60,
     }
     with pytest.raises(ConfigError) as info:
-        _simulate(overrides, num_supernodes=3)
+        simulate(overrides, num_supernodes=3)
     assert info.value.parameter == "num-clients" and "num-supernodes=4" in str(info.value)
     assert not (tmp_path / "out").exists()
 
 
-def test_a_finished_run_can_be_reopened_to_forget_a_client_and_not_twice(tmp_path):
+def test_a_finished_run_can_be_reopened_to_forget_a_client_and_not_twice(tmp_path, simulate):
     common = {
         "num-clients": 3,
         "rounds": 2,
@@ -94,14 +76,14 @@ def test_a_finished_run_can_be_reopened_to_forget_a_client_and_not_twice(tmp_pat
         "output-dir": str(tmp_path),
     }
     common |= {"run-name": "base", "node-wait-seconds": 60}
-    _simulate({**common, "unlearn-clients": ""}, num_supernodes=3)
+    simulate({**common, "unlearn-clients": ""}, num_supernodes=3)
     request = {
         **common,
         "unlearn-only": True,
         "unlearn-clients": "1",
         "unlearn-methods": "federaser,fedaccum",
     }
-    _simulate(request, num_supernodes=3)
+    simulate(request, num_supernodes=3)
 
     run_dir = tmp_path / "base"
     table = pd.read_csv(run_dir / "unlearning.csv")
@@ -113,4 +95,4 @@ def test_a_finished_run_can_be_reopened_to_forget_a_client_and_not_twice(tmp_pat
     assert json.loads((run_dir / "config.json").read_text())["rounds"] == 2
 
     with pytest.raises(ConfigError, match="already were"):
-        _simulate(request, num_supernodes=3)
+        simulate(request, num_supernodes=3)
