@@ -38,9 +38,10 @@ def simulate():
     return simulate_in_process
 
 
-def simulate_in_process(overrides: dict, num_supernodes: int) -> None:
-    """Run the ServerApp and ClientApp with ``overrides`` in a Ray simulation of
-    ``num_supernodes`` virtual clients (1 CPU each, 2 in all): the end-to-end tests' harness."""
+def simulate_in_process(overrides: dict, num_supernodes: int, server_app=None) -> None:
+    """Run the ServerApp (or ``server_app``, a test's own) and ClientApp with ``overrides`` in a Ray
+    simulation of ``num_supernodes`` virtual clients (1 CPU each, 2 in all): the end-to-end tests'
+    harness."""
     import warnings
 
     from flwr.simulation import run_simulation
@@ -51,7 +52,7 @@ def simulate_in_process(overrides: dict, num_supernodes: int) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_simulation(
-            server_app=create_server_app(overrides),
+            server_app=server_app or create_server_app(overrides),
             client_app=create_client_app(overrides),
             num_supernodes=num_supernodes,
             backend_config={

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 
 import pandas as pd
 import pytest
 from flwr.serverapp import ServerApp
 
-from clients.client_app import create_client_app
 from fedunlearn.config import ExperimentConfig
 from server.federated_training import train_federated
 from server.unlearning import LOG_NAME, run_unlearning
@@ -35,9 +33,7 @@ class SpyGrid:
         return self._grid.send_and_receive(messages, timeout=timeout)
 
 
-def test_forget_one_client_then_another(tmp_path):
-    from flwr.simulation import run_simulation
-
+def test_forget_one_client_then_another(tmp_path, simulate):
     overrides = {
         "num-clients": 4,
         "rounds": 10,
@@ -65,17 +61,7 @@ def test_forget_one_client_then_another(tmp_path):
         seen["second"] = run_unlearning(spy, second, log=lambda _: None)
         seen["store_clients"] = outcome.store.clients()  # the store is used from this thread
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_simulation(
-            server_app=app,
-            client_app=create_client_app(overrides),
-            num_supernodes=4,
-            backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                "init_args": {"num_cpus": 2},
-            },
-        )
+    simulate(overrides, num_supernodes=4, server_app=app)
 
     node = seen["members"].node_of_partition
     sent = seen["spy"].sent
