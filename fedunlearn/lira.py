@@ -79,12 +79,19 @@ def logit_confidence(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
         raise ConfigError("labels", f"array of dtype {y.dtype}", "integer class labels")
     if len(y) and (y.min() < 0 or y.max() >= p.shape[1]):
         raise ConfigError("labels", "labels out of range", f"integers in [0, {p.shape[1]})")
-    rows = np.arange(len(p))
-    p_true = p[rows, y]
-    others = p.copy()
-    others[rows, y] = 0.0
-    p_rest = others.sum(axis=1)
+    p_true = p[np.arange(len(p)), y]
+    p_rest = other_classes_mass(p, y)
     return np.log(np.maximum(p_true, PROB_FLOOR)) - np.log(np.maximum(p_rest, PROB_FLOOR))
+
+
+def other_classes_mass(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """``1 - p_y`` of each row, computed as the sum of the other classes' probabilities: when p_y
+    is within 1e-16 of 1 the subtraction rounds to 0, the sum keeps its digits. Inputs are assumed
+    valid (an (n, K) float array and n labels in range)."""
+    rows = np.arange(len(probs))
+    others = np.array(probs, dtype=np.float64, copy=True)
+    others[rows, labels] = 0.0
+    return others.sum(axis=1)
 
 
 # ------------------------------------------------------------------------- validation helpers

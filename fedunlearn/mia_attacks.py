@@ -26,6 +26,7 @@ import numpy as np
 from sklearn.ensemble import GradientBoostingClassifier
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.lira import other_classes_mass
 from fedunlearn.mia_metrics import precision_recall_f1, roc_auc, threshold_summary
 
 __all__ = [
@@ -105,12 +106,11 @@ def loss_scores(probs: object, labels: object) -> np.ndarray:
     """
     p = _probs(probs)
     y = _labels(labels, p.shape[0], p.shape[1])
-    rows = np.arange(p.shape[0])
-    masked = p.copy()
-    masked[rows, y] = 0.0
-    others = masked.sum(axis=1)  # summed, not 1 - p_y: keeps its digits when p_y is near 1
+    others = other_classes_mass(p, y)
     with np.errstate(divide="ignore"):
-        scores = np.where(others < 0.5, np.log1p(-np.minimum(others, 0.5)), np.log(p[rows, y]))
+        scores = np.where(
+            others < 0.5, np.log1p(-np.minimum(others, 0.5)), np.log(p[np.arange(len(p)), y])
+        )
     return np.maximum(scores, np.log(PROB_FLOOR))
 
 
