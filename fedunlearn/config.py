@@ -73,6 +73,7 @@ class ExperimentConfig:
     device: str = "auto"
     output_dir: str = "~/fedunlearn-runs"
     run_name: str = ""
+    resume: bool = False
     node_wait_seconds: float = 120.0
     unlearn_clients: str = "0"
     unlearn_methods: str = "federaser,fedaccum,fedretrain"
@@ -227,6 +228,19 @@ class ExperimentConfig:
                 "unlearn-only",
                 True,
                 "set together with run-name (the trained run) and unlearn-clients (whom to forget)",
+            )
+        if self.resume and not self.run_name:
+            raise ConfigError(
+                "resume",
+                True,
+                "set together with run-name (the interrupted run to continue under output-dir)",
+            )
+        if self.resume and self.unlearn_only:
+            raise ConfigError(
+                "resume",
+                True,
+                "false with unlearn-only = true (an interrupted unlearn-only request is simply "
+                "run again)",
             )
         self._validate_certified()
         self._validate_scrub()

@@ -15,9 +15,12 @@ from typing import Any
 
 import pandas as pd
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save
 
 from fedunlearn.errors import ConfigError
+
+CHECKPOINT = "checkpoint"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -39,6 +42,7 @@ class RunDirectory:
     """Files of one training run under ``path``.
 
     Layout: ``config.json``, ``metrics.csv`` (one row per round), ``model_initial.safetensors``,
+    ``checkpoint.safetensors`` (the global model after the last completed round, while training),
     ``model_final.safetensors``, ``summary.json``, figures (``*.png``), tables (``*.csv`` + ``*.md``)
     and ``store/`` (the retained updates, see :class:`fedunlearn.update_store.UpdateStore`).
     """
@@ -92,6 +96,36 @@ class RunDirectory:
 
     def load_model(self, name: str) -> dict[str, torch.Tensor]:
         return load_file(str(self.path / f"{name}.safetensors"))
+
+    def save_checkpoint(self, round_number: int, state: Mapping[str, torch.Tensor]) -> Path:
+        """Record ``state`` as the global model after round ``round_number``, in one atomic file
+        (the round is in the file's metadata, so model and round can never disagree)."""
+        target = self.path / f"{CHECKPOINT}.safetensors"
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        atomic_write_bytes(target, save(tensors, metadata={"round": str(int(round_number))}))
+        return target
+
+    def load_checkpoint(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """(round, global model) of the last checkpoint, or ``None`` when there is none."""
+        target = self.path / f"{CHECKPOINT}.safetensors"
+        if not target.is_file():
+            return None
+        with safe_open(str(target), framework="pt") as handle:
+            round_number = int((handle.metadata() or {}).get("round", -1))
+        if round_number < 0:
+            raise ConfigError(
+                "resume", True, f"a run whose {target} records its round; it does not (remove it)"
+            )
+        return round_number, load_file(str(target))
+
+    def truncate_metrics(self, last_round: int) -> int:
+        """Keep the metrics rows of rounds <= ``last_round``; return how many were dropped."""
+        kept = [row for row in self._metrics if int(row["round"]) <= last_round]
+        dropped = len(self._metrics) - len(kept)
+        self._metrics = kept
+        if dropped:
+            self.write_table("metrics", pd.DataFrame(self._metrics), markdown=False)
+        return dropped
 
     def append_metrics(self, row: Mapping[str, Any]) -> Path:
         """Add one round's metrics and rewrite ``metrics.csv`` (small; rewritten whole, atomically)."""

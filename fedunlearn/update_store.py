@@ -372,6 +372,26 @@ class UpdateStore:
             self._sql("VACUUM")
         return len(paths)
 
+    def delete_rounds_after(self, round: int) -> list[int]:
+        """Physically remove every committed round after ``round`` (>= 0); return those rounds.
+
+        A resumed training run calls this with its last checkpointed round: a round the store
+        committed after that checkpoint (the crash came between the two) is trained again, and
+        would otherwise be retained twice. Rows go first, as in :meth:`delete_client`.
+        """
+        round_number = _check_integer("round", round, 0)
+        with self._exclusive():
+            rows = self._sql("SELECT round, path FROM blobs WHERE round > ?", round_number)
+            with self._transaction():
+                self._sql("DELETE FROM blobs WHERE round > ?", round_number)
+            for _, path in rows:
+                (self.root / path).unlink(missing_ok=True)
+            for directory in {(self.root / path).parent for _, path in rows}:
+                if directory.is_dir() and not any(directory.iterdir()):
+                    directory.rmdir()
+                _fsync_directory(directory.parent)
+        return sorted({r for r, _ in rows})
+
     # ------------------------------------------------------------------ reading
     def rounds(self) -> list[int]:
         """Committed rounds, ascending."""

@@ -1,8 +1,9 @@
 """Federated training of the original model M: FedAvg rounds that retain client updates.
 
 One progress line per round; per-round metrics, the initial and final models and the store go to
-the run directory as they are produced, so an interrupted run keeps everything up to its last round.
-The same round loop trains FedRetrain (the targets left out) during unlearning.
+the run directory as they are produced, with a checkpoint of the global model after every round, so
+an interrupted run keeps everything up to its last round and ``resume = true`` continues it there
+(:mod:`server.run_recovery`). The same round loop trains FedRetrain (the targets left out) during unlearning.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from fedunlearn.seeding import derive_seed
 from fedunlearn.training import EvaluationResult, evaluate, resolve_device
 from fedunlearn.update_store import UpdateStore
 from server.federation import FederationMembers, discover_clients, failure_reasons
+from server.run_recovery import (
+    RECOVERY_LOG,
+    check_resumable,
+    remove_checkpoint,
+    resume_point,
+    training_finished,
+)
 from strategies.retaining_fedavg import RetainingFedAvg
 
 ROUND_TIMEOUT_SECONDS = 3600.0
@@ -81,9 +89,10 @@ def fedavg_rounds(
     | None = None,
     rounds: int | None = None,
     extra_config: Mapping[str, int | float | str] | None = None,
+    first_round: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """Run ``rounds`` (default ``config.rounds``) FedAvg rounds from ``model``'s weights; returns the
-    final state.
+    """Run rounds ``first_round`` .. ``rounds`` (default ``config.rounds``) of FedAvg from ``model``'s
+    weights; returns the final state (``model``'s own when no round is left).
 
     ``test`` (inputs, labels) turns on a server-side evaluation after each round, reported to
     ``on_round(round, evaluation, train_metrics, clients_replied, round_seconds)``.
@@ -93,7 +102,7 @@ def fedavg_rounds(
     device = resolve_device(config.device)
     arrays = ArrayRecord(model.state_dict())
     train_config = {**train_config_record(config), **dict(extra_config or {})}
-    for server_round in range(1, (config.rounds if rounds is None else rounds) + 1):
+    for server_round in range(first_round, (config.rounds if rounds is None else rounds) + 1):
         started = time.perf_counter()
         messages = strategy.configure_train(
             server_round, arrays, ConfigRecord(dict(train_config)), grid
@@ -170,7 +179,9 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     """Train with retaining FedAvg as ``config`` says; returns where the results are.
 
     Everything that can be checked is checked before the run directory is created: the config, the
-    dataset, the partition sizes and the federation's size.
+    dataset, the partition sizes and the federation's size. With ``resume`` an interrupted run
+    continues after its last completed round (:mod:`server.run_recovery`), and a finished one is
+    reopened as it is.
     """
     started = time.perf_counter()
     data = load_federated_data(config)
@@ -184,10 +195,28 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     )
     initial_state = {k: v.clone() for k, v in model.state_dict().items()}
     device = resolve_device(config.device)
+    path = config.run_directory()
+    resuming = config.resume and (path / "config.json").is_file()
+    if resuming:
+        check_resumable(config, path)
     members = discover_clients(grid, config.num_clients, config.node_wait_seconds, log=log)
 
-    run = RunDirectory.create(config.run_directory(), config.to_run_config())
+    if resuming:
+        run = RunDirectory.open(path)
+        if (path / "model_initial.safetensors").is_file():
+            initial_state = run.load_model("model_initial")
+    else:
+        if config.resume:
+            log(f"resume: {path} holds no run yet; starting it")
+        run = RunDirectory.create(path, config.to_run_config())
     log(f"run directory: {run.path}")
+    store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
+    if resuming and training_finished(path):
+        log(f"training of {path} already finished; reopened it")
+        remove_checkpoint(run)
+        return TrainingOutcome(
+            config, run, data, members, store, initial_state, run.load_model("model_final")
+        )
     log(
         f"{config.dataset}: {sum(map(len, data.partitions))} of {len(splits.train)} training "
         f"samples over {config.num_clients} clients "
@@ -200,7 +229,6 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         )
         + (f"; {members.cuda_clients} client(s) on CUDA" if members.cuda_clients else "")
     )
-    store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
     if store is not None:
         store.set_metadata(
             dataset=config.dataset,
@@ -234,29 +262,35 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
             f"{config.dp_delta:g}) after {config.rounds} rounds (RDP accountant)"
         )
 
-    run.save_model("model_initial", initial_state)
-    initial = evaluate(model, splits.test.x, splits.test.y, device=device)
-    run.append_metrics(
-        _row(0, initial, MetricRecord(), 0, False, 0.0, time.perf_counter() - started)
-    )
-    log(
-        f"round 0/{config.rounds}  test accuracy {initial.accuracy:.4f}  test loss {initial.loss:.4f}"
-    )
+    first_round, elapsed_before = 1, 0.0
+    if resuming:
+        point = resume_point(run, store, initial_state, log=log)
+        model.load_state_dict(point.state)
+        first_round = point.round + 1
+        if not run.metrics.empty:
+            elapsed_before = float(run.metrics["elapsed_seconds"].iloc[-1])
+
+    def elapsed() -> float:
+        return elapsed_before + time.perf_counter() - started
+
+    if not (run.path / "model_initial.safetensors").is_file():
+        run.save_model("model_initial", initial_state)
+    if run.metrics.empty:
+        initial = evaluate(model, splits.test.x, splits.test.y, device=device)
+        run.append_metrics(_row(0, initial, MetricRecord(), 0, False, 0.0, elapsed()))
+        log(
+            f"round 0/{config.rounds}  test accuracy {initial.accuracy:.4f}  "
+            f"test loss {initial.loss:.4f}"
+        )
 
     def record(server_round, result, train_metrics, replied, seconds):
         retained = retaining.is_retained_round(server_round)
-        row = _row(
-            server_round,
-            result,
-            train_metrics,
-            replied,
-            retained,
-            seconds,
-            time.perf_counter() - started,
-        )
+        row = _row(server_round, result, train_metrics, replied, retained, seconds, elapsed())
         if "client-eval-accuracy" in train_metrics:
             row["client_eval_accuracy"] = float(train_metrics["client-eval-accuracy"])
+        # Metrics first, checkpoint last: the checkpoint's round is the last completed round.
         run.append_metrics(row)
+        run.save_checkpoint(server_round, model.state_dict())
         log(
             f"round {server_round}/{config.rounds}  test accuracy {result.accuracy:.4f}  "
             f"test loss {result.loss:.4f}  train loss {row['train_loss']:.4f}  "
@@ -266,7 +300,13 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         )
 
     final_state = fedavg_rounds(
-        grid, strategy, model, config, test=(splits.test.x, splits.test.y), on_round=record
+        grid,
+        strategy,
+        model,
+        config,
+        test=(splits.test.x, splits.test.y),
+        on_round=record,
+        first_round=first_round,
     )
     run.save_model("model_final", final_state)
     metrics = run.metrics
@@ -274,7 +314,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         metrics, run.path / "training.png", title=f"{config.dataset}, {config.num_clients} clients"
     )
     retained_rounds = store.rounds() if store is not None else []
-    seconds = time.perf_counter() - started
+    seconds = elapsed()
     summary = {
         "final_test_accuracy": float(metrics["test_accuracy"].iloc[-1]),
         "final_test_loss": float(metrics["test_loss"].iloc[-1]),
@@ -285,7 +325,10 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         "dp_epsilon": dp_epsilon_of(config),
         "dp_delta": config.dp_delta if config.dp_noise_multiplier > 0 else 0.0,
     }
+    if resuming:
+        summary["resumed"] = len(run.read_log(RECOVERY_LOG))
     run.write_json("summary.json", summary)
+    remove_checkpoint(run)
     log(
         f"trained in {seconds:.1f}s: final test accuracy {summary['final_test_accuracy']:.4f}; "
         f"{len(retained_rounds)} retained round(s), {summary['store_bytes'] / 1e6:.2f} MB; "

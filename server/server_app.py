@@ -20,7 +20,7 @@ from server.federated_training import dp_epsilon_of, train_federated
 from server.membership_audit import run_membership_audit
 from server.run_loading import load_trained_run
 from server.scrubbing import cohort_masks, run_scrubbing
-from server.unlearning import run_unlearning
+from server.unlearning import run_unlearning, unlearning_done
 
 
 def _log(line: str) -> None:
@@ -45,7 +45,9 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
                 outcome = load_trained_run(grid, config, log=_log)
             else:
                 outcome = train_federated(grid, config, log=_log)
-            if config.unlearn_targets:
+            if config.resume and unlearning_done(outcome.run, config.unlearn_targets):
+                _log(f"unlearning of {config.unlearn_targets} already finished in this run; kept")
+            elif config.unlearn_targets:
                 run_unlearning(grid, outcome, log=_log)
             if config.certified_head:
                 run_certified_head(grid, outcome, log=_log, dp_epsilon=dp_epsilon_of(config))

@@ -40,6 +40,12 @@ Log = Callable[[str], None]
 LOG_NAME = "unlearning_log.jsonl"
 
 
+def unlearning_done(run, targets: list[int]) -> bool:
+    """Whether ``run``'s unlearning log records a finished request for exactly ``targets`` (a
+    request interrupted before its log entry left no record and is simply run again)."""
+    return any(sorted(entry["targets"]) == sorted(targets) for entry in run.read_log(LOG_NAME))
+
+
 def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:
     """Forget ``outcome.config.unlearn_targets`` with each method; returns the comparison table."""
     config = outcome.config

@@ -43,6 +43,7 @@ def test_defaults_match_the_flower_app_config():
         ("run-name", "a/b", "without path separators"),
         ("train-samples", -1, ">= 0"),
         ("train-samples", 5, "at least num-clients=10"),
+        ("resume", "yes", "true or false"),
     ],
 )
 def test_each_bad_value_names_parameter_value_and_what_is_allowed(key, value, fragment):
@@ -128,3 +129,13 @@ def test_a_number_given_for_a_text_key_is_read_as_text():
     assert ExperimentConfig.from_run_config({"unlearn-clients": 3}).unlearn_targets == [3]
     with pytest.raises(ConfigError, match="a string"):
         ExperimentConfig.from_run_config({"dataset": ["mnist"]})
+
+
+def test_resume_needs_the_run_name_and_excludes_unlearn_only():
+    with pytest.raises(ConfigError, match="resume.*set together with run-name"):
+        ExperimentConfig.from_run_config({"resume": True})
+    with pytest.raises(ConfigError, match="resume.*false with unlearn-only"):
+        ExperimentConfig.from_run_config(
+            {"resume": True, "unlearn-only": True, "run-name": "r", "unlearn-clients": "1"}
+        )
+    assert ExperimentConfig.from_run_config({"resume": True, "run-name": "r"}).resume

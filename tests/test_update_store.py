@@ -422,3 +422,24 @@ def test_index_sizes_len_and_repr(tmp_path):
     assert all((tmp_path / path).is_file() for path in index["path"])
     assert len(store) == 2
     assert "rounds=2 (1..3)" in repr(store) and "float32" in repr(store)
+
+
+def test_delete_rounds_after_removes_later_rounds_rows_and_files_only(tmp_path):
+    store = UpdateStore(tmp_path / "store")
+    write_rounds(store, rounds=(1, 2, 3, 4))
+    kept_files = [
+        p for p in blob_files(store.root) if "round_000001" in str(p) or "round_000002" in str(p)
+    ]
+    assert store.delete_rounds_after(2) == [3, 4]
+    assert store.rounds() == [1, 2]
+    assert blob_files(store.root) == kept_files
+    assert not (store.root / "blobs" / "round_000003").exists()
+    assert store.verify() == []
+    assert_states_equal(store.read_update(2, 1), make_state(202))
+    assert store.delete_rounds_after(2) == []  # idempotent
+    # the discarded round can be written again (a resumed run retains it anew)
+    write_rounds(store, rounds=(3,))
+    assert store.rounds() == [1, 2, 3]
+    assert store.delete_rounds_after(0) == [1, 2, 3] and blob_files(store.root) == []
+    with pytest.raises(ConfigError, match="round.*>= 0"):
+        store.delete_rounds_after(-1)

@@ -1,0 +1,127 @@
+"""Crash recovery: continue an interrupted training run from its last completed round (``resume``).
+
+After every training round t the run directory receives, in this order: the store's retained round
+t (committed at aggregation), the metrics row of t, and ``checkpoint.safetensors`` (the global model
+after t, with t in its metadata). A crash can strike between any two of these writes, so resuming
+from the checkpoint's round c:
+
+* drops the metrics rows after c (written before the crash reached the checkpoint);
+* deletes the store's rounds after c (committed before the crash reached the checkpoint): they are
+  trained and retained again, so no retained round is lost and none is kept twice;
+* verifies every stored blob against its checksum and reports the damaged ones; every later read
+  refuses them (:class:`fedunlearn.errors.StoreCorruptionError`), so they are never used.
+
+Clients seed their training from (seed, round, partition) and the server sums updates in partition
+order, so the resumed rounds are those an uninterrupted run trains: on the same machine the final
+model is the same bit for bit. The exception is DP-FedAvg, whose noise Flower draws unseeded.
+Each resume appends what it did to ``recovery_log.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.errors import ConfigError
+from fedunlearn.run_directory import CHECKPOINT, RunDirectory
+from fedunlearn.update_store import UpdateStore
+
+RECOVERY_LOG = "recovery_log.jsonl"
+
+#: Run-config keys that decide what training computes: a resumed run must keep them all.
+TRAINING_KEYS = (
+    "dataset",
+    "model",
+    "num-clients",
+    "train-samples",
+    "partitioning",
+    "alpha",
+    "shards-per-client",
+    "rounds",
+    "local-epochs",
+    "lr",
+    "momentum",
+    "weight-decay",
+    "batch-size",
+    "retain",
+    "retain-interval",
+    "store-dtype",
+    "seed",
+    "dp-noise-multiplier",
+    "dp-clipping-norm",
+    "dp-delta",
+)
+
+
+@dataclass
+class ResumePoint:
+    """Where a resumed training run starts again, and what recovery did to get there."""
+
+    round: int
+    state: dict[str, torch.Tensor]
+    dropped_metric_rows: int
+    discarded_rounds: list[int]
+    store_problems: list[str]
+
+
+def check_resumable(config: ExperimentConfig, path: Path) -> None:
+    """Refuse to resume ``path`` with training settings other than those it was started with."""
+    saved = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    requested = config.to_run_config()
+    for key in TRAINING_KEYS:
+        if key in saved and saved[key] != requested[key]:
+            raise ConfigError(
+                key,
+                requested[key],
+                f"{saved[key]!r}, the value {path} was started with (resume continues that run; "
+                "choose another run-name to train with other settings)",
+            )
+
+
+def training_finished(path: Path) -> bool:
+    """Whether the run at ``path`` finished training (its final model and summary are written)."""
+    return (path / "model_final.safetensors").is_file() and (path / "summary.json").is_file()
+
+
+def remove_checkpoint(run: RunDirectory) -> None:
+    """Drop the training checkpoint once the final model and summary are written."""
+    (run.path / f"{CHECKPOINT}.safetensors").unlink(missing_ok=True)
+
+
+def resume_point(
+    run: RunDirectory,
+    store: UpdateStore | None,
+    initial_state: dict[str, torch.Tensor],
+    *,
+    log: Callable[[str], None] = print,
+) -> ResumePoint:
+    """Bring ``run`` (and its ``store``) back to its last completed round and say where that is."""
+    checkpoint = run.load_checkpoint()
+    last, state = checkpoint if checkpoint is not None else (0, initial_state)
+    dropped = run.truncate_metrics(last)
+    discarded = store.delete_rounds_after(last) if store is not None else []
+    problems = store.verify() if store is not None else []
+    run.append_log(
+        RECOVERY_LOG,
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "resumed_after_round": last,
+            "dropped_metric_rows": dropped,
+            "discarded_store_rounds": discarded,
+            "store_problems": problems,
+        },
+    )
+    log(
+        f"resuming {run.path} after round {last}"
+        + (f"; dropped {dropped} metrics row(s) past it" if dropped else "")
+        + (f"; discarded store round(s) {discarded}, retained again" if discarded else "")
+    )
+    for problem in problems:
+        log(f"store damaged, never used: {problem}")
+    return ResumePoint(last, state, dropped, discarded, problems)
