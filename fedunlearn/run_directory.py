@@ -60,7 +60,7 @@ class RunDirectory:
                 "run-name",
                 path.name,
                 f"a new run directory, but {path} already exists and is not empty; choose another "
-                "run-name or output-dir",
+                "run-name or output-dir (or set resume=true to continue an interrupted run)",
             )
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path)

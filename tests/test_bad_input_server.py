@@ -47,7 +47,7 @@ def test_dirichlet_that_cannot_give_every_client_data(tmp_path):
 def test_an_existing_run_is_never_overwritten(tmp_path):
     run = RunDirectory.create(tmp_path / "r", {"a": 1})
     run.write_json("summary.json", {"x": 1})
-    with pytest.raises(ConfigError, match="already exists and is not empty"):
+    with pytest.raises(ConfigError, match="already exists and is not empty.*resume=true"):
         RunDirectory.create(tmp_path / "r", {"a": 2})
     assert (tmp_path / "r" / "config.json").read_text().strip().endswith("}")
     assert '"a": 1' in (tmp_path / "r" / "config.json").read_text()
@@ -107,3 +107,19 @@ def test_a_supernode_reads_its_data_from_its_own_data_root(tmp_path):
     with pytest.raises(ConfigError) as info:  # the node's own folder is the one used
         client_setup(context({"data-root": str(missing)}))
     assert info.value.parameter == "data-root" and str(missing) in str(info.value)
+
+
+@pytest.mark.parametrize(("key", "value"), [("rounds", 7), ("seed", 3), ("retain-interval", 1)])
+def test_resuming_with_other_training_settings_is_refused_before_any_client_is_asked(
+    tmp_path, key, value
+):
+    started = _config(tmp_path, **{"run-name": "r", "rounds": 5})
+    RunDirectory.create(started.run_directory(), started.to_run_config())
+    grid = Mock()
+    resumed = _config(tmp_path, **{"run-name": "r", "rounds": 5, "resume": True, key: value})
+    with pytest.raises(ConfigError) as info:
+        train_federated(grid, resumed, log=lambda _: None)
+    assert info.value.parameter == key
+    assert f"the value {started.run_directory()} was started with" in str(info.value)
+    assert not grid.method_calls
+    assert sorted(p.name for p in started.run_directory().iterdir()) == ["config.json"]

@@ -4,7 +4,10 @@ SuperNode keys in the OpenSSH EC format Flower's SuperNode authentication reads.
 from __future__ import annotations
 
 import ipaddress
+import shutil
 import stat
+import subprocess
+from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -12,6 +15,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from simulations.deploy.credentials import main, write_credentials
+
+DEPLOY = Path(__file__).resolve().parents[1] / "simulations" / "deploy"
 
 
 def test_the_server_certificate_is_signed_by_the_ca_for_every_host(tmp_path):
@@ -48,3 +53,34 @@ def test_bad_arguments_name_the_parameter_and_write_nothing(tmp_path, capsys, ar
     assert main([str(out), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="the start scripts are bash scripts")
+@pytest.mark.parametrize(
+    ("script", "arguments", "message"),
+    [
+        ("start_superlink.sh", [], "usage: start_superlink.sh CREDENTIALS_DIR"),
+        ("start_superlink.sh", ["{tmp}/absent"], "no credentials folder"),
+        ("start_superlink.sh", ["{tmp}"], "missing {tmp}/ca.crt"),
+        ("start_supernode.sh", ["h:9092"], "usage: start_supernode.sh SUPERLINK_HOST:PORT"),
+        ("start_supernode.sh", ["h:9092", "{tmp}/no.crt", "{tmp}/k", "0", "2"], "invalid CA_CERT="),
+        ("start_supernode.sh", ["h:9092", "{file}", "{tmp}/k", "0", "2"], "invalid PRIVATE_KEY="),
+        ("start_supernode.sh", ["h:9092", "{file}", "{file}", "2", "2"], "PARTITION_ID='2'"),
+        ("start_supernode.sh", ["h:9092", "{file}", "{file}", "0", "x"], "NUM_PARTITIONS='x'"),
+        ("start_supernode.sh", ["h:9092", "{file}", "{file}", "0", "2", "{tmp}/x"], "DATA_ROOT="),
+    ],
+)
+def test_start_scripts_refuse_bad_arguments_with_exit_2_before_starting(
+    tmp_path, script, arguments, message
+):
+    file = tmp_path / "f.pem"
+    file.write_text("x")
+    fill = {"tmp": str(tmp_path), "file": str(file)}
+    result = subprocess.run(
+        ["bash", str(DEPLOY / script), *(a.format(**fill) for a in arguments)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert message.format(**fill) in result.stderr

@@ -34,6 +34,7 @@ def no_flower(monkeypatch):
         (["--set", "colour=1"], "unknown key"),
         (["--num-gpus", "2"], "invalid --num-gpus=2.0"),
         (["--set", "rounds"], "invalid --set='rounds'"),
+        (["--set", "resume=true"], "invalid resume=True: set together with run-name"),
     ],
 )
 def test_bad_input_exits_2_names_the_parameter_and_writes_nothing(
@@ -134,3 +135,17 @@ def test_roc_curves_figure_is_written_with_zero_rates_on_log_axes(tmp_path):
     }
     path = plot_roc_curves(curves, tmp_path / "roc.png", title="test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [(["--clients", "0"], "--clients must be >= 1"), (["--rounds", "-1"], "--rounds must be >= 1")],
+)
+def test_scale_benchmark_refuses_bad_sizes(tmp_path, capsys, argv, fragment):
+    from simulations.benchmarks import scale
+
+    with pytest.raises(SystemExit) as info:
+        scale.main(["--output-dir", str(tmp_path / "out"), *argv])
+    assert info.value.code == 2
+    assert fragment in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
