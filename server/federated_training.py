@@ -29,6 +29,7 @@ from fedunlearn.update_store import UpdateStore
 from server.federation import FederationMembers, discover_clients, failure_reasons
 from server.run_recovery import (
     RECOVERY_LOG,
+    check_finished_run,
     check_resumable,
     remove_checkpoint,
     resume_point,
@@ -212,7 +213,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     log(f"run directory: {run.path}")
     store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
     if resuming and training_finished(path):
-        log(f"training of {path} already finished; reopened it")
+        check_finished_run(run, store, log=log)
         remove_checkpoint(run)
         return TrainingOutcome(
             config, run, data, members, store, initial_state, run.load_model("model_final")

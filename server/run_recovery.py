@@ -94,6 +94,25 @@ def remove_checkpoint(run: RunDirectory) -> None:
     (run.path / f"{CHECKPOINT}.safetensors").unlink(missing_ok=True)
 
 
+def check_finished_run(
+    run: RunDirectory, store: UpdateStore | None, *, log: Callable[[str], None] = print
+) -> list[str]:
+    """Resuming a run whose training finished: verify its store, record and report the damage."""
+    problems = store.verify() if store is not None else []
+    run.append_log(
+        RECOVERY_LOG,
+        {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "training_finished": True,
+            "store_problems": problems,
+        },
+    )
+    log(f"training of {run.path} already finished; reopened it")
+    for problem in problems:
+        log(f"store damaged, never used: {problem}")
+    return problems
+
+
 def resume_point(
     run: RunDirectory,
     store: UpdateStore | None,

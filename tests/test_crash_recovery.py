@@ -140,6 +140,15 @@ def test_training_killed_before_or_after_a_commit_resumes_to_the_same_model(tmp_
                 run_unlearning(grid, resumed, log=quiet)
             except StoreCorruptionError as error:
                 seen[case, "unlearning error"] = str(error)
+        # Resuming a finished run reopens it as it is, and still checks the store.
+        corrupt(
+            tmp_path / "before-commit" / "store" / "blobs" / "round_000002" / "global.safetensors"
+        )
+        lines = []
+        reopened = train_federated(
+            grid, base.replace(run_name="before-commit", resume=True), log=lines.append
+        )
+        seen["reopened"] = (lines, reopened.final_state)
 
     simulate(overrides, num_supernodes=4, server_app=app)
 
@@ -164,13 +173,19 @@ def test_training_killed_before_or_after_a_commit_resumes_to_the_same_model(tmp_
         # ... one metrics row per round, and no checkpoint left behind.
         assert pd.read_csv(path / "metrics.csv")["round"].tolist() == [0, 1, 2, 3, 4, 5]
         assert not (path / "checkpoint.safetensors").exists()
-        [recovery] = RunDirectory(path).read_log(RECOVERY_LOG)
+        recovery = RunDirectory(path).read_log(RECOVERY_LOG)[0]
         assert recovery["resumed_after_round"] == 2
         assert recovery["discarded_store_rounds"] == crashed_rounds[2:]
         assert any("resuming" in line and "after round 2" in line for line in seen[case, "log"])
 
     # Before the commit nothing was damaged: unlearning from the resumed run works as usual.
     assert json.loads((tmp_path / "before-commit" / LOG_NAME).read_text())["targets"] == [0]
+    lines, final_state = seen["reopened"]
+    assert any("already finished" in line for line in lines)
+    assert any("round 2, global model" in line for line in lines if "damaged" in line)
+    assert states_equal(final_state, load_file(str(straight / "model_final.safetensors")))
+    finished = RunDirectory(tmp_path / "before-commit").read_log(RECOVERY_LOG)[-1]
+    assert finished["training_finished"] and len(finished["store_problems"]) == 1
     # The damaged blob is reported on resume and refused by the unlearning that needs it:
     damaged = tmp_path / "after-commit"
     [problem] = RunDirectory(damaged).read_log(RECOVERY_LOG)[0]["store_problems"]
