@@ -20,6 +20,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.dp_accounting import dp_fedavg_epsilon
 from fedunlearn.federated_data import FederatedData, load_federated_data
+from fedunlearn.memory import current_rss_bytes, megabytes, peak_rss_bytes
 from fedunlearn.models import BodyHeadNet, build_dataset_model, resolve_model_name
 from fedunlearn.plots import plot_training_curves
 from fedunlearn.run_directory import RunDirectory
@@ -274,11 +275,16 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     def elapsed() -> float:
         return elapsed_before + time.perf_counter() - started
 
+    def store_mb() -> float:
+        return megabytes(store.total_bytes()) if store is not None else 0.0
+
     if not (run.path / "model_initial.safetensors").is_file():
         run.save_model("model_initial", initial_state)
     if run.metrics.empty:
         initial = evaluate(model, splits.test.x, splits.test.y, device=device)
-        run.append_metrics(_row(0, initial, MetricRecord(), 0, False, 0.0, elapsed()))
+        run.append_metrics(
+            {**_row(0, initial, MetricRecord(), 0, False, 0.0, elapsed()), "store_mb": store_mb()}
+        )
         log(
             f"round 0/{config.rounds}  test accuracy {initial.accuracy:.4f}  "
             f"test loss {initial.loss:.4f}"
@@ -287,6 +293,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     def record(server_round, result, train_metrics, replied, seconds):
         retained = retaining.is_retained_round(server_round)
         row = _row(server_round, result, train_metrics, replied, retained, seconds, elapsed())
+        row["store_mb"] = store_mb()
         if "client-eval-accuracy" in train_metrics:
             row["client_eval_accuracy"] = float(train_metrics["client-eval-accuracy"])
         # Metrics first, checkpoint last: the checkpoint's round is the last completed round.
@@ -325,6 +332,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         "partition_sizes": {str(k): v for k, v in sorted(members.num_examples.items())},
         "dp_epsilon": dp_epsilon_of(config),
         "dp_delta": config.dp_delta if config.dp_noise_multiplier > 0 else 0.0,
+        "server_peak_rss_mb": megabytes(peak_rss_bytes()),
     }
     if resuming:
         summary["resumed"] = len(run.read_log(RECOVERY_LOG))
@@ -348,4 +356,5 @@ def _row(server_round, result, train_metrics, replied, retained, round_seconds, 
         "retained": bool(retained),
         "round_seconds": round(round_seconds, 3),
         "elapsed_seconds": round(elapsed, 3),
+        "server_rss_mb": megabytes(current_rss_bytes()),
     }

@@ -154,6 +154,8 @@ def test_training_killed_before_or_after_a_commit_resumes_to_the_same_model(tmp_
 
     straight = tmp_path / "straight"
     reference = read_store(straight / "store")
+    metrics = pd.read_csv(straight / "metrics.csv")  # the server's memory and the store, per round
+    assert (metrics["server_rss_mb"] > 0).all() and metrics["store_mb"].is_monotonic_increasing
     assert sorted({r for r, _ in reference}) == [1, 2, 3, 4, 5]
     for case, crashed_rounds in (("before-commit", [1, 2]), ("after-commit", [1, 2, 3])):
         path = tmp_path / case

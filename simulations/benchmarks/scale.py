@@ -1,36 +1,31 @@
 """Scale benchmark: a digits federation of 100 virtual clients on a small CPU, history kept on disk.
 
-Trains with retention at every round (Δt = 1, every client), then forgets one client with FedEraser,
-in a Ray simulation run from this process (the ServerApp runs here, so its memory is this process's).
-After every round it samples:
-
-* the resident memory (RSS) of the ServerApp's process (this one), which holds the global model,
-  the strategy and the store's index, never the retained updates;
-* the RSS of the whole process tree (Ray's GCS, raylet and client workers included);
-* the bytes of the store on disk.
+Runs ``fedunlearn-run`` (``flwr run`` on the local simulation) with 100 clients, retention at every
+round (Δt = 1, every client), then forgets one client with FedEraser. The ServerApp records its own
+resident memory (RSS) and the store's size in ``metrics.csv`` after every round; meanwhile this script
+samples the memory of the local SuperLink's whole process tree (the ServerApp's ``flwr-simulation``
+process, Ray's GCS and raylet, and the client workers).
 
 It writes ``scale.csv``/``.md`` (one row per round), ``scale.png`` (RSS and store size against the
-round) and ``scale_summary.json``: peak RSS (``ru_maxrss`` of this process and the sampled tree
-peak), store bytes, and the server RSS slope over the retained rounds next to the store's growth per
-round. If the retained history were held in memory, the slope would be about the store's growth.
+round) and ``scale_summary.json``: peak RSS of the ServerApp's process and of the tree, store bytes,
+and the slope of the ServerApp's RSS over the rounds next to the store's growth per round. If the
+retained history were held in memory, the two slopes would be about equal; ``--no-retain`` runs the
+same federation without a history, for the slope that has nothing to do with it.
 
-Usage (about 5 minutes on 2 cores)::
+Usage (about 5 minutes each on 2 cores)::
 
     pip install -e ".[bench]"
     python -m simulations.benchmarks.scale --output-dir results/scale
     python -m simulations.benchmarks.scale --output-dir results/scale-no-retain --no-retain
 
-``--ray-address`` runs the clients on an existing Ray cluster instead of starting one (the same as
-setting ``RAY_ADDRESS``); Ray then owns the CPU count.
+To run the clients on an existing Ray cluster, start the local SuperLink with ``RAY_ADDRESS`` set
+(README, "Scale"); the sampled tree then holds only the ServerApp's side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import resource
 import sys
 import threading
 import time
@@ -43,48 +38,54 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from simulations import run as runner  # noqa: E402
+
 MB = 1024 * 1024
-ROUND_LINE = re.compile(r"^round (\d+)/(\d+) ")
-RUN_LINE = re.compile(r"^run directory: (.+)$")
 
 
-def directory_bytes(path: Path) -> int:
-    """Bytes of the regular files under ``path`` (0 when missing)."""
-    if not path.is_dir():
-        return 0
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+class TreeProbe:
+    """Samples, in a thread, the RSS of every local ``flower-superlink`` process tree and of its
+    ``flwr-simulation`` process (the one running the ServerApp); keeps the peaks."""
 
-
-class MemoryProbe:
-    """RSS of this process and of its whole process tree, sampled in a thread and on demand."""
-
-    def __init__(self, interval: float = 0.25) -> None:
+    def __init__(self, interval: float = 0.5) -> None:
         import psutil
 
         self._psutil = psutil
-        self.process = psutil.Process()
         self.tree_peak = 0
+        self.simulation_peak = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample_forever, args=(interval,), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
 
-    def server_rss(self) -> int:
-        return self.process.memory_info().rss
+    def _cmdline(self, process) -> str:
+        try:
+            return " ".join(process.cmdline())
+        except (self._psutil.NoSuchProcess, self._psutil.AccessDenied, self._psutil.ZombieProcess):
+            return ""
 
-    def tree_rss(self) -> int:
-        total = self.server_rss()
-        for child in self.process.children(recursive=True):
+    def _rss(self, process) -> int:
+        try:
+            return process.memory_info().rss
+        except (self._psutil.NoSuchProcess, self._psutil.AccessDenied, self._psutil.ZombieProcess):
+            return 0
+
+    def sample(self) -> None:
+        for root in self._psutil.process_iter():
+            if "flower-superlink" not in self._cmdline(root):
+                continue
             try:
-                total += child.memory_info().rss
-            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
-                pass
-        self.tree_peak = max(self.tree_peak, total)
-        return total
+                tree = [root, *root.children(recursive=True)]
+            except self._psutil.NoSuchProcess:
+                continue
+            self.tree_peak = max(self.tree_peak, sum(self._rss(p) for p in tree))
+            for process in tree:
+                if "flwr-simulation" in self._cmdline(process):
+                    self.simulation_peak = max(self.simulation_peak, self._rss(process))
 
-    def _sample_forever(self, interval: float) -> None:
+    def _run(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            self.tree_rss()
+            self.sample()
 
-    def __enter__(self) -> MemoryProbe:
+    def __enter__(self) -> TreeProbe:
         self._thread.start()
         return self
 
@@ -93,66 +94,18 @@ class MemoryProbe:
         self._thread.join()
 
 
-def server_app_with_probe(overrides: dict, probe: MemoryProbe, rows: list[dict]):
-    """Train and unlearn like the main ServerApp, recording memory and store size at each round."""
-    from flwr.serverapp import ServerApp
-
-    from fedunlearn.config import ExperimentConfig
-    from server.federated_training import train_federated
-    from server.unlearning import run_unlearning
-
-    state: dict = {"phase": "training", "run": None, "started": time.perf_counter()}
-
-    def log(line: str) -> None:
-        print(f"[scale] {line}", flush=True)
-        if match := RUN_LINE.match(line):
-            state["run"] = Path(match.group(1))
-        if line.startswith("unlearning client"):
-            state["phase"] = "unlearning"
-        if (match := ROUND_LINE.match(line)) and state["run"] is not None:
-            rows.append(
-                {
-                    "phase": state["phase"],
-                    "round": int(match.group(1)),
-                    "server_rss_mb": probe.server_rss() / MB,
-                    "tree_rss_mb": probe.tree_rss() / MB,
-                    "store_mb": directory_bytes(state["run"] / "store") / MB,
-                    "elapsed_seconds": time.perf_counter() - state["started"],
-                }
-            )
-
-    app = ServerApp()
-
-    @app.main()
-    def main(grid, context) -> None:
-        config = ExperimentConfig.from_run_config(overrides)
-        outcome = train_federated(grid, config, log=log)
-        if config.unlearn_targets:
-            run_unlearning(grid, outcome, log=log)
-        state["outcome"] = outcome
-        # the store's SQLite connection belongs to this (the ServerApp's) thread
-        state["retained_rounds"] = outcome.store.rounds() if outcome.store else []
-
-    return app, state
+def slope(metrics: pd.DataFrame, column: str, skip: int) -> float:
+    """Least-squares slope (MB per round) of ``column`` over the rounds after the first ``skip``."""
+    rows = metrics[metrics["round"] > skip]
+    if len(rows) < 2:
+        return float("nan")
+    return float(np.polyfit(rows["round"], rows[column], 1)[0])
 
 
-def server_slope(table: pd.DataFrame, skip: int) -> tuple[float, float]:
-    """Least-squares slope (MB per round) of the server's RSS and of the store over the training
-    rounds after the first ``skip`` (allocator and import warm-up)."""
-    training = table[(table["phase"] == "training") & (table["round"] > skip)]
-    if len(training) < 2:
-        return float("nan"), float("nan")
-    rss = np.polyfit(training["round"], training["server_rss_mb"], 1)[0]
-    store = np.polyfit(training["round"], training["store_mb"], 1)[0]
-    return float(rss), float(store)
-
-
-def plot(table: pd.DataFrame, path: Path, title: str) -> None:
-    training = table[table["phase"] == "training"]
+def plot(metrics: pd.DataFrame, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(training["round"], training["server_rss_mb"], marker="o", ms=3, label="ServerApp RSS")
-    ax.plot(training["round"], training["tree_rss_mb"], marker="s", ms=3, label="process tree RSS")
-    ax.plot(training["round"], training["store_mb"], ls="--", label="store on disk")
+    ax.plot(metrics["round"], metrics["server_rss_mb"], marker="o", ms=3, label="ServerApp RSS")
+    ax.plot(metrics["round"], metrics["store_mb"], ls="--", label="store on disk")
     ax.set_xlabel("round")
     ax.set_ylabel("MB")
     ax.set_title(title)
@@ -174,89 +127,80 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="retention off, no unlearning: the RSS slope of the same run without a history",
     )
-    parser.add_argument("--num-cpus", type=int, default=os.cpu_count() or 1, help="Ray CPUs")
-    parser.add_argument("--ray-address", help="an existing Ray cluster (default: start one)")
     parser.add_argument("--warmup-rounds", type=int, default=5, help="rounds left out of the slope")
+    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT, help="the Flower app")
     args = parser.parse_args(argv)
-    for name in ("clients", "rounds", "num_cpus"):
+    for name in ("clients", "rounds"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup_rounds < 0:
+        parser.error(f"--warmup-rounds must be >= 0, got {args.warmup_rounds}")
     try:
         import psutil  # noqa: F401
     except ImportError:
         parser.error('psutil is needed to sample memory: pip install -e ".[bench]"')
 
-    import warnings
-
-    from flwr.simulation import run_simulation
-
-    from clients.client_app import create_client_app
-
     output = args.output_dir.resolve()
-    output.mkdir(parents=True, exist_ok=True)
-    overrides = {
-        "dataset": "digits",
+    name = f"scale-{args.clients}" + ("-no-retain" if args.no_retain else "")
+    sets = {
+        "dataset": "'digits'",
         "num-clients": args.clients,
         "rounds": args.rounds,
         "local-epochs": 1,
-        "retain": not args.no_retain,
+        "retain": str(not args.no_retain).lower(),
         "retain-interval": 1,
-        "unlearn-clients": "" if args.no_retain else args.unlearn,
-        "unlearn-methods": "federaser" if args.unlearn else "federaser,fedaccum,fedretrain",
-        "output-dir": str(output),
-        "run-name": f"scale-{args.clients}{'-no-retain' if args.no_retain else ''}-"
-        f"{time.strftime('%Y%m%d-%H%M%S')}",
-        "node-wait-seconds": 600.0,
+        "unlearn-clients": "''" if args.no_retain else repr(args.unlearn),
+        "unlearn-methods": "'federaser'",
+        "run-name": repr(name),
+        "node-wait-seconds": 600,
     }
-    init_args = {"address": args.ray_address} if args.ray_address else {"num_cpus": args.num_cpus}
-    rows: list[dict] = []
-    with MemoryProbe() as probe:
-        app, state = server_app_with_probe(overrides, probe, rows)
-        started = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            run_simulation(
-                server_app=app,
-                client_app=create_client_app(overrides),
-                num_supernodes=args.clients,
-                backend_config={
-                    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                    "init_args": init_args,
-                },
-            )
-        seconds = time.perf_counter() - started
-    if "outcome" not in state:
-        print("the run did not finish; see the log above", file=sys.stderr)
-        return 1
-    outcome = state["outcome"]
-    table = pd.DataFrame(rows)
-    rss_slope, store_slope = server_slope(table, args.warmup_rounds)
-    store_bytes = directory_bytes(outcome.run.store_path)
-    training = table[table["phase"] == "training"]
+    argv = ["--output-dir", str(output), "--app", str(args.app)]
+    argv += [x for key, value in sets.items() for x in ("--set", f"{key}={value}")]
+    print(f"=== fedunlearn-run {' '.join(argv)}", flush=True)
+    started = time.perf_counter()
+    with TreeProbe() as probe:
+        code = runner.main(argv)
+    seconds = time.perf_counter() - started
+    if code != 0:
+        print(f"fedunlearn-run failed with exit code {code}", file=sys.stderr)
+        return code
+
+    run = output / name
+    metrics = pd.read_csv(run / "metrics.csv")
+    trained = json.loads((run / "summary.json").read_text())
+    rss_slope = slope(metrics, "server_rss_mb", args.warmup_rounds)
+    store_slope = slope(metrics, "store_mb", args.warmup_rounds)
+    store_bytes = sum(f.stat().st_size for f in (run / "store").rglob("*") if f.is_file())
     summary = {
         "clients": args.clients,
         "rounds": args.rounds,
         "retain": not args.no_retain,
-        "retained_rounds": len(state["retained_rounds"]),
+        "retained_rounds": len(trained["retained_rounds"]),
         "seconds": round(seconds, 1),
-        "server_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "tree_peak_rss_mb": probe.tree_peak / MB,
-        "store_bytes_after_training": int(training["store_mb"].iloc[-1] * MB),
-        "store_bytes_after_unlearning": store_bytes,
+        "store_bytes_after_training": trained["store_bytes"],
+        "store_bytes_on_disk_at_end": store_bytes,
+        "server_rss_mb_first_round": float(metrics["server_rss_mb"].iloc[1]),
+        "server_rss_mb_last_round": float(metrics["server_rss_mb"].iloc[-1]),
         "server_rss_slope_mb_per_round": rss_slope,
         "store_growth_mb_per_round": store_slope,
-        "server_rss_growth_over_store_growth": rss_slope / store_slope if store_slope > 0 else None,
-        "run_directory": str(outcome.run.path),
-        "ray_address": args.ray_address or "",
+        "server_peak_rss_mb_training": trained["server_peak_rss_mb"],
+        "serverapp_process_peak_rss_mb_sampled": probe.simulation_peak / MB,
+        "process_tree_peak_rss_mb_sampled": probe.tree_peak / MB,
+        "run_directory": str(run),
     }
+    output.mkdir(parents=True, exist_ok=True)
     (output / "scale_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    table.to_csv(output / "scale.csv", index=False)
-    (output / "scale.md").write_text(table.to_markdown(index=False, floatfmt=".1f") + "\n")
+    columns = ["round", "test_accuracy", "server_rss_mb", "store_mb", "round_seconds"]
+    metrics[columns].to_csv(output / "scale.csv", index=False)
+    (output / "scale.md").write_text(
+        metrics[columns].to_markdown(index=False, floatfmt=("g", ".4f", ".1f", ".1f", ".2f")) + "\n"
+    )
     plot(
-        table,
+        metrics,
         output / "scale.png",
         f"digits, {args.clients} clients, "
-        + ("no retention" if args.no_retain else "Δt = 1: memory vs retained history"),
+        + ("no retention" if args.no_retain else "every round retained (Δt = 1)")
+        + f"; tree peak {probe.tree_peak / MB / 1024:.1f} GB",
     )
     print(json.dumps(summary, indent=2))
     return 0
