@@ -3,7 +3,8 @@
 One progress line per round; per-round metrics, the initial and final models and the store go to
 the run directory as they are produced, with a checkpoint of the global model after every round, so
 an interrupted run keeps everything up to its last round and ``resume = true`` continues it there
-(:mod:`server.run_recovery`). The same round loop trains FedRetrain (the targets left out) during unlearning.
+(:mod:`server.run_recovery`). The same round loop trains FedRetrain (the targets left out) during
+unlearning.
 """
 
 from __future__ import annotations
