@@ -48,7 +48,7 @@ def process_tree(pid: int) -> dict[int, str]:
     """The live descendants of ``pid`` (pid -> command line), across process groups and sessions:
     Flower's SuperExec starts the ServerApp and ClientApps in sessions of their own."""
     table = subprocess.run(
-        ["ps", "-A", "-o", "pid=,ppid=,stat=,args="], capture_output=True, text=True
+        ["ps", "-A", "-ww", "-o", "pid=,ppid=,stat=,args="], capture_output=True, text=True
     ).stdout
     children: dict[int, list[tuple[int, str]]] = {}
     for line in table.splitlines():
