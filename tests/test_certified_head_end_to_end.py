@@ -42,7 +42,7 @@ def test_federated_certified_head_matches_central_and_certifies_every_request(tm
     # Clients keep their features between queries: the body is resent only when a query lands on a
     # simulation worker that has not yet seen that client, never once per request (~250 messages).
     # Ray places the retry on either worker, so a worker can miss a client more than once: 16 to 28
-    # resends were seen; without the cache about every other message would need one.
+    # resends were seen; without the cache every query would carry the body.
     assert summary["messages"] > 100
     assert summary["model_resends"] <= summary["messages"] / 4
 
