@@ -362,15 +362,9 @@ class UpdateStore:
         """
         client = _check_integer("client", client, 0)
         with self._exclusive():
-            paths = [row[0] for row in self._sql("SELECT path FROM blobs WHERE client = ?", client)]
-            with self._transaction():
-                self._sql("DELETE FROM blobs WHERE client = ?", client)
-            for path in paths:
-                (self.root / path).unlink(missing_ok=True)
-            for directory in {(self.root / path).parent for path in paths}:
-                _fsync_directory(directory)
+            deleted = self._delete_where("client = ?", client)
             self._sql("VACUUM")
-        return len(paths)
+        return len(deleted)
 
     def delete_rounds_after(self, round: int) -> list[int]:
         """Physically remove every committed round after ``round`` (>= 0); return those rounds.
@@ -381,16 +375,12 @@ class UpdateStore:
         """
         round_number = _check_integer("round", round, 0)
         with self._exclusive():
-            rows = self._sql("SELECT round, path FROM blobs WHERE round > ?", round_number)
-            with self._transaction():
-                self._sql("DELETE FROM blobs WHERE round > ?", round_number)
-            for _, path in rows:
-                (self.root / path).unlink(missing_ok=True)
-            for directory in {(self.root / path).parent for _, path in rows}:
-                if directory.is_dir() and not any(directory.iterdir()):
+            deleted = self._delete_where("round > ?", round_number)
+            for directory in {(self.root / path).parent for _, path in deleted}:
+                if not any(directory.iterdir()):
                     directory.rmdir()
-                _fsync_directory(directory.parent)
-        return sorted({r for r, _ in rows})
+                    _fsync_directory(directory.parent)
+        return sorted({r for r, _ in deleted})
 
     # ------------------------------------------------------------------ reading
     def rounds(self) -> list[int]:
@@ -636,6 +626,19 @@ class UpdateStore:
             if self._lock_depth == 0:
                 self._lock_handle.close()  # closing the file releases the flock
                 self._lock_handle = None
+
+    def _delete_where(self, condition: str, value: int) -> list[tuple[int, str]]:
+        """Delete the index rows matching ``condition`` (SQL with one ``?``), then their files;
+        return the (round, path) of each. Rows go first: a crash before the unlinks then leaves
+        unindexed files, which the next open removes, rather than rows naming missing files."""
+        rows = self._sql(f"SELECT round, path FROM blobs WHERE {condition}", value)
+        with self._transaction():
+            self._sql(f"DELETE FROM blobs WHERE {condition}", value)
+        for _, path in rows:
+            (self.root / path).unlink(missing_ok=True)
+        for directory in {(self.root / path).parent for _, path in rows}:
+            _fsync_directory(directory)
+        return rows
 
     def _remove_unindexed(self, directory: Path, committed: set[str]) -> None:
         """Remove this module's files in ``directory`` that no committed index row names."""
