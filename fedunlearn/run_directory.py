@@ -118,6 +118,10 @@ class RunDirectory:
             )
         return round_number, load_file(str(target))
 
+    def remove_checkpoint(self) -> None:
+        """Drop the checkpoint once training wrote its final model and summary."""
+        (self.path / f"{CHECKPOINT}.safetensors").unlink(missing_ok=True)
+
     def truncate_metrics(self, last_round: int) -> int:
         """Keep the metrics rows of rounds <= ``last_round``; return how many were dropped."""
         kept = [row for row in self._metrics if int(row["round"]) <= last_round]

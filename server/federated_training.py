@@ -33,7 +33,6 @@ from server.run_recovery import (
     RECOVERY_LOG,
     check_finished_run,
     check_resumable,
-    remove_checkpoint,
     resume_point,
     training_finished,
 )
@@ -216,7 +215,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
     if resuming and training_finished(path):
         check_finished_run(run, store, log=log)
-        remove_checkpoint(run)
+        run.remove_checkpoint()
         return TrainingOutcome(
             config, run, data, members, store, initial_state, run.load_model("model_final")
         )
@@ -267,9 +266,9 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
 
     first_round, elapsed_before = 1, 0.0
     if resuming:
-        point = resume_point(run, store, initial_state, log=log)
-        model.load_state_dict(point.state)
-        first_round = point.round + 1
+        last_round, state = resume_point(run, store, initial_state, log=log)
+        model.load_state_dict(state)
+        first_round = last_round + 1
         if not run.metrics.empty:
             elapsed_before = float(run.metrics["elapsed_seconds"].iloc[-1])
 
@@ -338,7 +337,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     if resuming:
         summary["resumed"] = len(run.read_log(RECOVERY_LOG))
     run.write_json("summary.json", summary)
-    remove_checkpoint(run)
+    run.remove_checkpoint()
     log(
         f"trained in {seconds:.1f}s: final test accuracy {summary['final_test_accuracy']:.4f}; "
         f"{len(retained_rounds)} retained round(s), {summary['store_bytes'] / 1e6:.2f} MB; "

@@ -22,14 +22,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
-from fedunlearn.run_directory import CHECKPOINT, RunDirectory
+from fedunlearn.run_directory import RunDirectory
 from fedunlearn.update_store import UpdateStore
 
 RECOVERY_LOG = "recovery_log.jsonl"
@@ -59,17 +58,6 @@ TRAINING_KEYS = (
 )
 
 
-@dataclass
-class ResumePoint:
-    """Where a resumed training run starts again, and what recovery did to get there."""
-
-    round: int
-    state: dict[str, torch.Tensor]
-    dropped_metric_rows: int
-    discarded_rounds: list[int]
-    store_problems: list[str]
-
-
 def check_resumable(config: ExperimentConfig, path: Path) -> None:
     """Refuse to resume ``path`` with training settings other than those it was started with."""
     saved = json.loads((path / "config.json").read_text(encoding="utf-8"))
@@ -87,11 +75,6 @@ def check_resumable(config: ExperimentConfig, path: Path) -> None:
 def training_finished(path: Path) -> bool:
     """Whether the run at ``path`` finished training (its final model and summary are written)."""
     return (path / "model_final.safetensors").is_file() and (path / "summary.json").is_file()
-
-
-def remove_checkpoint(run: RunDirectory) -> None:
-    """Drop the training checkpoint once the final model and summary are written."""
-    (run.path / f"{CHECKPOINT}.safetensors").unlink(missing_ok=True)
 
 
 def check_finished_run(
@@ -119,8 +102,9 @@ def resume_point(
     initial_state: dict[str, torch.Tensor],
     *,
     log: Callable[[str], None] = print,
-) -> ResumePoint:
-    """Bring ``run`` (and its ``store``) back to its last completed round and say where that is."""
+) -> tuple[int, dict[str, torch.Tensor]]:
+    """Bring ``run`` (and its ``store``) back to its last completed round; return that round and
+    the global model after it (``initial_state`` for round 0)."""
     checkpoint = run.load_checkpoint()
     last, state = checkpoint if checkpoint is not None else (0, initial_state)
     dropped = run.truncate_metrics(last)
@@ -143,4 +127,4 @@ def resume_point(
     )
     for problem in problems:
         log(f"store damaged, never used: {problem}")
-    return ResumePoint(last, state, dropped, discarded, problems)
+    return last, state

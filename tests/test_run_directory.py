@@ -21,6 +21,8 @@ def test_checkpoint_round_trip_keeps_round_and_tensors(tmp_path):
     assert round_number == 5
     assert torch.equal(loaded["w"], state["w"] + 1) and torch.equal(loaded["n"], state["n"] + 1)
     assert not list(run.path.glob(".*.tmp"))
+    run.remove_checkpoint()
+    assert run.load_checkpoint() is None
 
 
 def test_checkpoint_without_round_is_refused(tmp_path):
