@@ -38,9 +38,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from fedunlearn.memory import MB  # noqa: E402
 from simulations import run as runner  # noqa: E402
-
-MB = 1024 * 1024
 
 
 class TreeProbe:
