@@ -24,6 +24,8 @@ STORE_DTYPES = ("float32", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
 UNLEARNING_METHODS = ("federaser", "fedaccum", "fedretrain")
+#: Methods whose trajectory can become the retained history after a request (``unlearn-adopt``).
+ADOPTABLE_METHODS = ("federaser", "fedretrain")
 #: Scrubbing methods (Golatkar et al.) and their baselines; "original" and "retrain" always run.
 SCRUB_METHODS = (
     "newton",
@@ -81,6 +83,10 @@ class ExperimentConfig:
     calibration_layerwise: bool = True
     calibration_order: str = "client"
     unlearn_only: bool = False
+    unlearn_adopt: str = "auto"
+    keep_original: bool = False
+    max_refusals: int = 3
+    min_reply_fraction: float = 0.5
     certified_head: bool = False
     certified_loss: str = "logistic"
     certified_lambda: float = 1e-3
@@ -223,6 +229,13 @@ class ExperimentConfig:
                 "true: FedEraser and FedAccum rebuild the model from retained updates "
                 "(or set unlearn-methods='fedretrain')",
             )
+        _one_of("unlearn-adopt", self.unlearn_adopt, ("auto", *ADOPTABLE_METHODS))
+        if targets:
+            _ = self.adopted_method  # raises when no method of this request can be adopted
+        _at_least("max-refusals", self.max_refusals, 1)
+        _in_range("min-reply-fraction", self.min_reply_fraction, 0.0, 1.0)
+        if self.min_reply_fraction == 0.0:
+            raise ConfigError("min-reply-fraction", 0.0, "a number in (0, 1]")
         if self.unlearn_only and not (self.run_name and targets):
             raise ConfigError(
                 "unlearn-only",
@@ -329,6 +342,30 @@ class ExperimentConfig:
                 f"a comma-separated subset of {', '.join(UNLEARNING_METHODS)}",
             )
         return list(dict.fromkeys(names))
+
+    @property
+    def adopted_method(self) -> str:
+        """The method whose trajectory becomes the retained history after an unlearning request:
+        ``unlearn-adopt``, where ``auto`` is the first of federaser, fedretrain this request runs."""
+        methods = self.methods
+        if self.unlearn_adopt == "auto":
+            for method in ADOPTABLE_METHODS:
+                if method in methods:
+                    return method
+            raise ConfigError(
+                "unlearn-methods",
+                self.unlearn_methods,
+                f"a list with {' or '.join(ADOPTABLE_METHODS)}: after the request the retained "
+                "history becomes that method's trajectory (the original one is deleted)",
+            )
+        if self.unlearn_adopt not in methods:
+            raise ConfigError(
+                "unlearn-adopt",
+                self.unlearn_adopt,
+                f"auto or one of the methods this request runs ({', '.join(methods)}): its "
+                "trajectory becomes the retained history",
+            )
+        return self.unlearn_adopt
 
     def _validate_scrub(self) -> None:
         for key in (
