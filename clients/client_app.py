@@ -18,6 +18,7 @@ from clients.client_state import ClientSetup, client_config, client_setup, node_
 from clients.head_queries import answer_head_query
 from clients.scrub_queries import answer_scrub_query, forget_mask
 from fedunlearn.errors import ConfigError
+from fedunlearn.federated_data import settings_in
 from fedunlearn.forgetting_baselines import negative_gradient_epochs, random_label_epochs
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import evaluate as evaluate_model
@@ -32,7 +33,7 @@ def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         """Train the received global model on this client's partition for ``local-epochs`` epochs."""
-        return _local_training(msg, client_setup(context, overrides), "train")
+        return _local_training(msg, client_setup(context, overrides, msg), "train")
 
     @app.train("calibrate")
     def calibrate(msg: Message, context: Context) -> Message:
@@ -42,12 +43,12 @@ def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         being reconstructed; the batches are those of training round t_j, so that with r = 1 the
         calibration repeats what retraining would do.
         """
-        return _local_training(msg, client_setup(context, overrides), "calibrate")
+        return _local_training(msg, client_setup(context, overrides, msg), "calibrate")
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         """Loss and accuracy of the received global model on this client's partition."""
-        setup = client_setup(context, overrides)
+        setup = client_setup(context, overrides, msg)
         model = _received_model(msg, setup)
         result = evaluate_model(model, setup.data.x, setup.data.y, device=setup.device)
         metrics = MetricRecord(
@@ -68,14 +69,22 @@ def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         to catch a federation whose size does not match ``num-clients`` before anything is written.
         """
         partition_id, num_partitions = node_partition(context)
-        expected = client_config(context, overrides).num_clients
+        settings = dict(overrides)
+        if "config" in msg.content.config_records:
+            settings.update(settings_in(msg.content["config"]))
+        expected = client_config(context, settings).num_clients
         if num_partitions != expected:
             # Report rather than raise: the server turns this into one clear error for the user.
             metrics = MetricRecord(
-                {"partition-id": partition_id, "num-partitions": num_partitions, "num-examples": 0}
+                {
+                    "partition-id": partition_id,
+                    "num-partitions": num_partitions,
+                    "num-examples": 0,
+                    "cuda": 0,
+                }
             )
             return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
-        setup = client_setup(context, overrides)
+        setup = client_setup(context, overrides, msg)
         metrics = MetricRecord(
             {
                 "partition-id": setup.partition_id,
@@ -89,12 +98,12 @@ def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
     @app.query("certified_head")
     def certified_head(msg: Message, context: Context) -> Message:
         """Sums over this client's head features for the server's certified head (Guo et al.)."""
-        return answer_head_query(msg, client_setup(context, overrides))
+        return answer_head_query(msg, client_setup(context, overrides, msg))
 
     @app.query("scrub_stats")
     def scrub_stats(msg: Message, context: Context) -> Message:
         """Sums over this client's D_r / D_f for the server's scrubbing plug-in (Golatkar et al.)."""
-        return answer_scrub_query(msg, client_setup(context, overrides))
+        return answer_scrub_query(msg, client_setup(context, overrides, msg))
 
     return app
 

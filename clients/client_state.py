@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import Context
+from flwr.app import Context, Message
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.datasets import TensorSplit
 from fedunlearn.errors import ConfigError
-from fedunlearn.federated_data import load_federated_data
+from fedunlearn.federated_data import load_federated_data, settings_in
 from fedunlearn.models import BodyHeadNet, build_dataset_model
 from fedunlearn.training import resolve_device
 
@@ -42,12 +42,20 @@ def client_config(context: Context, overrides: Mapping[str, Any] | None = None) 
     return _parse_config(tuple(sorted({**context.run_config, **(overrides or {})}.items())))
 
 
-def client_setup(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientSetup:
+def client_setup(
+    context: Context, overrides: Mapping[str, Any] | None = None, msg: Message | None = None
+) -> ClientSetup:
     """The client's setup from Flower's context (run config, then ``overrides``, + node config).
 
+    ``msg``'s config record may carry the trained run's data settings
+    (:data:`fedunlearn.federated_data.DATA_KEYS`, sent by the server with every message): they
+    replace the run config's, so that a short ``unlearn-only`` or ``resume`` request, whose run config
+    lacks them, still builds the partitions and the model the run was trained with.
     A SuperNode started with ``--node-config "... data-root=/its/data"`` reads its partition from
-    that folder instead of the run config's ``data-root`` (each machine keeps its data where it is).
+    that folder instead (each machine keeps its data where it is).
     """
+    if msg is not None and "config" in msg.content.config_records:
+        overrides = {**(overrides or {}), **settings_in(msg.content["config"])}
     if "data-root" in context.node_config:
         overrides = {**(overrides or {}), "data-root": str(context.node_config["data-root"])}
     config = client_config(context, overrides)

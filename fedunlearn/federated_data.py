@@ -5,7 +5,9 @@ the server. Every party computes the same split from the same run configuration.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +17,42 @@ from fedunlearn.datasets import DatasetSplits, TensorSplit, load_dataset
 from fedunlearn.errors import ConfigError
 from fedunlearn.partitioning import partition_indices
 from fedunlearn.seeding import derive_seed
+
+
+#: Run-config keys that decide which samples a client holds and which model it builds. A run's
+#: clients must use the values the run was trained with, also when a later request (``unlearn-only``,
+#: ``resume``) brings a shorter run config: the server sends them with every message.
+DATA_KEYS = (
+    "dataset",
+    "data-root",
+    "model",
+    "num-clients",
+    "train-samples",
+    "partitioning",
+    "alpha",
+    "shards-per-client",
+    "seed",
+)
+#: Prefix of those keys in a message's config record.
+RUN_SETTING_PREFIX = "run."
+
+
+def run_settings(config: ExperimentConfig) -> dict[str, Any]:
+    """The trained run's :data:`DATA_KEYS` with their values, prefixed for a message's config."""
+    values = config.to_run_config()
+    return {RUN_SETTING_PREFIX + key: values[key] for key in DATA_KEYS}
+
+
+def settings_in(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`DATA_KEYS` a message's config record carries (un-prefixed); unknown
+    ``run.*`` keys are refused, since a client must not take other settings from a message."""
+    found = {k[len(RUN_SETTING_PREFIX) :]: v for k, v in record.items() if k.startswith(RUN_SETTING_PREFIX)}
+    unknown = sorted(set(found) - set(DATA_KEYS))
+    if unknown:
+        raise ConfigError(
+            "message config", RUN_SETTING_PREFIX + unknown[0], f"run settings among {', '.join(DATA_KEYS)}"
+        )
+    return found
 
 
 @dataclass(frozen=True)

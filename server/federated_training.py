@@ -20,7 +20,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.dp_accounting import dp_fedavg_epsilon
-from fedunlearn.federated_data import FederatedData, load_federated_data
+from fedunlearn.federated_data import FederatedData, load_federated_data, run_settings
 from fedunlearn.memory import current_rss_bytes, megabytes, peak_rss_bytes
 from fedunlearn.models import BodyHeadNet, build_dataset_model, resolve_model_name
 from fedunlearn.plots import plot_training_curves
@@ -61,6 +61,19 @@ class TrainingOutcome:
         )
 
 
+def discover(grid: Grid, config: ExperimentConfig, data: FederatedData, *, log: Log = print):
+    """:func:`server.federation.discover_clients` for ``config``'s run: the nodes get the run's data
+    settings, and each must declare the size of the partition the server computes for it."""
+    return discover_clients(
+        grid,
+        config.num_clients,
+        config.node_wait_seconds,
+        log=log,
+        settings=run_settings(config),
+        partition_sizes={p: len(part) for p, part in enumerate(data.partitions)},
+    )
+
+
 def dp_epsilon_of(config: ExperimentConfig) -> float:
     """epsilon_DP of the body's DP-FedAvg training (0 without DP): every client takes part in every
     round (sampling rate 1), ``rounds`` Gaussian mechanisms, Opacus's RDP accountant."""
@@ -69,14 +82,16 @@ def dp_epsilon_of(config: ExperimentConfig) -> float:
     return dp_fedavg_epsilon(config.dp_noise_multiplier, 1.0, config.rounds, config.dp_delta)
 
 
-def train_config_record(config: ExperimentConfig) -> dict[str, int | float]:
-    """The client SGD settings sent with every training (and calibration) message."""
+def train_config_record(config: ExperimentConfig) -> dict[str, int | float | str]:
+    """The client SGD settings sent with every training (and calibration) message, and the run's
+    data settings (:func:`fedunlearn.federated_data.run_settings`)."""
     return {
         "local-epochs": config.local_epochs,
         "lr": config.lr,
         "batch-size": config.batch_size,
         "momentum": config.momentum,
         "weight-decay": config.weight_decay,
+        **run_settings(config),
     }
 
 
@@ -118,7 +133,9 @@ def fedavg_rounds(
                 f"round {server_round}: no client returned an update ({reasons or 'no replies'})"
             )
         arrays = new_arrays
-        evaluate_messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
+        evaluate_messages = strategy.configure_evaluate(
+            server_round, arrays, ConfigRecord(run_settings(config)), grid
+        )
         client_eval = strategy.aggregate_evaluate(
             server_round,
             grid.send_and_receive(list(evaluate_messages), timeout=ROUND_TIMEOUT_SECONDS),
@@ -201,7 +218,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     resuming = config.resume and (path / "config.json").is_file()
     if resuming:
         check_resumable(config, path)
-    members = discover_clients(grid, config.num_clients, config.node_wait_seconds, log=log)
+    members = discover(grid, config, data, log=log)
 
     if resuming:
         run = RunDirectory.open(path)

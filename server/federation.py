@@ -8,28 +8,41 @@ client) and to refuse, before anything is written, a federation whose size does 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from flwr.app import Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.reply_checks import DESCRIBE_METRICS, RefusedReply, check_count, check_metrics
 
 DESCRIBE = "query.describe"
 
 
 @dataclass(frozen=True)
 class FederationMembers:
-    """Node id of each partition id, and each partition's sample count N_k."""
+    """Node id of each partition id, each partition's sample count N_k as its node declared it, and
+    the partitions dropped from the run (partition -> why; their nodes get no further message)."""
 
     node_of_partition: dict[int, int]
     num_examples: dict[int, int]
     cuda_clients: int
+    dropped: dict[int, str] = field(default_factory=dict)
 
     @property
     def partition_ids(self) -> list[int]:
-        return sorted(self.node_of_partition)
+        """The partitions still taking part (not dropped), ascending."""
+        return sorted(p for p in self.node_of_partition if p not in self.dropped)
+
+    def nodes(self, exclude: Collection[int] = ()) -> list[int]:
+        """Node ids of the partitions still taking part, less the partitions ``exclude``."""
+        return [self.node_of_partition[p] for p in self.partition_ids if p not in set(exclude)]
+
+    def partition_of(self, node: int) -> int | None:
+        """The partition ``node`` is bound to, or ``None`` for a node discovery did not map."""
+        return next((p for p, n in self.node_of_partition.items() if n == node), None)
 
 
 def failure_reasons(replies) -> str:
@@ -45,17 +58,28 @@ def discover_clients(
     *,
     log: Callable[[str], None] = print,
     settle_seconds: float = 3.0,
+    settings: Mapping[str, Any] | None = None,
+    partition_sizes: Mapping[int, int] | None = None,
 ) -> FederationMembers:
     """Wait for ``num_clients`` nodes and ask each for its partition (``query.describe``).
+
+    ``settings`` (the run's data settings, :func:`fedunlearn.federated_data.run_settings`) go with
+    the question, so every node describes the partition of the run's data. ``partition_sizes``, the
+    sizes the server computes from the same settings, bound what a node may declare: the reply of a
+    node claiming another size is refused.
 
     Raises
     ------
     ConfigError
         ``num-clients`` when nodes report another federation size, when fewer than ``num_clients``
-        nodes connect within ``wait_seconds``, or when two nodes claim one partition.
+        nodes connect within ``wait_seconds``, or when two nodes claim one partition;
+        ``partition-id`` when a node's description fails a check (the node is named).
     RuntimeError
         When a node fails to describe itself (its error is quoted).
     """
+    describe = lambda nodes: _describe(  # noqa: E731
+        grid, nodes, num_clients, dict(settings or {}), partition_sizes
+    )
     deadline = time.monotonic() + wait_seconds
     last_count, last_change, last_log, checked = -1, time.monotonic(), 0.0, -1
     while True:
@@ -67,7 +91,7 @@ def discover_clients(
             break
         # A settled, smaller federation may just be misconfigured: ask it now rather than wait.
         if nodes and now - last_change >= settle_seconds and checked != len(nodes):
-            _describe(grid, nodes, num_clients)
+            describe(nodes)
             checked = len(nodes)
         if now >= deadline:
             raise ConfigError(
@@ -81,11 +105,22 @@ def discover_clients(
             log(f"waiting for clients: {len(nodes)}/{num_clients} connected")
             last_log = now
         time.sleep(0.5)
-    return _describe(grid, nodes, num_clients)
+    return describe(nodes)
 
 
-def _describe(grid: Grid, nodes: list[int], num_clients: int) -> FederationMembers:
-    messages = [Message(RecordDict(), dst_node_id=node, message_type=DESCRIBE) for node in nodes]
+def _describe(
+    grid: Grid,
+    nodes: list[int],
+    num_clients: int,
+    settings: dict[str, Any],
+    partition_sizes: Mapping[int, int] | None,
+) -> FederationMembers:
+    messages = [
+        Message(
+            RecordDict({"config": ConfigRecord(settings)}), dst_node_id=node, message_type=DESCRIBE
+        )
+        for node in nodes
+    ]
     replies = list(grid.send_and_receive(messages, timeout=600))
     failures = [r for r in replies if r.has_error()]
     if failures:
@@ -95,9 +130,19 @@ def _describe(grid: Grid, nodes: list[int], num_clients: int) -> FederationMembe
     node_of_partition: dict[int, int] = {}
     num_examples: dict[int, int] = {}
     cuda = 0
+    asked = {m.metadata.dst_node_id for m in messages}
     for reply in replies:
-        metrics = reply.content["metrics"]
-        partition, size = int(metrics["partition-id"]), int(metrics["num-partitions"])
+        node = reply.metadata.src_node_id
+        try:
+            if node not in asked:
+                raise RefusedReply("the server did not ask this node")
+            partition, size, examples, on_cuda = _description(reply, num_clients, partition_sizes)
+        except RefusedReply as refused:
+            raise ConfigError(
+                "partition-id",
+                f"node {node}",
+                f"a node that describes itself truthfully; its reply was refused: {refused.reason}",
+            ) from None
         if size != num_clients:
             raise ConfigError(
                 "num-clients",
@@ -112,7 +157,26 @@ def _describe(grid: Grid, nodes: list[int], num_clients: int) -> FederationMembe
                 f"unique per SuperNode, but nodes {node_of_partition[partition]} and "
                 f"{reply.metadata.src_node_id} both claim it",
             )
-        node_of_partition[partition] = reply.metadata.src_node_id
-        num_examples[partition] = int(metrics["num-examples"])
-        cuda += int(metrics.get("cuda", 0))
+        node_of_partition[partition] = node
+        num_examples[partition] = examples
+        cuda += on_cuda
     return FederationMembers(node_of_partition, num_examples, cuda)
+
+
+def _description(
+    reply: Message, num_clients: int, partition_sizes: Mapping[int, int] | None
+) -> tuple[int, int, int, int]:
+    """(partition id, federation size, N_k, on CUDA) of a ``query.describe`` reply, checked."""
+    content = reply.content
+    if set(content.keys()) != {"metrics"} or "metrics" not in content.metric_records:
+        raise RefusedReply(f"records {sorted(content.keys())}, expected only 'metrics'")
+    values = check_metrics(content["metrics"], DESCRIBE_METRICS)
+    size = check_count("num-partitions", values["num-partitions"], 1, 2**31)
+    partition = check_count("partition-id", values["partition-id"], 0, max(size, 1) - 1)
+    on_cuda = check_count("cuda", values["cuda"], 0, 1)
+    if size != num_clients:  # the node expects another federation: no size to check yet
+        return partition, size, 0, on_cuda
+    high = 2**31 if partition_sizes is None else partition_sizes[partition]
+    low = 1 if partition_sizes is None else partition_sizes[partition]
+    examples = check_count("num-examples", values["num-examples"], low, high)
+    return partition, size, examples, on_cuda

@@ -15,8 +15,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.federated_data import load_federated_data
 from fedunlearn.run_directory import RunDirectory
 from fedunlearn.update_store import UpdateStore
-from server.federated_training import TrainingOutcome
-from server.federation import discover_clients
+from server.federated_training import TrainingOutcome, discover
 
 REQUEST_KEYS = (
     "unlearn_clients",
@@ -55,7 +54,7 @@ def load_trained_run(
         **{key: getattr(request, key) for key in REQUEST_KEYS}, unlearn_only=True
     )
     data = load_federated_data(config)
-    members = discover_clients(grid, config.num_clients, config.node_wait_seconds, log=log)
+    members = discover(grid, config, data, log=log)
     run = RunDirectory.open(path)
     store = UpdateStore(run.store_path) if (run.store_path / "store.json").is_file() else None
     log(f"reopened run {path} ({len(store.rounds()) if store else 0} retained round(s))")

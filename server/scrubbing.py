@@ -42,6 +42,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.federated_data import run_settings
 from fedunlearn.forget_sets import ForgetSet
 from fedunlearn.forgetting_baselines import hide_class
 from fedunlearn.head_curvature import assemble_hessian, head_matrix, with_head
@@ -100,6 +101,7 @@ class ScrubStatistics:
         self.grid = grid
         self.node_of = dict(outcome.members.node_of_partition)
         self.forget = forget
+        self.settings = run_settings(outcome.config)
         self.messages = 0
 
     def ask(
@@ -116,7 +118,13 @@ class ScrubStatistics:
                 content=RecordDict(
                     {
                         "config": ConfigRecord(
-                            {"op": op, "parts": list(parts), "forget": str(self.forget), **config}
+                            {
+                                "op": op,
+                                "parts": list(parts),
+                                "forget": str(self.forget),
+                                **config,
+                                **self.settings,
+                            }
                         ),
                         "model": ArrayRecord(dict(state)),
                     }

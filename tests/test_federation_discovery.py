@@ -16,8 +16,9 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 class FakeGrid:
     """Nodes that answer ``query.describe`` with a partition id and the federation size they expect."""
 
-    def __init__(self, partitions: dict[int, int], num_partitions: int):
+    def __init__(self, partitions: dict[int, int], num_partitions: int, hostile=None):
         self.partitions, self.num_partitions = partitions, num_partitions
+        self.hostile = hostile or {}  # node -> metrics it replaces or adds
         self.sent: list[Message] = []
 
     def get_node_ids(self):
@@ -39,6 +40,8 @@ class FakeGrid:
                             "partition-id": self.partitions[node],
                             "num-partitions": self.num_partitions,
                             "num-examples": 10 + self.partitions[node],
+                            "cuda": 0,
+                            **self.hostile.get(node, {}),
                         }
                     )
                 }
@@ -79,3 +82,39 @@ def test_a_settled_smaller_simulation_is_refused_without_waiting_the_full_timeou
     grid = FakeGrid({1: 0, 2: 1, 3: 2}, num_partitions=3)
     with pytest.raises(ConfigError, match="num-partitions \\(3\\)"):
         discover_clients(grid, 4, wait_seconds=60, log=lambda _: None, settle_seconds=0.2)
+
+
+@pytest.mark.parametrize(
+    "hostile, fragment",
+    [
+        ({"num-examples": 10**12}, "num-examples"),
+        ({"num-examples": 10.5}, "not an integer"),
+        ({"num-examples": float("nan")}, "not finite"),
+        ({"partition-id": 7}, "partition-id"),
+        ({"cuda": 5}, "cuda"),
+        ({"extra": 1}, "unexpected 'extra'"),
+        ({"num-examples": [5, 6]}, "not a number"),
+    ],
+)
+def test_a_hostile_description_is_refused_naming_the_node(hostile, fragment):
+    grid = FakeGrid({42: 0, 43: 1}, num_partitions=2, hostile={43: hostile})
+    with pytest.raises(ConfigError) as info:
+        discover_clients(grid, 2, wait_seconds=5, log=lambda _: None)
+    assert "node 43" in str(info.value) and fragment in str(info.value)
+
+
+def test_a_node_declaring_another_size_than_the_run_computes_is_refused():
+    grid = FakeGrid({42: 0, 43: 1}, num_partitions=2)  # declares 10 and 11
+    sizes = {0: 10, 1: 12}
+    with pytest.raises(ConfigError, match="node 43.*num-examples = 11 is outside \\[12, 12\\]"):
+        discover_clients(grid, 2, wait_seconds=5, log=lambda _: None, partition_sizes=sizes)
+    members = discover_clients(
+        grid, 2, wait_seconds=5, log=lambda _: None, partition_sizes={0: 10, 1: 11}
+    )
+    assert members.num_examples == {0: 10, 1: 11}
+
+
+def test_discovery_sends_the_run_settings():
+    grid = FakeGrid({42: 0}, num_partitions=1)
+    discover_clients(grid, 1, wait_seconds=5, log=lambda _: None, settings={"run.seed": 3})
+    assert all(m.content["config"]["run.seed"] == 3 for m in grid.sent)

@@ -1,0 +1,150 @@
+"""Checks of an untrusted client reply: the design's "Untrusted clients".
+
+In a deployment a SuperNode is another organisation's machine, so a reply is data to validate, not
+a fact. Before a reply is aggregated, retained or used, it must match what the server sent and what
+the node declared when it was discovered:
+
+* the same arrays: the same keys, shapes and dtypes as the model sent, every floating value finite
+  (a NaN update would poison the average and every model built from the store);
+* exactly the metrics the protocol names, each a finite number (no lists);
+* ``num-examples`` an integer in ``[1, N_k]``, N_k the sample count the node declared (FedAvg weighs
+  updates by it: a claimed 1e12 would take over the average);
+* ``partition-id`` equal to the partition the node is bound to (the store is keyed by it: a spoofed
+  id would file the update under another client).
+
+These are pure functions on plain values (shapes, dtype names, NumPy arrays, numbers); the Flower
+layer (``server/reply_screening.py``) turns messages into them and decides what a refusal costs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Collection, Iterable, Mapping
+
+import numpy as np
+
+from fedunlearn.errors import FedUnlearnError
+
+#: An array's description: (shape, dtype name as NumPy spells it).
+ArraySpec = tuple[tuple[int, ...], str]
+
+#: The metrics a ``train`` / ``train.calibrate`` reply carries (clients/client_app.py).
+TRAIN_METRICS = frozenset({"num-examples", "partition-id", "train-loss", "calibration"})
+#: The metrics an ``evaluate`` reply carries.
+EVALUATE_METRICS = frozenset({"num-examples", "partition-id", "eval-loss", "eval-accuracy"})
+#: The metrics a ``query.describe`` reply carries (server/federation.py).
+DESCRIBE_METRICS = frozenset({"partition-id", "num-partitions", "num-examples", "cuda"})
+
+
+class RefusedReply(FedUnlearnError, ValueError):
+    """A client reply failed a check; ``reason`` says which, in words a log line can carry."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+def check_array_specs(sent: Mapping[str, ArraySpec], received: Mapping[str, ArraySpec]) -> None:
+    """The reply's arrays have exactly the sent keys, and each the sent shape and dtype."""
+    missing = sorted(set(sent) - set(received))
+    extra = sorted(set(received) - set(sent))
+    if missing or extra:
+        parts = ([f"missing {_listed(missing)}"] if missing else []) + (
+            [f"unexpected {_listed(extra)}"] if extra else []
+        )
+        raise RefusedReply("arrays " + " and ".join(parts))
+    for name, (shape, dtype) in sent.items():
+        got_shape, got_dtype = received[name]
+        if tuple(got_shape) != tuple(shape):
+            raise RefusedReply(
+                f"array {name!r} has shape {tuple(got_shape)}, the model sent has {tuple(shape)}"
+            )
+        if str(got_dtype) != str(dtype):
+            raise RefusedReply(f"array {name!r} has dtype {got_dtype}, the model sent has {dtype}")
+
+
+def check_finite_arrays(arrays: Iterable[tuple[str, np.ndarray]]) -> None:
+    """Every floating value of every array is finite."""
+    for name, array in arrays:
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+            raise RefusedReply(f"array {name!r} holds {bad} non-finite value(s)")
+
+
+def check_metrics(metrics: Mapping[str, object], expected: Collection[str]) -> dict[str, float]:
+    """Exactly the ``expected`` metric names, each a finite int or float (not a bool or a list)."""
+    missing = sorted(set(expected) - set(metrics))
+    extra = sorted(set(metrics) - set(expected))
+    if missing or extra:
+        parts = ([f"missing {_listed(missing)}"] if missing else []) + (
+            [f"unexpected {_listed(extra)}"] if extra else []
+        )
+        raise RefusedReply("metrics " + " and ".join(parts))
+    values: dict[str, float] = {}
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise RefusedReply(f"metric {name!r} = {value!r} is not a number")
+        if not math.isfinite(float(value)):
+            raise RefusedReply(f"metric {name!r} = {value!r} is not finite")
+        values[name] = value
+    return values
+
+
+def check_count(name: str, value: object, low: int, high: int) -> int:
+    """An integer (an ``int``, not a float or a bool) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise RefusedReply(f"{name} = {value!r} is not an integer")
+    if not low <= int(value) <= high:
+        raise RefusedReply(f"{name} = {value} is outside [{low}, {high}]")
+    return int(value)
+
+
+def check_partition(value: object, bound: int) -> int:
+    """``partition-id`` equal to the partition the node was bound to at discovery."""
+    partition = check_count("partition-id", value, 0, 2**62)
+    if partition != bound:
+        raise RefusedReply(f"partition-id = {partition}, but this node is client {bound}")
+    return partition
+
+
+def check_training_reply(
+    sent: Mapping[str, ArraySpec],
+    received: Mapping[str, ArraySpec],
+    metrics: Mapping[str, object],
+    *,
+    partition: int,
+    declared_examples: int,
+    arrays: Iterable[tuple[str, np.ndarray]] = (),
+) -> dict[str, float]:
+    """Every check of a ``train`` or ``train.calibrate`` reply; returns its metrics.
+
+    ``arrays`` yields the received arrays' values (checked for finiteness after the cheap checks of
+    shapes and counts, so a malformed reply is refused before its arrays are decoded).
+    """
+    check_array_specs(sent, received)
+    values = check_metrics(metrics, TRAIN_METRICS)
+    check_partition(values["partition-id"], partition)
+    check_count("num-examples", values["num-examples"], 1, declared_examples)
+    check_count("calibration", values["calibration"], 0, 1)
+    check_finite_arrays(arrays)
+    return values
+
+
+def check_evaluate_reply(
+    metrics: Mapping[str, object], *, partition: int, declared_examples: int
+) -> dict[str, float]:
+    """Every check of an ``evaluate`` reply (metrics only); returns its metrics."""
+    values = check_metrics(metrics, EVALUATE_METRICS)
+    check_partition(values["partition-id"], partition)
+    check_count("num-examples", values["num-examples"], 1, declared_examples)
+    if not 0.0 <= float(values["eval-accuracy"]) <= 1.0:
+        raise RefusedReply(f"eval-accuracy = {values['eval-accuracy']} is outside [0, 1]")
+    if float(values["eval-loss"]) < 0.0:
+        raise RefusedReply(f"eval-loss = {values['eval-loss']} is negative")
+    return values
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:5])
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
