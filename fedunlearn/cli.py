@@ -98,7 +98,9 @@ def _read_ledger_for_display(path: Path) -> list[dict]:
         missing = [name for name in _LEDGER_FIELDS if name not in record]
         if missing:
             raise ConfigError(
-                "path", str(path), f"a certified-removal ledger; its record {number} lacks {missing}"
+                "path",
+                str(path),
+                f"a certified-removal ledger; its record {number} lacks {missing}",
             )
     return records
 

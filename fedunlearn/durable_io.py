@@ -94,18 +94,28 @@ def open_private_file(path: str | os.PathLike, flags: int = os.O_RDWR | os.O_CRE
     descriptor = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE_MODE)
     try:
         _set_mode(descriptor, PRIVATE_FILE_MODE)
+    except PermissionError:
+        pass  # another user's file (a new one is always ours): its mode is its owner's to set
     except BaseException:
         os.close(descriptor)
         raise
     return descriptor
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(
+    path: str | os.PathLike, data: bytes, *, sync_directory: bool = True
+) -> None:
     """Write ``data`` to ``path`` (mode 0600) so that ``path`` holds either the old or the new bytes,
-    never half; missing parent folders are created 0700."""
+    never half; missing parent folders are created 0700.
+
+    ``sync_directory=False`` leaves the folder's fsync (which makes the rename durable) to a caller
+    that writes many files into one folder and fsyncs it once before it relies on them.
+    """
     path = Path(path)
     private_directory(path.parent)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    descriptor, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix=".tmp", dir=path.parent
+    )
     try:
         with os.fdopen(descriptor, "wb") as handle:
             _set_mode(handle.fileno(), PRIVATE_FILE_MODE)
@@ -116,7 +126,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    fsync_directory(path.parent)
+    if sync_directory:
+        fsync_directory(path.parent)
 
 
 # ---------------------------------------------------------------------- JSON lines

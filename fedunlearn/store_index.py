@@ -26,8 +26,8 @@ import os
 import re
 import sqlite3
 from collections.abc import Iterable, Iterator
-from dataclasses import astuple, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from fedunlearn.errors import ConfigError, FedUnlearnError, StoreCorruptionError
 
@@ -52,7 +52,13 @@ _SCHEMA = (
     "CREATE INDEX blobs_by_round ON blobs (round)",
     "CREATE INDEX blobs_by_client ON blobs (client)",
 )
-_BUSY = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+# one encoder for every row (json.dumps would build one per call); a BLOB edited into a column
+# gets a text form of its own, so it can never pass for the value it replaced
+_CANONICAL = json.JSONEncoder(
+    separators=(",", ":"), default=lambda v: f"<{type(v).__name__} {v!r}>"
+)
+_BUSY = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED (named in sqlite3 only from Python 3.11)
+_SQLITE_READONLY = 8
 _RESTORE = "restore index.sqlite from a backup; the blobs were left untouched"
 
 
@@ -74,8 +80,7 @@ def describe(round_number: object, client: object) -> str:
     return f"round {round_number}, " + ("global model" if client is None else f"client {client}")
 
 
-@dataclass(frozen=True)
-class BlobRow:
+class BlobRow(NamedTuple):
     """One index row: blob ``path`` of (``round``, ``client``), ``bytes`` long with sha256 ``checksum``."""
 
     round: int
@@ -93,9 +98,7 @@ class BlobRow:
 
     def canonical(self) -> bytes:
         """The fields as compact JSON: ``12``, ``"12"`` and ``12.0`` differ, as they must."""
-        return json.dumps(
-            astuple(self), separators=(",", ":"), default=lambda v: f"<{type(v).__name__} {v!r}>"
-        ).encode()
+        return _CANONICAL.encode(self).encode()
 
     def row_checksum(self) -> str:
         return hashlib.sha256(self.canonical()).hexdigest()
@@ -287,7 +290,7 @@ class StoreIndex:
         """Insert ``rows`` (inside :meth:`transaction`), each with its row checksum."""
         self._connection.executemany(
             f"INSERT INTO blobs ({_SELECT}, row_checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(*astuple(row), row.row_checksum()) for row in rows],
+            [(*row, row.row_checksum()) for row in rows],
         )
 
     def delete(self, rows: Iterable[BlobRow]) -> None:
@@ -362,7 +365,7 @@ def _as_store_error(error: sqlite3.Error, path: Path) -> FedUnlearnError:
     code = getattr(error, "sqlite_errorcode", 0) & 0xFF
     if code in _BUSY:
         return StoreBusyError(f"{path} is locked by a writer ({error}); retry once it is done")
-    if code == sqlite3.SQLITE_READONLY:
+    if code == _SQLITE_READONLY:
         return StoreReadOnlyError(f"{path} cannot be written ({error}); open the store read-only")
     return StoreCorruptionError(f"{path} is not a readable store index ({error}); {_RESTORE}")
 

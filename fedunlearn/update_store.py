@@ -123,8 +123,8 @@ def _client_set(parameter: str, clients: int | Iterable[int]) -> set[int]:
 
 def _non_finite(tensor: torch.Tensor) -> int:
     """How many NaN or ±Inf values a floating tensor holds (0 for other dtypes)."""
-    if not tensor.is_floating_point():
-        return 0
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return 0  # the common case in one reduction
     return int((~torch.isfinite(tensor)).sum())
 
 
@@ -250,7 +250,8 @@ class RoundWriter:
         dtype = self._store.dtype
         data = _encode(tensors, STORE_DTYPES[dtype], what, metadata)
         relative = blob_path(self.round, client)
-        atomic_write_bytes(self._store.root / relative, data)
+        # the round's folder is fsynced once, before its rows commit (__exit__)
+        atomic_write_bytes(self._store.root / relative, data, sync_directory=False)
         checksum = hashlib.sha256(data).hexdigest()
         self._rows.append(
             BlobRow(self.round, client, kind, num_examples, dtype, len(data), checksum, relative)
@@ -475,7 +476,7 @@ class UpdateStore:
 
     def index(self) -> pd.DataFrame:
         """The index, one row per blob, ordered by round, kind, client."""
-        frame = pd.DataFrame([row.__dict__ for row in self._rows()], columns=list(COLUMNS))
+        frame = pd.DataFrame([row._asdict() for row in self._rows()], columns=list(COLUMNS))
         # nullable integers: the global model's client and num_examples are NULL
         integers = {"round": "int64", "bytes": "int64", "client": "Int64", "num_examples": "Int64"}
         return frame.astype(integers)
@@ -549,7 +550,9 @@ class UpdateStore:
             )
         if self.readonly:
             raise ConfigError(
-                "root", str(self.root), "a store folder holding store.json (readonly=True creates none)"
+                "root",
+                str(self.root),
+                "a store folder holding store.json (readonly=True creates none)",
             )
         private_directory(self.root)
         header = {
@@ -583,8 +586,9 @@ class UpdateStore:
             return StoreIndex.create(path)
         if self.readonly:
             return StoreIndex.open_readonly(path)
+        index = StoreIndex.open_writable(path)
         private_directory(self.root / _BLOBS)
-        return StoreIndex.open_writable(path)
+        return index
 
     def _prepare(self, header: dict) -> None:
         """Writable open: migrate a format-1 store, then remove a crashed round's leftovers."""

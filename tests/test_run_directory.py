@@ -79,7 +79,9 @@ def test_every_file_a_run_directory_writes_is_0600_in_0700_folders(tmp_path, uma
     finally:
         os.umask(previous)
     modes = modes_under(tmp_path / "out")
-    assert len(modes) == 19, sorted(modes)  # out, run, 9 run files, store/ with 3 files, blobs/, round_000001/ and 2 blobs
+    assert len(modes) == 19, sorted(
+        modes
+    )  # out, run, 9 run files, store/ with 3 files, blobs/, round_000001/ and 2 blobs
     wrong = {
         name: oct(mode)
         for name, mode in modes.items()

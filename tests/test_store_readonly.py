@@ -118,14 +118,19 @@ MOUNTED = textwrap.dedent("""
 def test_read_only_commands_work_on_a_real_read_only_mount(tmp_path):
     prefix = readonly_mount_prefix()
     if prefix is None:
-        pytest.skip("no mount namespace here; test_read_only_commands_under_a_write_refusing_hook "
-                    "simulates the read-only file system instead")
+        pytest.skip(
+            "no mount namespace here; test_read_only_commands_under_a_write_refusing_hook "
+            "simulates the read-only file system instead"
+        )
     make_runs(tmp_path / "tree")
     before = tree(tmp_path / "tree")
     out = tmp_path / "out"
     out.mkdir()
     environment = dict(
-        os.environ, PYTHON=sys.executable, PYTHONPATH=str(REPOSITORY_ROOT), PYTHONDONTWRITEBYTECODE="1"
+        os.environ,
+        PYTHON=sys.executable,
+        PYTHONPATH=str(REPOSITORY_ROOT),
+        PYTHONDONTWRITEBYTECODE="1",
     )
     completed = subprocess.run(
         [*prefix, "sh", "-c", MOUNTED, "sh", str(tmp_path / "tree"), str(out)],
@@ -216,8 +221,12 @@ def test_the_hook_does_refuse_what_the_old_commands_did(tmp_path):
     """The simulation is not vacuous: a writable open, what `store verify` used to do, fails."""
     make_runs(tmp_path / "tree")
     script = tmp_path / "audited.py"
-    script.write_text(AUDITED.replace('runpy.run_module("fedunlearn.cli", run_name="__main__")', (
-        'from fedunlearn.update_store import UpdateStore; UpdateStore("run/store")')))
+    script.write_text(
+        AUDITED.replace(
+            'runpy.run_module("fedunlearn.cli", run_name="__main__")',
+            ('from fedunlearn.update_store import UpdateStore; UpdateStore("run/store")'),
+        )
+    )
     completed = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "tree")],
         env=dict(os.environ, PYTHONPATH=str(REPOSITORY_ROOT), PYTHONDONTWRITEBYTECODE="1"),
@@ -228,7 +237,9 @@ def test_the_hook_does_refuse_what_the_old_commands_did(tmp_path):
     assert completed.returncode != 0 and "Read-only file system (simulated)" in completed.stderr
 
 
-@pytest.mark.parametrize("argv", [name_argv[1] for name_argv in COMMANDS], ids=[c[0] for c in COMMANDS])
+@pytest.mark.parametrize(
+    "argv", [name_argv[1] for name_argv in COMMANDS], ids=[c[0] for c in COMMANDS]
+)
 def test_read_only_commands_leave_the_tree_unchanged(tmp_path, monkeypatch, capsys, argv):
     """In process, on a writable file system: names, sizes, mtimes, modes and bytes all kept,
     also where the old code cleaned up (the leftover round) or deleted (the broken store)."""

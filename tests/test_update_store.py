@@ -485,7 +485,9 @@ def test_blobs_without_an_index_raise_and_are_never_deleted(tmp_path, damage):
         assert f"store {tmp_path}" in message and f"is {damage}" in message
         assert "restore index.sqlite from a backup" in message and "left untouched" in message
         assert tree(tmp_path / "blobs") == before
-    assert index.exists() == (damage == "empty") and not (tmp_path / "index.sqlite-journal").exists()
+    assert (
+        index.exists() == (damage == "empty") and not (tmp_path / "index.sqlite-journal").exists()
+    )
 
 
 def test_a_store_that_crashed_right_after_creation_is_completed_normally(tmp_path):
@@ -581,6 +583,7 @@ def set_column(root: Path, column: str, value, where: str = "client = 1 AND roun
         ("num_examples", "twenty"),
         ("num_examples", 20.5),
         ("num_examples", None),
+        ("num_examples", b"\x14"),
         ("bytes", 1),
         ("client", 7),
         ("kind", "global"),
@@ -603,7 +606,9 @@ def test_an_edited_index_field_is_detected_on_every_read_and_by_verify(tmp_path,
         lambda: store.index(),
         lambda: store.delete_client(1),
     ):
-        with pytest.raises(StoreCorruptionError, match=rf"{row}, client (1|7)\b.*edited or damaged"):
+        with pytest.raises(
+            StoreCorruptionError, match=rf"{row}, client (1|7)\b.*edited or damaged"
+        ):
             read()
     problems = store.verify()
     assert len(problems) == 1 and f"{value!r}" in problems[0] and "edited or damaged" in problems[0]
@@ -640,7 +645,9 @@ def test_non_finite_tensors_are_refused_at_write_leaving_no_round(tmp_path, bad,
     poisoned = make_state(7)
     poisoned["conv.bias"][2] = bad
     global_model = poisoned if who == "global" else make_state(0)
-    updates = {0: (make_state(1), 5), 4: (poisoned, 5)} if who == "update" else {0: (make_state(1), 5)}
+    updates = (
+        {0: (make_state(1), 5), 4: (poisoned, 5)} if who == "update" else {0: (make_state(1), 5)}
+    )
     expected = "global model of round 2" if who == "global" else "update of client 4 in round 2"
     with pytest.raises(ConfigError, match=rf"invalid {expected}\['conv.bias'\]='1 NaN/Inf") as info:
         store.write_round(2, global_model, updates)
@@ -665,7 +672,9 @@ def replace_blob(root: Path, round_number: int, client, tensors: dict) -> None:
     fields = connection.execute(
         f"SELECT round, client, kind, num_examples, dtype FROM blobs WHERE {where}", parameters
     ).fetchone()
-    row = BlobRow(*fields, len(data), hashlib.sha256(data).hexdigest(), blob_path(round_number, client))
+    row = BlobRow(
+        *fields, len(data), hashlib.sha256(data).hexdigest(), blob_path(round_number, client)
+    )
     connection.execute(
         f"UPDATE blobs SET bytes = ?, checksum = ?, row_checksum = ? WHERE {where}",
         (row.bytes, row.checksum, row.row_checksum(), *parameters),
@@ -680,7 +689,9 @@ def test_verify_and_reads_report_non_finite_values_in_blobs_of_older_stores(tmp_
     replace_blob(tmp_path, 1, 2, {"w": torch.tensor([1.0, float("nan"), float("inf")])})
     [problem] = store.verify()
     assert "round 1, client 2" in problem and "2 NaN/Inf value(s) of 3 in tensor 'w'" in problem
-    with pytest.raises(StoreCorruptionError, match=r"round 1, client 2.*NaN/Inf values in tensor 'w'"):
+    with pytest.raises(
+        StoreCorruptionError, match=r"round 1, client 2.*NaN/Inf values in tensor 'w'"
+    ):
         store.read_update(1, 2)
     assert_states_equal(store.read_update(1, 1), make_state(102))
 
