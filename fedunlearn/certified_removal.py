@@ -625,22 +625,18 @@ def _jsonable(value: Any) -> Any:
 
 
 def append_certificate(path: str | Path, certificate: Certificate) -> None:
-    """Append one certificate as a JSON line and make it durable (the ledger is append-only)."""
-    import json
-    import os
+    """Append one certificate as a JSON line (file 0600) and make it durable (the ledger is
+    append-only; a torn last line left by a crash is cut off first, see
+    :func:`fedunlearn.durable_io.append_jsonl`)."""
+    from fedunlearn.durable_io import append_jsonl
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(certificate.to_record(), sort_keys=True) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    append_jsonl(path, certificate.to_record())
 
 
 def read_ledger(path: str | Path) -> list[dict[str, Any]]:
-    import json
+    """The ledger's certificates, in order ([] if absent); a torn last line is skipped with a
+    :class:`fedunlearn.durable_io.TornLineWarning`, a damaged earlier one raises
+    :class:`fedunlearn.durable_io.LogCorruptionError` naming the file and line."""
+    from fedunlearn.durable_io import read_jsonl
 
-    target = Path(path)
-    if not target.exists():
-        return []
-    return [json.loads(line) for line in target.read_text(encoding="utf-8").splitlines() if line]
+    return read_jsonl(path)

@@ -1,30 +1,43 @@
 """``fedunlearn``: look after run directories, retained-update stores and datasets (no Flower needed).
 
     fedunlearn store info RUN_OR_STORE_DIR      rounds, clients, dtype, bytes per round, index table
-    fedunlearn store verify RUN_OR_STORE_DIR    check every blob's checksum (exit 1 if any is bad)
+    fedunlearn store verify RUN_OR_STORE_DIR    check the index and every blob (exit 1 if any is bad)
     fedunlearn certificates RUN_DIR_OR_LEDGER   the certified-removal ledger, one line per request
     fedunlearn data check NAME --root DIR       load a dataset and print its sizes
     fedunlearn data download NAME --root DIR    fetch a dataset into DIR (the only command that downloads)
 
-Training runs are launched with ``fedunlearn-run`` (or ``flwr run .``).
+Training runs are launched with ``fedunlearn-run`` (or ``flwr run .``). ``store`` and
+``certificates`` only read: they write, lock, clean up or migrate nothing, and work on a read-only
+file system.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.errors import ConfigError, FedUnlearnError, StoreCorruptionError
+
+_UNCHECKSUMMED = (
+    "note: this store's index is format 1: its rows (num_examples among them) carry no checksums "
+    "yet; the first writable open (resuming the run, or UpdateStore(root)) adds them"
+)
+_LEDGER_FIELDS = (
+    "request kind removed n_after beta_after budget retrained certified total_epsilon total_delta "
+    "seconds loss mode bound lam sigma"
+).split()
 
 
 def _open_store(path: Path):
+    """The store of a run directory or a store directory, opened read-only (writes nothing)."""
     from fedunlearn.update_store import UpdateStore
 
     for candidate in (path, path / "store"):
         if (candidate / "store.json").is_file():
-            return UpdateStore(candidate)
+            return UpdateStore(candidate, readonly=True)
     raise ConfigError("path", str(path), "a run directory or a store directory holding store.json")
 
 
@@ -43,23 +56,57 @@ def _store_info(args: argparse.Namespace) -> int:
         print(f"bytes per retained round: {int(sum(per_round.values()) / len(per_round)):,} (mean)")
     if args.index:
         print(index.to_markdown(index=False))
+    if not store.rows_checksummed:
+        print(_UNCHECKSUMMED)
     return 0
 
 
 def _store_verify(args: argparse.Namespace) -> int:
-    store = _open_store(args.path)
+    """Exit 0 when the store is sound, 1 when problems were found (an index that cannot be
+    opened is one), 2 when ``path`` holds no store."""
+    try:
+        store = _open_store(args.path)
+    except StoreCorruptionError as error:
+        print(error)
+        print("0 blob(s) checked, 1 problem(s): the store cannot be opened")
+        return 1
     problems = store.verify()
     for problem in problems:
         print(problem)
-    blobs = len(store.index())
-    print(f"{blobs} blob(s) checked, {len(problems)} problem(s)")
+    if not store.rows_checksummed:
+        print(_UNCHECKSUMMED)
+    print(f"{store.blob_count()} blob(s) checked, {len(problems)} problem(s)")
     return 1 if problems else 0
+
+
+def _read_ledger_for_display(path: Path) -> list[dict]:
+    """The ledger's records; a torn last line is reported on stderr, the rest still shown."""
+    from fedunlearn.certified_removal import read_ledger
+    from fedunlearn.durable_io import TornLineWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TornLineWarning)
+        records = read_ledger(path)
+    for warning in caught:
+        if issubclass(warning.category, TornLineWarning):
+            print(f"fedunlearn: warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    for number, record in enumerate(records, start=1):
+        missing = [name for name in _LEDGER_FIELDS if name not in record]
+        if missing:
+            raise ConfigError(
+                "path",
+                str(path),
+                f"a certified-removal ledger; its record {number} lacks {missing}",
+            )
+    return records
 
 
 def _certificates(args: argparse.Namespace) -> int:
     import pandas as pd
-
-    from fedunlearn.certified_removal import read_ledger
 
     path = args.path / "certified_removal.jsonl" if args.path.is_dir() else args.path
     if not path.is_file():
@@ -68,7 +115,7 @@ def _certificates(args: argparse.Namespace) -> int:
             str(args.path),
             "a run directory holding certified_removal.jsonl, or a ledger file",
         )
-    records = read_ledger(path)
+    records = _read_ledger_for_display(path)
     table = pd.DataFrame(
         [
             {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -10,13 +11,22 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from fedunlearn.durable_io import atomic_write_bytes  # noqa: E402
+
 
 def save_figure(fig, path: Path) -> Path:
-    """Lay out, save (PNG, 120 dpi) and close ``fig``."""
-    fig.tight_layout()
+    """Lay out, save (120 dpi, the format of ``path``'s suffix, PNG without one) and close ``fig``.
+
+    Rendered to memory first, then written atomically with mode 0600 like every file of a run.
+    """
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    buffer = io.BytesIO()
+    try:
+        fig.tight_layout()
+        fig.savefig(buffer, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
     return path
 
 

@@ -1,14 +1,15 @@
 """A run's output directory: configuration, per-round metrics, models, tables, figures and the store.
 
-Every file is written atomically (temporary file, fsync, rename), so a reader never sees half a file,
-and an existing run directory is never overwritten.
+Every file is written atomically (temporary file, fsync, rename), so a reader never sees half a file;
+logs are append-only JSON lines that survive a crash mid-append (:mod:`fedunlearn.durable_io`). An
+existing run directory is never overwritten. The directory is 0700 and every file in it 0600, whatever
+the umask: models, updates and logs reveal the clients' data.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,24 +19,18 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
+from fedunlearn.durable_io import (
+    PRIVATE_DIRECTORY_MODE,
+    append_jsonl,
+    atomic_write_bytes,
+    private_directory,
+    read_jsonl,
+)
 from fedunlearn.errors import ConfigError
 
+__all__ = ["CHECKPOINT", "RunDirectory", "atomic_write_bytes"]  # atomic_write_bytes: re-exported
+
 CHECKPOINT = "checkpoint"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` holds either the old or the new bytes, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class RunDirectory:
@@ -62,7 +57,8 @@ class RunDirectory:
                 f"a new run directory, but {path} already exists and is not empty; choose another "
                 "run-name or output-dir (or set resume=true to continue an interrupted run)",
             )
-        path.mkdir(parents=True, exist_ok=True)
+        private_directory(path)
+        os.chmod(path, PRIVATE_DIRECTORY_MODE)  # also when it existed, empty
         run = cls(path)
         run.write_json("config.json", dict(config))
         return run
@@ -141,22 +137,14 @@ class RunDirectory:
         return pd.DataFrame(self._metrics)
 
     def append_log(self, name: str, record: Mapping[str, Any]) -> Path:
-        """Append one JSON line to ``name`` (an append-only log) and make it durable."""
-        target = self.path / name
-        line = json.dumps(dict(record), sort_keys=True, default=str) + "\n"
-        with open(target, "a", encoding="utf-8") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
-        return target
+        """Append one JSON line to ``name`` (an append-only log, 0600) and make it durable; a torn
+        last line left by a crash is cut off first (:func:`fedunlearn.durable_io.append_jsonl`)."""
+        return append_jsonl(self.path / name, record)
 
     def read_log(self, name: str) -> list[dict[str, Any]]:
-        target = self.path / name
-        if not target.exists():
-            return []
-        return [
-            json.loads(line) for line in target.read_text(encoding="utf-8").splitlines() if line
-        ]
+        """The records of log ``name`` ([] if absent); a torn last line is skipped with a warning,
+        a damaged earlier line raises :class:`fedunlearn.durable_io.LogCorruptionError`."""
+        return read_jsonl(self.path / name)
 
     def write_table(
         self, name: str, table: pd.DataFrame, *, markdown: bool = True, floatfmt: str = ".4f"

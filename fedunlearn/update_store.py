@@ -5,12 +5,21 @@ that each client k sent at the retained rounds t_1 = 1, t_{j+1} = t_j + Δt, and
 models M^t of those rounds. This store is the server's only durable memory of them, so:
 
 * every blob (one per round's global model, one per (round, client) update, safetensors) is
-  written to a temporary file, fsynced and renamed into place;
-* a round exists only once all its rows of the SQLite index, each with the blob's sha256, are
-  committed in one transaction; blobs of rounds that never committed (a crash) are removed the
-  next time the store is opened, so a half-written round is never read as valid;
-* every read verifies the checksum, and ``delete_client`` unlinks the client's blobs and vacuums
-  the index (``secure_delete``) so that no file under the root keeps a byte of its updates.
+  written to a temporary file, fsynced and renamed into place; no blob holds a NaN or an Inf;
+* a round exists only once all its rows of the SQLite index, each with the blob's sha256 and its
+  own row checksum (:mod:`fedunlearn.store_index`), are committed in one transaction; blobs of
+  rounds that never committed (a crash) are removed the next time the store is opened writable,
+  so a half-written round is never read as valid;
+* the store never destroys what it cannot account for: blobs with no readable index (the index
+  missing, empty, not SQLite, truncated) raise :class:`StoreCorruptionError` and stay untouched;
+* every read verifies the row and blob checksums, and ``delete_client`` unlinks the client's blobs
+  and vacuums the index (``secure_delete``) so that no file under the root keeps a byte of them;
+* ``UpdateStore(root, readonly=True)`` writes nothing at all (no folder, header, lock, cleanup or
+  migration; SQLite opened ``mode=ro``), so it can inspect a store on a read-only file system;
+* folders are 0700 and files 0600, whatever the umask: the updates reveal the clients' data.
+
+Formats: 2 (this version) checksums index rows; a format-1 store (no row checksums) is migrated
+by the first writable open, and read as it is, with a note, by a read-only one.
 
 Layout::
 
@@ -25,12 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import numbers
 import os
 import re
-import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,41 +47,52 @@ from pathlib import Path
 import pandas as pd
 import safetensors.torch
 import torch
+from safetensors import SafetensorError, safe_open
 
-from fedunlearn.errors import ConfigError, FedUnlearnError, StoreCorruptionError
+from fedunlearn.durable_io import (
+    PRIVATE_DIRECTORY_MODE,
+    PRIVATE_FILE_MODE,
+    atomic_write_bytes,
+    fsync_directory,
+    open_private_file,
+    private_directory,
+)
+from fedunlearn.errors import ConfigError, StoreCorruptionError
+from fedunlearn.store_index import (
+    COLUMNS,
+    BlobRow,
+    StoreBusyError,
+    StoreIndex,
+    StoreReadOnlyError,
+    blob_path,
+)
 
 try:
     import fcntl
 except ImportError:  # no advisory locks on Windows: the single-writer rule is then the caller's
     fcntl = None
 
+__all__ = [
+    "FORMAT_VERSION",
+    "STORE_DTYPES",
+    "RetainedRound",
+    "RoundWriter",
+    "StoreBusyError",
+    "StoreReadOnlyError",
+    "UpdateStore",
+]
+
 State = Mapping[str, torch.Tensor]
 FORMAT_NAME = "fedunlearn-update-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 STORE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _HEADER, _INDEX, _LOCK, _BLOBS = "store.json", "index.sqlite", ".lock", "blobs"
 _ROUND_DIRECTORY = re.compile(r"round_\d{6,}")
 # Only names this module creates are ever removed, so foreign files under blobs/ survive.
-_OWN_FILE = re.compile(r"(client_\d{6,}|global)\.safetensors|\..+\.safetensors\.tmp")
-_COLUMNS = "round, client, kind, num_examples, dtype, bytes, checksum, path"
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS blobs (
-    round INTEGER NOT NULL,
-    client INTEGER,                 -- NULL for the global model
-    kind TEXT NOT NULL CHECK (kind IN ('update', 'global')),
-    num_examples INTEGER,           -- NULL for the global model
-    dtype TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    checksum TEXT NOT NULL,         -- sha256 of the file, hex
-    path TEXT NOT NULL UNIQUE       -- relative to the root; encodes (round, client, kind)
-);
-CREATE INDEX IF NOT EXISTS blobs_by_round ON blobs (round);
-CREATE INDEX IF NOT EXISTS blobs_by_client ON blobs (client);
-"""
-
-
-class StoreBusyError(FedUnlearnError, RuntimeError):
-    """Another writer (process, or ``UpdateStore`` object) holds the store's write lock."""
+_OWN_FILE = re.compile(
+    r"(client_\d{6,}|global)\.safetensors|\.(client_\d{6,}|global)\.safetensors(\.\w+)?\.tmp"
+)
+_BLOB_ADVICE = "restore it from a backup or retrain; store.verify() lists every damaged blob"
 
 
 @dataclass
@@ -101,32 +121,11 @@ def _client_set(parameter: str, clients: int | Iterable[int]) -> set[int]:
     return {_check_integer(parameter, client, 0) for client in values}
 
 
-def _blob_path(round_number: int, client: int | None) -> str:
-    name = "global" if client is None else f"client_{client:06d}"
-    return f"{_BLOBS}/round_{round_number:06d}/{name}.safetensors"
-
-
-def _describe(round_number: int, client: int | None) -> str:
-    return f"round {round_number}, " + ("global model" if client is None else f"client {client}")
-
-
-def _fsync_directory(directory: Path) -> None:
-    # A rename or unlink is durable only once the directory entry itself reaches the disk.
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write through a fsynced temporary file and a rename: a crash leaves all of it or none."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+def _non_finite(tensor: torch.Tensor) -> int:
+    """How many NaN or ±Inf values a floating tensor holds (0 for other dtypes)."""
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return 0  # the common case in one reduction
+    return int((~torch.isfinite(tensor)).sum())
 
 
 def _encode(tensors: State, store_dtype: torch.dtype, what: str, metadata: dict) -> bytes:
@@ -139,12 +138,20 @@ def _encode(tensors: State, store_dtype: torch.dtype, what: str, metadata: dict)
         if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
             raise ConfigError(f"{what}[{name!r}]", type(tensor).__name__, "a torch.Tensor")
         tensor = tensor.detach()
+        bad = _non_finite(tensor)
+        if bad:  # a NaN or Inf in U_k^t would poison every calibrated model built from it
+            raise ConfigError(
+                f"{what}[{name!r}]",
+                f"{bad} NaN/Inf value(s) of {tensor.numel()}",
+                "finite values only; the store never keeps a non-finite tensor (a diverged "
+                "client or model: lower the learning rate or leave the client out)",
+            )
         if not tensor.is_floating_point():
             cast = tensor.to(device="cpu")
         else:
             cast = tensor.to(device="cpu", dtype=store_dtype)
             # float16 overflows to inf past 65504; an infinite update would poison calibration.
-            if (torch.isinf(cast) & torch.isfinite(tensor).cpu()).any():
+            if not torch.isfinite(cast).all():
                 raise ConfigError(
                     f"{what}[{name!r}]",
                     "values beyond ±65504",
@@ -159,6 +166,14 @@ def _encode(tensors: State, store_dtype: torch.dtype, what: str, metadata: dict)
     return safetensors.torch.save(prepared, metadata=metadata)
 
 
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:  # chunked: never a whole blob held
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 class RoundWriter:
     """Writes one round's blobs and commits its index rows only on a clean ``with`` exit.
 
@@ -170,14 +185,14 @@ class RoundWriter:
     def __init__(self, store: UpdateStore, round_number: int, global_model: State) -> None:
         self._store, self.round, self._global_model = store, round_number, global_model
         self._directory = store.root / _BLOBS / f"round_{round_number:06d}"
-        self._rows: list[tuple] = []
+        self._rows: list[BlobRow] = []
         self._open = False
         self._lock = contextlib.ExitStack()
 
     @property
     def clients(self) -> list[int]:
         """Clients added so far, in the order they were added."""
-        return [row[1] for row in self._rows if row[1] is not None]
+        return [row.client for row in self._rows if row.client is not None]
 
     def __enter__(self) -> RoundWriter:
         if self._global_model is None:
@@ -187,7 +202,7 @@ class RoundWriter:
             self._store._require_uncommitted(self.round)  # again, now that the lock is held
             if self._directory.exists():  # files of a crashed earlier attempt at this round
                 self._store._remove_unindexed(self._directory, set())
-            self._directory.mkdir(parents=True)
+            private_directory(self._directory)
             self._write(None, self._global_model, None)
             self._global_model = None  # written: do not keep it alive for the whole round
         except BaseException:
@@ -215,8 +230,8 @@ class RoundWriter:
             self._discard()
             return
         try:
-            _fsync_directory(self._directory)
-            _fsync_directory(self._directory.parent)
+            fsync_directory(self._directory)
+            fsync_directory(self._directory.parent)
             self._store._insert_rows(self.round, self._rows)
         except BaseException:
             self._discard()
@@ -226,14 +241,20 @@ class RoundWriter:
 
     def _write(self, client: int | None, tensors: State, num_examples: int | None) -> None:
         kind = "global" if client is None else "update"
+        what = (
+            f"global model of round {self.round}"
+            if client is None
+            else f"update of client {client} in round {self.round}"
+        )
         metadata = {"format": FORMAT_NAME, "round": str(self.round), "client": str(client)}
         dtype = self._store.dtype
-        data = _encode(tensors, STORE_DTYPES[dtype], f"{kind} of client {client}", metadata)
-        relative = _blob_path(self.round, client)
-        _write_durably(self._store.root / relative, data)
+        data = _encode(tensors, STORE_DTYPES[dtype], what, metadata)
+        relative = blob_path(self.round, client)
+        # the round's folder is fsynced once, before its rows commit (__exit__)
+        atomic_write_bytes(self._store.root / relative, data, sync_directory=False)
         checksum = hashlib.sha256(data).hexdigest()
         self._rows.append(
-            (self.round, client, kind, num_examples, dtype, len(data), checksum, relative)
+            BlobRow(self.round, client, kind, num_examples, dtype, len(data), checksum, relative)
         )
 
     def _discard(self) -> None:
@@ -251,73 +272,59 @@ class UpdateStore:
     Parameters
     ----------
     root
-        Store directory; created if missing, reopened if it already holds a store.
+        Store directory; created if missing (unless ``readonly``), reopened if it holds a store.
     dtype
         ``"float32"`` or ``"float16"``: how floating tensors are stored (they are always read
         back as float32). ``None`` means ``"float32"`` for a new store and the recorded dtype
         for an existing one; an explicit dtype other than the recorded one is an error.
+    readonly
+        Open an existing store without writing anything: no folder, header, lock file, cleanup of
+        a crashed round's files, or migration; the index opened read-only. Every writing method
+        then raises :class:`StoreReadOnlyError`. Works on a read-only file system.
 
     Raises
     ------
     ConfigError
-        Unknown dtype, a dtype other than the store's, or a store of a newer format.
+        Unknown dtype, a dtype other than the store's, a store of a newer format, or
+        (``readonly``) no store at ``root``.
     StoreCorruptionError
-        ``store.json`` is unreadable, or missing while ``index.sqlite`` exists.
+        ``store.json`` unreadable, or missing while ``index.sqlite`` or blobs exist; the index
+        missing, empty or unreadable while blobs exist (they are left untouched); the index not
+        an SQLite store index.
+    StoreReadOnlyError
+        A writable open of a store on a read-only file system.
     """
 
-    def __init__(self, root: str | os.PathLike, dtype: str | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike, dtype: str | None = None, *, readonly: bool = False
+    ) -> None:
         self.root = Path(root)
+        self.readonly = bool(readonly)
         if dtype is not None and dtype not in STORE_DTYPES:
             raise ConfigError("store-dtype", dtype, "'float32' or 'float16'")
-        self._lock_handle, self._lock_depth = None, 0
-        if (self.root / _HEADER).exists():
-            header = self._read_header()
-            if header.get("format") != FORMAT_NAME:
-                raise StoreCorruptionError(
-                    f"{self.root / _HEADER} has format {header.get('format')!r}, expected "
-                    f"{FORMAT_NAME!r}; point UpdateStore at a store directory"
-                )
-            if header["format_version"] > FORMAT_VERSION:
-                raise ConfigError(
-                    "store-format-version",
-                    header["format_version"],
-                    f"<= {FORMAT_VERSION}; upgrade fedunlearn to read {self.root}",
-                )
-            if dtype not in (None, header["dtype"]):
-                raise ConfigError(
-                    "store-dtype",
-                    dtype,
-                    f"{header['dtype']!r}, the dtype {self.root} was created with (or omit dtype)",
-                )
-        elif (self.root / _INDEX).exists():
-            raise StoreCorruptionError(
-                f"{self.root / _HEADER} is missing but the index exists; "
-                "restore store.json from a backup"
-            )
-        else:
-            self.root.mkdir(parents=True, exist_ok=True)
-            header = {
-                "format": FORMAT_NAME,
-                "format_version": FORMAT_VERSION,
-                "dtype": dtype or "float32",
-                "metadata": {},
-                "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            }
-            self._write_header(header)
+        self._lock_descriptor, self._lock_depth = None, 0
+        if not self.readonly:
+            self._require_writable_file_system()
+        header = self._open_header(dtype)
         self._dtype: str = header["dtype"]
-        (self.root / _BLOBS).mkdir(exist_ok=True)
-        # Autocommit mode: transactions are begun explicitly, so a round's rows commit together.
-        self._connection = sqlite3.connect(self.root / _INDEX, isolation_level=None, timeout=30)
-        # secure_delete zeroes freed pages; WAL would keep old pages in a side file, hence DELETE.
-        for pragma in ("secure_delete=ON", "journal_mode=DELETE", "synchronous=FULL"):
-            self._connection.execute(f"PRAGMA {pragma}")
-        self._connection.executescript(_SCHEMA)
-        self._remove_uncommitted_files()
+        self._index = self._open_index()
+        if not self.readonly:
+            try:
+                self._prepare(header)
+            except BaseException:
+                self._index.close()
+                raise
 
     @property
     def dtype(self) -> str:
         """How floating tensors are stored: ``"float32"`` or ``"float16"``."""
         return self._dtype
+
+    @property
+    def rows_checksummed(self) -> bool:
+        """False for a format-1 store opened read-only: its index rows carry no checksums yet
+        (a writable open adds them); only their sanity is checked."""
+        return self._index.checksummed
 
     @property
     def metadata(self) -> dict:
@@ -326,6 +333,7 @@ class UpdateStore:
 
     def set_metadata(self, **values: object) -> None:
         """Merge JSON-serializable ``values`` into the user metadata; rewritten atomically."""
+        self._require_writable("set_metadata")
         try:
             json.dumps(values, allow_nan=False)
         except (TypeError, ValueError) as error:
@@ -338,6 +346,7 @@ class UpdateStore:
     # ------------------------------------------------------------------ writing
     def begin_round(self, round: int, global_model: State) -> RoundWriter:
         """Start writing round ``round`` (>= 1, not committed); use the writer in a ``with``."""
+        self._require_writable("begin_round")
         round_number = _check_integer("round", round, 1)
         self._require_uncommitted(round_number)
         return RoundWriter(self, round_number, global_model)
@@ -346,6 +355,7 @@ class UpdateStore:
         self, round: int, global_model: State, updates: Mapping[int, tuple[State, int]]
     ) -> None:
         """Write and commit a whole round; ``updates`` maps client to (update, num_examples)."""
+        self._require_writable("write_round")
         if not isinstance(updates, Mapping):
             raise ConfigError("updates", type(updates).__name__, "a mapping client -> (update, n)")
         with self.begin_round(round, global_model) as writer:
@@ -358,12 +368,14 @@ class UpdateStore:
         Rows go first: a crash before the unlinks then leaves unindexed files, which the next
         open removes, rather than rows naming missing files. VACUUM then rebuilds the index so
         that no page keeps the rows. Erasing the disk blocks of unlinked files is up to the
-        filesystem; keep the store on encrypted storage where that matters.
+        filesystem; keep the store on encrypted storage where that matters. Every row is
+        verified first: a damaged index could otherwise hide a row of ``client``.
         """
+        self._require_writable("delete_client")
         client = _check_integer("client", client, 0)
         with self._exclusive():
-            deleted = self._delete_where("client = ?", client)
-            self._sql("VACUUM")
+            deleted = self._delete_rows([row for row in self._rows() if row.client == client])
+            self._index.vacuum()
         return len(deleted)
 
     def delete_rounds_after(self, round: int) -> list[int]:
@@ -373,70 +385,47 @@ class UpdateStore:
         committed after that checkpoint (the crash came between the two) is trained again, and
         would otherwise be retained twice. Rows go first, as in :meth:`delete_client`.
         """
+        self._require_writable("delete_rounds_after")
         round_number = _check_integer("round", round, 0)
         with self._exclusive():
-            deleted = self._delete_where("round > ?", round_number)
-            for directory in {(self.root / path).parent for _, path in deleted}:
-                if not any(directory.iterdir()):
+            deleted = self._delete_rows([row for row in self._rows() if row.round > round_number])
+            for directory in {(self.root / row.path).parent for row in deleted}:
+                if directory.is_dir() and not any(directory.iterdir()):
                     directory.rmdir()
-                    _fsync_directory(directory.parent)
-        return sorted({r for r, _ in deleted})
+                    fsync_directory(directory.parent)
+        return sorted({row.round for row in deleted})
 
     # ------------------------------------------------------------------ reading
     def rounds(self) -> list[int]:
         """Committed rounds, ascending."""
-        return [
-            row[0]
-            for row in self._sql("SELECT round FROM blobs WHERE kind = 'global' ORDER BY round")
-        ]
+        return [row.round for row in self._rows() if row.kind == "global"]
 
     def clients(self, round: int | None = None) -> list[int]:
         """Clients with an update in ``round`` (in any round when ``None``), ascending."""
-        if round is None:
-            rows = self._sql(
-                "SELECT DISTINCT client FROM blobs WHERE kind = 'update' ORDER BY client"
-            )
-        else:
-            rows = self._sql(
-                "SELECT client FROM blobs WHERE kind = 'update' AND round = ? ORDER BY client",
-                self._require_committed(round),
-            )
-        return [row[0] for row in rows]
+        rows = self._rows() if round is None else self._rows(self._require_committed(round))
+        return sorted({row.client for row in rows if row.kind == "update"})
 
     def num_examples(self, round: int) -> dict[int, int]:
         """Sample count N_k of each client with an update in ``round``."""
-        return dict(
-            self._sql(
-                "SELECT client, num_examples FROM blobs WHERE kind = 'update' "
-                "AND round = ? ORDER BY client",
-                self._require_committed(round),
-            )
-        )
+        rows = self._rows(self._require_committed(round))
+        return {row.client: row.num_examples for row in rows if row.kind == "update"}
 
     def read_global(self, round: int) -> dict[str, torch.Tensor]:
         """The global model M^round, checksum-verified, floating tensors as float32."""
-        round_number = self._require_committed(round)
-        [(path, checksum)] = self._sql(
-            "SELECT path, checksum FROM blobs WHERE kind = 'global' AND round = ?", round_number
-        )
-        return self._read_blob(round_number, None, path, checksum)
+        return self._read_blob(self._global_row(self._rows(self._require_committed(round))))
 
     def read_update(self, round: int, client: int) -> dict[str, torch.Tensor]:
         """Client ``client``'s update U_k^round, checksum-verified, floating tensors as float32."""
         round_number = self._require_committed(round)
         client = _check_integer("client", client, 0)
-        rows = self._sql(
-            "SELECT path, checksum FROM blobs WHERE kind = 'update' AND round = ? AND client = ?",
-            round_number,
-            client,
-        )
-        if not rows:
+        rows = self._rows(round_number)
+        found = [row for row in rows if row.kind == "update" and row.client == client]
+        if not found:
+            clients = [row.client for row in rows if row.kind == "update"]
             raise ConfigError(
-                "client",
-                client,
-                f"a client with an update in round {round_number}: {self.clients(round_number)}",
+                "client", client, f"a client with an update in round {round_number}: {clients}"
             )
-        return self._read_blob(round_number, client, *rows[0])
+        return self._read_blob(found[0])
 
     def read_round(
         self,
@@ -452,15 +441,14 @@ class UpdateStore:
         round_number = self._require_committed(round)
         wanted = None if clients is None else _client_set("clients", clients)
         excluded = _client_set("exclude", exclude)
-        retained = RetainedRound(round_number, self.read_global(round_number))
-        for client, num_examples, path, checksum in self._sql(
-            "SELECT client, num_examples, path, checksum FROM blobs WHERE kind = 'update' "
-            "AND round = ? ORDER BY client",
-            round_number,
-        ):
-            if client not in excluded and (wanted is None or client in wanted):
-                retained.updates[client] = self._read_blob(round_number, client, path, checksum)
-                retained.num_examples[client] = num_examples
+        rows = self._rows(round_number)
+        retained = RetainedRound(round_number, self._read_blob(self._global_row(rows)))
+        for row in rows:
+            if row.kind != "update" or row.client in excluded:
+                continue
+            if wanted is None or row.client in wanted:
+                retained.updates[row.client] = self._read_blob(row)
+                retained.num_examples[row.client] = row.num_examples
         return retained
 
     def iter_rounds(
@@ -474,58 +462,55 @@ class UpdateStore:
             yield self.read_round(round_number, clients=clients, exclude=exclude)
 
     def verify(self) -> list[str]:
-        """Check every blob against its recorded checksum; return the problems (never raises)."""
-        problems = []
-        for round_number, client, size, checksum, path in self._sql(
-            "SELECT round, client, bytes, checksum, path FROM blobs ORDER BY round, kind, client"
-        ):
-            who = f"{_describe(round_number, client)}: blob {self.root / path}"
-            digest = hashlib.sha256()
-            try:
-                with open(self.root / path, "rb") as handle:  # chunked: never a whole blob held
-                    for chunk in iter(lambda: handle.read(1 << 20), b""):  # noqa: B023
-                        digest.update(chunk)
-            except OSError as error:
-                problems.append(f"{who} is missing or unreadable ({error})")
-            else:
-                if digest.hexdigest() != checksum:
-                    problems.append(
-                        f"{who} has sha256 {digest.hexdigest()}, expected {checksum} "
-                        f"(recorded size {size} bytes)"
-                    )
+        """Check the index (SQLite's quick_check, every row's checksum) and every blob (sha256,
+        readable, finite values); return the problems, one line each (never raises)."""
+        try:
+            problems = self._index.integrity_problems()
+            rows, row_problems = self._index.checked_rows()
+        except StoreCorruptionError as error:
+            return [str(error)]
+        problems += row_problems
+        for row in rows:
+            problems += self._blob_problems(row)
         return problems
 
     def index(self) -> pd.DataFrame:
         """The index, one row per blob, ordered by round, kind, client."""
-        frame = pd.read_sql_query(
-            f"SELECT {_COLUMNS} FROM blobs ORDER BY round, kind, client", self._connection
-        )
+        frame = pd.DataFrame([row._asdict() for row in self._rows()], columns=list(COLUMNS))
         # nullable integers: the global model's client and num_examples are NULL
         integers = {"round": "int64", "bytes": "int64", "client": "Int64", "num_examples": "Int64"}
         return frame.astype(integers)
 
+    def blob_count(self) -> int:
+        """Number of index rows, each naming one blob (counted, not verified)."""
+        return self._index.count()
+
     def total_bytes(self) -> int:
         """Total size of the committed blobs, in bytes."""
-        return self._sql("SELECT COALESCE(SUM(bytes), 0) FROM blobs")[0][0]
+        return sum(row.bytes for row in self._rows())
 
     def bytes_per_round(self) -> dict[int, int]:
         """Size of each committed round's blobs, in bytes."""
-        return dict(self._sql("SELECT round, SUM(bytes) FROM blobs GROUP BY round ORDER BY round"))
+        sizes: dict[int, int] = {}
+        for row in self._rows():
+            sizes[row.round] = sizes.get(row.round, 0) + row.bytes
+        return sizes
 
     def __len__(self) -> int:
-        return self._sql("SELECT COUNT(*) FROM blobs WHERE kind = 'global'")[0][0]
+        return len(self.rounds())
 
     def __repr__(self) -> str:
         rounds = self.rounds()
         span = f" ({rounds[0]}..{rounds[-1]})" if rounds else ""
         return (
             f"UpdateStore(root={str(self.root)!r}, dtype={self._dtype!r}, rounds={len(rounds)}"
-            f"{span}, clients={len(self.clients())}, bytes={self.total_bytes()})"
+            f"{span}, clients={len(self.clients())}, bytes={self.total_bytes()}"
+            + (", readonly=True)" if self.readonly else ")")
         )
 
     def close(self) -> None:
         """Close the index; the store object is unusable afterwards."""
-        self._connection.close()
+        self._index.close()
 
     def __enter__(self) -> UpdateStore:
         return self
@@ -533,51 +518,219 @@ class UpdateStore:
     def __exit__(self, *exception_info) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ opening
+    def _open_header(self, dtype: str | None) -> dict:
+        """The validated header; a new store's, written, when there is none (writable only)."""
+        if (self.root / _HEADER).exists():
+            header = self._read_header()
+            if header["format_version"] > FORMAT_VERSION:
+                raise ConfigError(
+                    "store-format-version",
+                    header["format_version"],
+                    f"<= {FORMAT_VERSION}; upgrade fedunlearn to read {self.root}",
+                )
+            if dtype not in (None, header["dtype"]):
+                raise ConfigError(
+                    "store-dtype",
+                    dtype,
+                    f"{header['dtype']!r}, the dtype {self.root} was created with (or omit dtype)",
+                )
+            return header
+        if (self.root / _INDEX).exists():
+            raise StoreCorruptionError(
+                f"{self.root / _HEADER} is missing but the index exists; "
+                "restore store.json from a backup"
+            )
+        blobs = self._blob_files()
+        if blobs:
+            raise StoreCorruptionError(
+                f"{self.root} holds {len(blobs)} file(s) under {_BLOBS}/ but neither {_HEADER} "
+                f"nor {_INDEX}; the files were left untouched - restore both from a backup, or "
+                "point the store at an empty or new folder"
+            )
+        if self.readonly:
+            raise ConfigError(
+                "root",
+                str(self.root),
+                "a store folder holding store.json (readonly=True creates none)",
+            )
+        private_directory(self.root)
+        header = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "dtype": dtype or "float32",
+            "metadata": {},
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        }
+        self._write_header(header)
+        return header
+
+    def _open_index(self) -> StoreIndex:
+        """The index; blobs without a readable index raise, and are never touched."""
+        path = self.root / _INDEX
+        if not path.is_file() or path.stat().st_size == 0:
+            # zero bytes: created 0600, then a crash before SQLite wrote a page
+            blobs = self._blob_files()
+            if blobs:
+                state = "empty" if path.is_file() else "missing"
+                raise StoreCorruptionError(
+                    f"store {self.root}: its index {path} is {state} but {len(blobs)} blob "
+                    f"file(s) exist under {self.root / _BLOBS}; without the index no blob can be "
+                    "attributed or trusted, and the blobs were left untouched - restore "
+                    f"{_INDEX} from a backup (then run `fedunlearn store verify {self.root}`), "
+                    "or move the store aside and retrain"
+                )
+            if self.readonly:
+                return StoreIndex.empty(path)
+            private_directory(self.root / _BLOBS)
+            return StoreIndex.create(path)
+        if self.readonly:
+            return StoreIndex.open_readonly(path)
+        index = StoreIndex.open_writable(path)
+        private_directory(self.root / _BLOBS)
+        return index
+
+    def _prepare(self, header: dict) -> None:
+        """Writable open: migrate a format-1 store, then remove a crashed round's leftovers."""
+        try:
+            with self._exclusive():
+                if self._index.migrate() or header["format_version"] < FORMAT_VERSION:
+                    self._tighten_modes()
+                    header = self._read_header()
+                    header["format_version"] = FORMAT_VERSION
+                    self._write_header(header)
+                self._remove_uncommitted_files()
+        except StoreBusyError:
+            if not self._index.checksummed:
+                raise
+            # a writer is mid-round right now: its files are work in progress, not leftovers
+
+    def _require_writable_file_system(self) -> None:
+        existing = self.root
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        if hasattr(os, "statvfs") and os.statvfs(existing).f_flag & os.ST_RDONLY:
+            raise StoreReadOnlyError(
+                f"store {self.root} is on a read-only file system; open it with "
+                "UpdateStore(root, readonly=True) to read it (fedunlearn store info/verify do)"
+            )
+
+    def _require_writable(self, method: str) -> None:
+        if self.readonly:
+            raise StoreReadOnlyError(
+                f"{method}() writes, but store {self.root} was opened with readonly=True; "
+                "open it with UpdateStore(root) to change it"
+            )
+
     # ------------------------------------------------------------------ internals
-    def _sql(self, query: str, *parameters: object) -> list[tuple]:
-        return self._connection.execute(query, parameters).fetchall()
+    def _rows(self, round_number: int | None = None) -> list[BlobRow]:
+        return self._index.rows(round_number)
+
+    def _global_row(self, rows: list[BlobRow]) -> BlobRow:
+        found = [row for row in rows if row.kind == "global"]
+        if len(found) != 1:
+            raise StoreCorruptionError(
+                f"{self.root / _INDEX}: round {rows[0].round} has {len(found)} global-model rows, "
+                "expected 1; restore index.sqlite from a backup"
+            )
+        return found[0]
+
+    def _blob_files(self) -> list[Path]:
+        blobs = self.root / _BLOBS
+        return [path for path in blobs.rglob("*") if path.is_file()] if blobs.is_dir() else []
 
     def _read_header(self) -> dict:
         try:
-            return json.loads((self.root / _HEADER).read_text(encoding="utf-8"))
+            header = json.loads((self.root / _HEADER).read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             raise StoreCorruptionError(
                 f"{self.root / _HEADER} is unreadable ({error}), expected "
                 "the store's JSON header; restore it from a backup"
             ) from error
+        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+            found = header.get("format") if isinstance(header, dict) else header
+            raise StoreCorruptionError(
+                f"{self.root / _HEADER} has format {found!r}, expected "
+                f"{FORMAT_NAME!r}; point UpdateStore at a store directory"
+            )
+        version = header.get("format_version")
+        if (
+            type(version) is not int
+            or version < 1
+            or header.get("dtype") not in STORE_DTYPES
+            or not isinstance(header.get("metadata"), dict)
+        ):
+            raise StoreCorruptionError(
+                f"{self.root / _HEADER} lacks a valid format_version, dtype or metadata "
+                f"(found {version!r}, {header.get('dtype')!r}); restore it from a backup"
+            )
+        return header
 
     def _write_header(self, header: dict) -> None:
-        _write_durably(self.root / _HEADER, json.dumps(header, indent=2, sort_keys=True).encode())
-        _fsync_directory(self.root)
+        atomic_write_bytes(
+            self.root / _HEADER, json.dumps(header, indent=2, sort_keys=True).encode()
+        )
 
-    def _read_blob(
-        self, round_number: int, client: int | None, path: str, checksum: str
-    ) -> dict[str, torch.Tensor]:
-        who = f"{_describe(round_number, client)}: blob {self.root / path}"
-        advice = "restore it from a backup or retrain; store.verify() lists every damaged blob"
+    def _read_blob(self, row: BlobRow) -> dict[str, torch.Tensor]:
+        who = f"{row.who}: blob {self.root / row.path}"
         try:
-            data = (self.root / path).read_bytes()
+            data = (self.root / row.path).read_bytes()
         except FileNotFoundError:
-            raise StoreCorruptionError(f"{who} is missing but indexed; {advice}") from None
+            raise StoreCorruptionError(f"{who} is missing but indexed; {_BLOB_ADVICE}") from None
         found = hashlib.sha256(data).hexdigest()
-        if found != checksum:
-            raise StoreCorruptionError(f"{who} has sha256 {found}, expected {checksum}; {advice}")
-        tensors = safetensors.torch.load(data)
+        if found != row.checksum:
+            raise StoreCorruptionError(
+                f"{who} has sha256 {found}, expected {row.checksum}; {_BLOB_ADVICE}"
+            )
+        try:
+            tensors = safetensors.torch.load(data)
+        except SafetensorError as error:
+            raise StoreCorruptionError(f"{who} is not a safetensors file ({error})") from None
+        for name, tensor in tensors.items():  # written by a version that did not refuse them
+            if _non_finite(tensor):
+                raise StoreCorruptionError(
+                    f"{who} holds NaN/Inf values in tensor {name!r}; {_BLOB_ADVICE}"
+                )
         return {
             name: tensor.float() if tensor.is_floating_point() else tensor
             for name, tensor in tensors.items()
         }
 
+    def _blob_problems(self, row: BlobRow) -> list[str]:
+        who = f"{row.who}: blob {self.root / row.path}"
+        try:
+            digest = _file_sha256(self.root / row.path)
+        except OSError as error:
+            return [f"{who} is missing or unreadable ({error})"]
+        if digest != row.checksum:
+            return [
+                f"{who} has sha256 {digest}, expected {row.checksum} "
+                f"(recorded size {row.bytes} bytes)"
+            ]
+        problems = []
+        try:
+            with safe_open(str(self.root / row.path), framework="pt") as handle:
+                for name in handle.keys():  # one tensor in memory at a time
+                    tensor = handle.get_tensor(name)
+                    if _non_finite(tensor):
+                        problems.append(
+                            f"{who} holds {_non_finite(tensor)} NaN/Inf value(s) of "
+                            f"{tensor.numel()} in tensor {name!r}; {_BLOB_ADVICE}"
+                        )
+        except (SafetensorError, OSError) as error:
+            problems.append(f"{who} is not a readable safetensors file ({error})")
+        return problems
+
     def _require_committed(self, round: int) -> int:
         round_number = _check_integer("round", round, 1)
-        if not self._sql("SELECT 1 FROM blobs WHERE round = ? LIMIT 1", round_number):
+        if not self._index.has_round(round_number):
             rounds = self.rounds()
             listed = rounds if len(rounds) <= 10 else f"{rounds[:3]}...{rounds[-3:]}"
             raise ConfigError("round", round, f"a committed round of {self.root}: {listed}")
         return round_number
 
     def _require_uncommitted(self, round_number: int) -> None:
-        if self._sql("SELECT 1 FROM blobs WHERE round = ? LIMIT 1", round_number):
+        if self._index.has_round(round_number):
             raise ConfigError(
                 "round",
                 round_number,
@@ -585,59 +738,59 @@ class UpdateStore:
                 "(rounds are immutable); write another round",
             )
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        self._connection.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self._connection.execute("COMMIT")
-        except BaseException:
-            if self._connection.in_transaction:  # also when COMMIT itself failed (busy, I/O)
-                self._connection.execute("ROLLBACK")
-            raise
-
-    def _insert_rows(self, round_number: int, rows: list[tuple]) -> None:
-        with self._transaction():
+    def _insert_rows(self, round_number: int, rows: list[BlobRow]) -> None:
+        with self._index.transaction():
             self._require_uncommitted(round_number)
-            self._connection.executemany(
-                f"INSERT INTO blobs ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
-            )
+            self._index.insert(rows)
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
         """Hold the write lock: re-entrant within this object, exclusive across objects."""
+        self._require_writable("a write")
         if self._lock_depth == 0:
-            handle = open(self.root / _LOCK, "a+b")  # noqa: SIM115 - held beyond this block
-            if fcntl is not None:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    handle.close()
-                    raise StoreBusyError(
-                        f"another writer holds {self.root / _LOCK}; a store has "
-                        "one writer at a time - retry once it is done"
-                    ) from None
-            self._lock_handle = handle
+            self._lock_descriptor = self._take_lock()
         self._lock_depth += 1
         try:
             yield
         finally:
             self._lock_depth -= 1
             if self._lock_depth == 0:
-                self._lock_handle.close()  # closing the file releases the flock
-                self._lock_handle = None
+                os.close(self._lock_descriptor)  # closing the file releases the flock
+                self._lock_descriptor = None
 
-    def _delete_where(self, condition: str, value: int) -> list[tuple[int, str]]:
-        """Delete the index rows matching ``condition`` (SQL with one ``?``), then their files;
-        return the (round, path) of each. Rows go first: a crash before the unlinks then leaves
-        unindexed files, which the next open removes, rather than rows naming missing files."""
-        rows = self._sql(f"SELECT round, path FROM blobs WHERE {condition}", value)
-        with self._transaction():
-            self._sql(f"DELETE FROM blobs WHERE {condition}", value)
-        for _, path in rows:
-            (self.root / path).unlink(missing_ok=True)
-        for directory in {(self.root / path).parent for _, path in rows}:
-            _fsync_directory(directory)
+    def _take_lock(self) -> int:
+        lock = self.root / _LOCK
+        try:
+            descriptor = open_private_file(lock, os.O_RDWR | os.O_CREAT)
+        except OSError as error:
+            if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise StoreReadOnlyError(
+                    f"cannot open the write lock {lock} ({error.strerror}); to read a store "
+                    "you cannot write, open it with UpdateStore(root, readonly=True)"
+                ) from None
+            raise
+        if fcntl is not None:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(descriptor)
+                raise StoreBusyError(
+                    f"another writer holds {lock}; a store has one writer at a time - retry "
+                    "once it is done"
+                ) from None
+        return descriptor
+
+    def _delete_rows(self, rows: list[BlobRow]) -> list[BlobRow]:
+        """Delete ``rows`` from the index, then their files; return them. Rows go first: a crash
+        before the unlinks then leaves unindexed files, which the next open removes, rather than
+        rows naming missing files."""
+        with self._index.transaction():
+            self._index.delete(rows)
+        for row in rows:
+            (self.root / row.path).unlink(missing_ok=True)
+        for directory in {(self.root / row.path).parent for row in rows}:
+            if directory.is_dir():
+                fsync_directory(directory)
         return rows
 
     def _remove_unindexed(self, directory: Path, committed: set[str]) -> None:
@@ -650,18 +803,28 @@ class UpdateStore:
                 removed = True
         if not any(directory.iterdir()):
             directory.rmdir()
-            _fsync_directory(directory.parent)
+            fsync_directory(directory.parent)
         elif removed:
-            _fsync_directory(directory)
+            fsync_directory(directory)
 
     def _remove_uncommitted_files(self) -> None:
-        """Delete blobs and temporary files of rounds that never committed (a crash's leftovers)."""
-        try:
-            with self._exclusive():
-                committed = {row[0] for row in self._sql("SELECT path FROM blobs")}
-                for directory in (self.root / _BLOBS).iterdir():
-                    if directory.is_dir() and _ROUND_DIRECTORY.fullmatch(directory.name):
-                        self._remove_unindexed(directory, committed)
-                (self.root / f".{_HEADER}.tmp").unlink(missing_ok=True)
-        except StoreBusyError:
-            pass  # a writer is mid-round right now: its files are work in progress, not leftovers
+        """Delete blobs and temporary files of rounds that never committed (a crash's leftovers).
+        Called with the lock held. A file any index row names stays, even if the row is damaged."""
+        committed = self._index.paths()
+        for directory in (self.root / _BLOBS).iterdir():
+            if directory.is_dir() and _ROUND_DIRECTORY.fullmatch(directory.name):
+                self._remove_unindexed(directory, committed)
+        for temporary in self.root.glob(f".{_HEADER}.*tmp"):
+            temporary.unlink(missing_ok=True)
+
+    def _tighten_modes(self) -> None:
+        """Give a store written by an older fedunlearn (0644 files, 0755 folders) private modes."""
+        folders = [self.root, self.root / _BLOBS]
+        folders += [p for p in (self.root / _BLOBS).iterdir() if _ROUND_DIRECTORY.fullmatch(p.name)]
+        for folder in folders:
+            if folder.is_dir():
+                os.chmod(folder, PRIVATE_DIRECTORY_MODE)
+                for file in folder.iterdir():
+                    own = {_HEADER, _INDEX, _LOCK} if folder == self.root else ()
+                    if file.is_file() and (file.name in own or _OWN_FILE.fullmatch(file.name)):
+                        os.chmod(file, PRIVATE_FILE_MODE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,6 +107,70 @@ def test_store_info_and_verify(tmp_path, capsys):
     blob.write_bytes(bytes(data))
     assert cli.main(["store", "verify", str(tmp_path / "run")]) == 1
     assert "1 problem(s)" in capsys.readouterr().out
+
+
+def _store_with_two_rounds(root):
+    store = UpdateStore(root)
+    for round_number in (1, 2):
+        store.write_round(round_number, {"w": torch.zeros(3)}, {0: ({"w": torch.ones(3)}, 5)})
+    store.close()
+    return sorted((path, path.read_bytes()) for path in (root / "blobs").rglob("*.safetensors"))
+
+
+def test_store_verify_on_a_store_without_its_index_exits_1_and_deletes_nothing(tmp_path, capsys):
+    blobs = _store_with_two_rounds(tmp_path / "run" / "store")
+    (tmp_path / "run" / "store" / "index.sqlite").unlink()
+    for _ in range(2):  # the second run finds the blobs the first one must not have deleted
+        assert cli.main(["store", "verify", str(tmp_path / "run")]) == 1
+        out = capsys.readouterr().out
+        assert f"store {tmp_path / 'run' / 'store'}: its index" in out and "is missing" in out
+        assert "4 blob file(s)" in out and "restore index.sqlite from a backup" in out
+    assert cli.main(["store", "info", str(tmp_path / "run")]) == 2
+    assert "left untouched" in capsys.readouterr().err
+    assert sorted((p, p.read_bytes()) for p in (tmp_path / "run/store/blobs").rglob("*.*")) == blobs
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"", b"SQLite format 3\x00" + b"\x00" * 200, b"\x89PNG not a database" * 300]
+)
+def test_store_verify_on_a_garbage_index_exits_1(tmp_path, capsys, garbage):
+    blobs = _store_with_two_rounds(tmp_path / "store")
+    (tmp_path / "store" / "index.sqlite").write_bytes(garbage)
+    assert cli.main(["store", "verify", str(tmp_path / "store")]) == 1
+    out = capsys.readouterr().out
+    assert "index.sqlite" in out and "1 problem(s)" in out and "Traceback" not in out
+    assert sorted((p, p.read_bytes()) for p in (tmp_path / "store/blobs").rglob("*.*")) == blobs
+
+
+def test_certificates_with_a_torn_last_line_prints_the_table_and_a_warning(tmp_path, capsys):
+    from fedunlearn.certified_removal import CertifiedHead, CertifiedRemovalParams
+    from fedunlearn.head_statistics import CentralHeadData
+    from fedunlearn.linear_losses import normalize_features, one_vs_rest_targets
+
+    rng = np.random.default_rng(1)
+    x = normalize_features(rng.normal(size=(30, 3)) + 0.3)
+    labels = (x[:, 0] > x[:, 1]).astype(int)
+    ledger = tmp_path / "certified_removal.jsonl"
+    head = CertifiedHead(
+        CentralHeadData("logistic", x, one_vs_rest_targets(labels, [0, 1])),
+        CertifiedRemovalParams(sigma=0.1, lam=1e-2),
+        ledger=ledger,
+    )
+    head.fit()
+    head.remove([3])
+    with open(ledger, "ab") as handle:
+        handle.write(b'{"request": 2, "kind": "rem')
+    assert cli.main(["certificates", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "2 certificate(s)" in captured.out and "| remove |" in captured.out.replace("  ", " ")
+    assert f"fedunlearn: warning: {ledger}: skipped a torn last line" in captured.err
+    from fedunlearn.durable_io import TornLineWarning
+
+    with pytest.warns(TornLineWarning, match=f"{ledger}: cut off a torn last line"):
+        head.remove([4])  # the next append cuts the torn line off: the ledger reads whole again
+    assert cli.main(["certificates", str(ledger)]) == 0
+    captured = capsys.readouterr()
+    assert "3 certificate(s)" in captured.out and captured.err == ""
 
 
 def test_cli_errors_exit_2(tmp_path, capsys):

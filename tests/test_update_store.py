@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,12 @@ import pytest
 import torch
 
 from fedunlearn.errors import ConfigError, StoreCorruptionError
-from fedunlearn.update_store import RetainedRound, StoreBusyError, UpdateStore
+from fedunlearn.update_store import (
+    RetainedRound,
+    StoreBusyError,
+    StoreReadOnlyError,
+    UpdateStore,
+)
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[1]
 
@@ -443,3 +449,409 @@ def test_delete_rounds_after_removes_later_rounds_rows_and_files_only(tmp_path):
     assert store.delete_rounds_after(0) == [1, 2, 3] and blob_files(store.root) == []
     with pytest.raises(ConfigError, match="round.*>= 0"):
         store.delete_rounds_after(-1)
+
+
+# ---------------------------------------------------------------- a store that never destroys
+def tree(root: Path) -> dict[str, tuple]:
+    """Every path under ``root`` with its kind, mode, size, mtime and (files) contents."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        info = path.stat()
+        content = path.read_bytes() if path.is_file() else None
+        found[str(path.relative_to(root))] = (info.st_mode, info.st_size, info.st_mtime_ns, content)
+    return found
+
+
+def written_store(root: Path) -> UpdateStore:
+    store = UpdateStore(root)
+    write_rounds(store, rounds=(1, 3))
+    store.close()
+    return store
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty"])
+def test_blobs_without_an_index_raise_and_are_never_deleted(tmp_path, damage):
+    written_store(tmp_path)
+    index = tmp_path / "index.sqlite"
+    if damage == "missing":
+        index.unlink()
+    else:
+        index.write_bytes(b"")
+    before = tree(tmp_path / "blobs")
+    for readonly in (True, False, False):  # twice writable: the first open must not half-repair
+        with pytest.raises(StoreCorruptionError) as info:
+            UpdateStore(tmp_path, readonly=readonly)
+        message = str(info.value)
+        assert f"store {tmp_path}" in message and f"is {damage}" in message
+        assert "restore index.sqlite from a backup" in message and "left untouched" in message
+        assert tree(tmp_path / "blobs") == before
+    assert (
+        index.exists() == (damage == "empty") and not (tmp_path / "index.sqlite-journal").exists()
+    )
+
+
+def test_a_store_that_crashed_right_after_creation_is_completed_normally(tmp_path):
+    written_store(tmp_path / "fresh")
+    for name in ("index.sqlite", "blobs/round_000001", "blobs/round_000003"):
+        target = tmp_path / "fresh" / name
+        if target.is_dir():
+            for file in target.iterdir():
+                file.unlink()
+            target.rmdir()
+        else:
+            target.unlink()
+    empty = UpdateStore(tmp_path / "fresh", readonly=True)
+    assert empty.rounds() == [] and empty.verify() == []
+    assert not (tmp_path / "fresh" / "index.sqlite").exists()  # the read-only open created none
+    store = UpdateStore(tmp_path / "fresh")
+    write_rounds(store, rounds=(2,))
+    assert store.rounds() == [2] and store.verify() == []
+
+
+def test_blobs_without_header_or_index_are_not_taken_for_a_new_store(tmp_path):
+    written_store(tmp_path)
+    (tmp_path / "index.sqlite").unlink()
+    (tmp_path / "store.json").unlink()
+    before = tree(tmp_path)
+    for readonly in (False, True):
+        with pytest.raises(StoreCorruptionError, match="neither store.json nor index.sqlite"):
+            UpdateStore(tmp_path, readonly=readonly)
+    assert tree(tmp_path) == before
+
+
+def _schema_of_another_program(index: Path) -> None:
+    index.unlink()
+    connection = sqlite3.connect(index)
+    connection.execute("CREATE TABLE blobs (round INTEGER, path TEXT)")
+    connection.commit()
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda index: index.write_bytes(b"this is not an SQLite database" * 200),
+        lambda index: index.write_bytes(index.read_bytes()[: len(index.read_bytes()) // 2]),
+        lambda index: index.write_bytes(index.read_bytes()[:100]),
+        _schema_of_another_program,
+    ],
+    ids=["not-sqlite", "truncated-half", "truncated-header", "wrong-schema"],
+)
+def test_an_unreadable_index_raises_store_corruption_and_touches_no_blob(tmp_path, damage):
+    written_store(tmp_path)
+    damage(tmp_path / "index.sqlite")
+    before = tree(tmp_path / "blobs")
+    for readonly in (True, False):
+        with pytest.raises(StoreCorruptionError, match=r"index\.sqlite"):
+            store = UpdateStore(tmp_path, readonly=readonly)
+            store.rounds()  # a damage SQLite only notices on reading must raise the same
+            store.verify()
+    assert tree(tmp_path / "blobs") == before
+
+
+def test_a_damaged_table_page_raises_on_read_and_is_reported_by_verify(tmp_path):
+    written_store(tmp_path)
+    index = tmp_path / "index.sqlite"
+    connection = sqlite3.connect(index)
+    [(page,)] = connection.execute("SELECT rootpage FROM sqlite_master WHERE name = 'blobs'")
+    [(page_size,)] = connection.execute("PRAGMA page_size")
+    connection.close()
+    data = bytearray(index.read_bytes())
+    data[(page - 1) * page_size : page * page_size] = b"\xa5" * page_size  # size kept: opens fine
+    index.write_bytes(bytes(data))
+    store = UpdateStore(tmp_path, readonly=True)
+    with pytest.raises(StoreCorruptionError, match=r"index\.sqlite is not a readable store index"):
+        store.rounds()
+    problems = store.verify()
+    assert problems and all("index.sqlite" in problem or "page" in problem for problem in problems)
+    with pytest.raises(StoreCorruptionError, match="index.sqlite"):
+        UpdateStore(tmp_path)  # quick_check before any cleanup
+    assert len(blob_files(tmp_path)) == 8
+
+
+def set_column(root: Path, column: str, value, where: str = "client = 1 AND round = 3") -> None:
+    connection = sqlite3.connect(root / "index.sqlite")
+    connection.execute(f"UPDATE blobs SET {column} = ? WHERE {where}", (value,))
+    connection.commit()
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("num_examples", 999),
+        ("num_examples", "twenty"),
+        ("num_examples", 20.5),
+        ("num_examples", None),
+        ("num_examples", b"\x14"),
+        ("bytes", 1),
+        ("client", 7),
+        ("kind", "global"),
+        ("dtype", "float16"),
+        ("round", 5),
+        ("path", "blobs/round_000003/client_000000.safetensors.bak"),
+        ("checksum", "0" * 64),
+    ],
+)
+def test_an_edited_index_field_is_detected_on_every_read_and_by_verify(tmp_path, column, value):
+    store = UpdateStore(tmp_path)
+    write_rounds(store)
+    set_column(tmp_path, column, value)
+    row = "the row of round " + ("5" if column == "round" else "3")
+    for read in (
+        lambda: store.num_examples(3),
+        lambda: store.read_round(3),
+        lambda: store.clients(),
+        lambda: store.rounds(),
+        lambda: store.index(),
+        lambda: store.delete_client(1),
+    ):
+        with pytest.raises(
+            StoreCorruptionError, match=rf"{row}, client (1|7)\b.*edited or damaged"
+        ):
+            read()
+    problems = store.verify()
+    assert len(problems) == 1 and f"{value!r}" in problems[0] and "edited or damaged" in problems[0]
+    assert store.num_examples(1) == {0: 10, 1: 20, 2: 30}  # other rounds stay readable
+    assert len(blob_files(tmp_path)) == 3 * 4  # delete_client deleted nothing
+
+
+def test_a_row_checksum_recomputed_for_a_foreign_path_is_still_refused(tmp_path):
+    from fedunlearn.store_index import BlobRow
+
+    store = UpdateStore(tmp_path)
+    write_rounds(store, rounds=(1,))
+    connection = sqlite3.connect(tmp_path / "index.sqlite")
+    fields = connection.execute(
+        "SELECT round, client, kind, num_examples, dtype, bytes, checksum, path FROM blobs "
+        "WHERE client = 2"
+    ).fetchone()
+    forged = BlobRow(*fields[:7], "../../../etc/passwd")
+    connection.execute(
+        "UPDATE blobs SET path = ?, row_checksum = ? WHERE client = 2",
+        (forged.path, forged.row_checksum()),
+    )
+    connection.commit()
+    connection.close()
+    with pytest.raises(StoreCorruptionError, match="path is not 'blobs/round_000001/client_000002"):
+        store.read_round(1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("who", ["global", "update"])
+def test_non_finite_tensors_are_refused_at_write_leaving_no_round(tmp_path, bad, who):
+    store = UpdateStore(tmp_path)
+    write_rounds(store, rounds=(1,))
+    poisoned = make_state(7)
+    poisoned["conv.bias"][2] = bad
+    global_model = poisoned if who == "global" else make_state(0)
+    updates = (
+        {0: (make_state(1), 5), 4: (poisoned, 5)} if who == "update" else {0: (make_state(1), 5)}
+    )
+    expected = "global model of round 2" if who == "global" else "update of client 4 in round 2"
+    with pytest.raises(ConfigError, match=rf"invalid {expected}\['conv.bias'\]='1 NaN/Inf") as info:
+        store.write_round(2, global_model, updates)
+    assert "finite values only" in str(info.value)
+    assert store.rounds() == [1] and not (tmp_path / "blobs/round_000002").exists()
+
+
+def replace_blob(root: Path, round_number: int, client, tensors: dict) -> None:
+    """Put ``tensors`` in a committed blob with a consistent index row, as an older version that
+    did not refuse non-finite values would have written it."""
+    import hashlib
+
+    import safetensors.torch
+
+    from fedunlearn.store_index import BlobRow, blob_path
+
+    data = safetensors.torch.save(tensors)
+    (root / blob_path(round_number, client)).write_bytes(data)
+    connection = sqlite3.connect(root / "index.sqlite")
+    where = "round = ? AND " + ("client IS NULL" if client is None else "client = ?")
+    parameters = (round_number,) if client is None else (round_number, client)
+    fields = connection.execute(
+        f"SELECT round, client, kind, num_examples, dtype FROM blobs WHERE {where}", parameters
+    ).fetchone()
+    row = BlobRow(
+        *fields, len(data), hashlib.sha256(data).hexdigest(), blob_path(round_number, client)
+    )
+    connection.execute(
+        f"UPDATE blobs SET bytes = ?, checksum = ?, row_checksum = ? WHERE {where}",
+        (row.bytes, row.checksum, row.row_checksum(), *parameters),
+    )
+    connection.commit()
+    connection.close()
+
+
+def test_verify_and_reads_report_non_finite_values_in_blobs_of_older_stores(tmp_path):
+    store = UpdateStore(tmp_path)
+    write_rounds(store, rounds=(1,))
+    replace_blob(tmp_path, 1, 2, {"w": torch.tensor([1.0, float("nan"), float("inf")])})
+    [problem] = store.verify()
+    assert "round 1, client 2" in problem and "2 NaN/Inf value(s) of 3 in tensor 'w'" in problem
+    with pytest.raises(
+        StoreCorruptionError, match=r"round 1, client 2.*NaN/Inf values in tensor 'w'"
+    ):
+        store.read_update(1, 2)
+    assert_states_equal(store.read_update(1, 1), make_state(102))
+
+
+# ---------------------------------------------------------------- read-only stores
+def test_a_read_only_store_reads_everything_and_writes_nothing(tmp_path):
+    written_store(tmp_path)
+    (tmp_path / ".lock").unlink()
+    leftover = tmp_path / "blobs/round_000009"
+    leftover.mkdir()
+    (leftover / "client_000000.safetensors").write_bytes(b"a crash's leftover")
+    before = tree(tmp_path)
+    store = UpdateStore(tmp_path, readonly=True)
+    assert store.readonly and store.rows_checksummed
+    assert store.rounds() == [1, 3] and store.num_examples(3) == {0: 10, 1: 20, 2: 30}
+    assert_states_equal(store.read_update(3, 2), make_state(303))
+    assert store.verify() == [] and len(store.index()) == 8 and store.blob_count() == 8
+    assert store.metadata == {} and "readonly=True" in repr(store)
+    for write in (
+        lambda: store.write_round(5, make_state(0), {}),
+        lambda: store.begin_round(5, make_state(0)),
+        lambda: store.delete_client(1),
+        lambda: store.delete_rounds_after(1),
+        lambda: store.set_metadata(seed=1),
+    ):
+        with pytest.raises(StoreReadOnlyError, match="readonly=True"):
+            write()
+    store.close()
+    assert tree(tmp_path) == before  # no lock file, no cleanup of the leftover, nothing
+
+
+def test_read_only_open_of_a_missing_store_creates_nothing(tmp_path):
+    with pytest.raises(ConfigError, match="holding store.json"):
+        UpdateStore(tmp_path / "absent", readonly=True)
+    assert not (tmp_path / "absent").exists()
+
+
+def test_read_only_index_falls_back_to_immutable_on_a_read_only_file_system(tmp_path, monkeypatch):
+    import fedunlearn.store_index as store_index
+
+    written_store(tmp_path)
+    opened = []
+    real_connect = store_index._connect_readonly
+
+    def connect(uri):
+        opened.append(uri.rsplit("?", 1)[1])
+        if uri.endswith("mode=ro"):  # as where the file system refuses SQLite's read-only open
+            raise sqlite3.OperationalError("unable to open database file")
+        return real_connect(uri)
+
+    monkeypatch.setattr(store_index, "_connect_readonly", connect)
+    monkeypatch.setattr(store_index, "_on_readonly_file_system", lambda path: True)
+    store = UpdateStore(tmp_path, readonly=True)
+    assert opened == ["mode=ro", "immutable=1"] and store.rounds() == [1, 3]
+    (tmp_path / "index.sqlite-journal").write_bytes(b"a hot journal")
+    with pytest.raises(StoreCorruptionError, match="unfinished transaction"):
+        UpdateStore(tmp_path, readonly=True)
+    monkeypatch.setattr(store_index, "_on_readonly_file_system", lambda path: False)
+    with pytest.raises(StoreCorruptionError, match="unable to open"):
+        UpdateStore(tmp_path, readonly=True)
+
+
+def test_writable_open_on_a_read_only_file_system_says_to_open_read_only(tmp_path, monkeypatch):
+    written_store(tmp_path)
+
+    class ReadOnly:
+        f_flag = os.ST_RDONLY
+
+    monkeypatch.setattr(os, "statvfs", lambda path: ReadOnly())
+    with pytest.raises(StoreReadOnlyError, match=r"read-only file system.*readonly=True"):
+        UpdateStore(tmp_path)
+
+
+def test_a_lock_file_that_cannot_be_created_raises_store_read_only(tmp_path, monkeypatch):
+    import errno
+
+    import fedunlearn.update_store as update_store
+
+    store = UpdateStore(tmp_path)
+
+    def refuse(path, flags):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(update_store, "open_private_file", refuse)
+    with pytest.raises(StoreReadOnlyError, match=r"\.lock \(Read-only file system\)"):
+        store.write_round(1, make_state(0), {})
+
+
+# ---------------------------------------------------------------- format 1 (no row checksums)
+FORMAT_1_SCHEMA = """
+CREATE TABLE IF NOT EXISTS blobs (
+    round INTEGER NOT NULL,
+    client INTEGER,                 -- NULL for the global model
+    kind TEXT NOT NULL CHECK (kind IN ('update', 'global')),
+    num_examples INTEGER,           -- NULL for the global model
+    dtype TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    checksum TEXT NOT NULL,         -- sha256 of the file, hex
+    path TEXT NOT NULL UNIQUE       -- relative to the root; encodes (round, client, kind)
+);
+CREATE INDEX IF NOT EXISTS blobs_by_round ON blobs (round);
+CREATE INDEX IF NOT EXISTS blobs_by_client ON blobs (client);
+"""
+
+
+def downgrade_to_format_1(root: Path) -> None:
+    """Turn a store into what fedunlearn wrote before row checksums: format 1's schema (copied
+    from that version), no user_version, header format_version 1, files 0644 in 0755 folders."""
+    import json
+
+    columns = "round, client, kind, num_examples, dtype, bytes, checksum, path"
+    connection = sqlite3.connect(root / "index.sqlite")
+    rows = connection.execute(f"SELECT {columns} FROM blobs").fetchall()
+    connection.close()
+    (root / "index.sqlite").unlink()
+    connection = sqlite3.connect(root / "index.sqlite")
+    connection.executescript(FORMAT_1_SCHEMA)
+    connection.executemany(f"INSERT INTO blobs ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    connection.commit()
+    connection.close()
+    header = json.loads((root / "store.json").read_text())
+    (root / "store.json").write_text(json.dumps({**header, "format_version": 1}))
+    for path in [root, *root.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def test_format_1_store_is_read_as_it_is_read_only_and_migrated_by_a_writable_open(tmp_path):
+    import json
+    import stat
+
+    written_store(tmp_path)
+    downgrade_to_format_1(tmp_path)
+    set_column(tmp_path, "num_examples", 25, where="client = 0 AND round = 1")  # undetectable yet
+    before = tree(tmp_path)
+    old = UpdateStore(tmp_path, readonly=True)
+    assert not old.rows_checksummed and old.verify() == [] and old.num_examples(1)[0] == 25
+    old.close()
+    assert tree(tmp_path) == before
+
+    migrated = UpdateStore(tmp_path)
+    assert migrated.rows_checksummed and migrated.num_examples(1) == {0: 25, 1: 20, 2: 30}
+    assert json.loads((tmp_path / "store.json").read_text())["format_version"] == 2
+    for path in [tmp_path, *tmp_path.rglob("*")]:  # made private like a new store
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
+    migrated.close()
+    set_column(tmp_path, "num_examples", 26, where="client = 0 AND round = 1")  # now detected
+    with pytest.raises(StoreCorruptionError, match="round 1, client 0"):
+        UpdateStore(tmp_path, readonly=True).num_examples(1)
+
+
+def test_store_files_and_folders_are_private_whatever_the_umask(tmp_path):
+    import stat
+
+    previous = os.umask(0o000)
+    try:
+        store = UpdateStore(tmp_path / "run" / "store")
+        write_rounds(store, rounds=(1,))
+        store.set_metadata(seed=1)
+    finally:
+        os.umask(previous)
+    for path in [tmp_path / "run", *(tmp_path / "run").rglob("*")]:
+        expected = 0o700 if path.is_dir() else 0o600
+        assert stat.S_IMODE(path.stat().st_mode) == expected, path
