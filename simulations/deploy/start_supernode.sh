@@ -4,7 +4,8 @@
 # SuperLink's machine, with `flwr supernode register KEY.pub`).
 # Usage: start_supernode.sh SUPERLINK_HOST:PORT CA_CERT PRIVATE_KEY PARTITION_ID NUM_PARTITIONS [DATA_ROOT]
 #   DATA_ROOT  where this machine keeps the dataset (torchvision layout); default: the run config's.
-#              Any UTF-8 path without control characters; it reaches the ClientApp unchanged.
+#              Any UTF-8 path without control characters or $NAME / ${...} (which the ClientApp
+#              would expand); it reaches the ClientApp unchanged.
 # SUPERNODE_PORT (environment): this SuperNode's local API port (default 9094; one per SuperNode
 # on a host).
 set -euo pipefail
@@ -48,6 +49,10 @@ if [ -n "${6:-}" ]; then
   data_root=${data_root%$'\n.'}
   carriable "$data_root" ||
     refuse DATA_ROOT "$6" "a folder whose path is UTF-8 text without control characters"
+  # The ClientApp expands $NAME and ${NAME} in data-root (os.path.expandvars): a folder literally
+  # named so would be looked for elsewhere.
+  [[ ! "$data_root" =~ \$([A-Za-z0-9_]|\{[^}]*\}) ]] ||
+    refuse DATA_ROOT "$6" 'a folder whose path has no $NAME or ${...} (the ClientApp expands them)'
   node_config="$node_config data-root=$(toml_string "$data_root")"
 fi
 exec flower-supernode \
