@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import time
@@ -346,3 +347,6 @@ def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_s
     assert (result / "model_federaser.safetensors").is_file()
     stored = [p.name for p in (result / "store" / "blobs").rglob("*.safetensors")]
     assert stored and "client_000001.safetensors" not in stored  # the forgotten client's updates
+    # Every retained update is readable by the server's account only (the script's umask 077).
+    written = [tmp_path / "runs", *(tmp_path / "runs").rglob("*")]
+    assert not [p for p in written if stat.S_IMODE(p.stat().st_mode) & 0o077]

@@ -18,7 +18,8 @@
 # SuperNode keys and start runs whose code executes here. So the SuperLink listens on loopback
 # only, and the proxy forwards nothing but Fleet calls. Use flwr on this machine (connection
 # address 127.0.0.1:SUPERLINK_PORT), or through an SSH tunnel to it. Stopping this script (or the
-# SuperLink, or the proxy) stops both.
+# SuperLink, or the proxy) stops both. Runs under umask 077: what the SuperLink and its ServerApps
+# write (run directories with every retained update included) is readable by this account only.
 set -euo pipefail
 refuse() { echo "start_superlink.sh: invalid $1='$2': $3" >&2; exit 2; }
 if [ $# -lt 1 ] || [ ! -d "$1" ]; then
@@ -57,6 +58,9 @@ if [ -n "${3:-}" ]; then
   case $3 in -*) database=(--database "./$3") ;; *) database=(--database "$3") ;; esac
 fi
 
+# Whatever the SuperLink and its ServerApps write (the state database, run directories holding every
+# retained client update, checkpoints, models) is for this account only: 0700 folders, 0600 files.
+umask 077
 # The proxy's files live in a private folder of their own; its configuration names no path of
 # the user's (nginx would read a '$' in one as a variable): the credentials are linked in.
 proxy_dir=$(mktemp -d "${TMPDIR:-/tmp}/fedunlearn-proxy.XXXXXX")
