@@ -47,7 +47,8 @@ def umask():
 
 
 def test_the_server_certificate_is_signed_by_the_ca_for_every_host_and_loopback(tmp_path):
-    written = write_credentials(tmp_path / "creds", hosts=["superlink.example.org", "10.0.0.5"], supernodes=2)
+    hosts = ["superlink.example.org", "10.0.0.5"]
+    written = write_credentials(tmp_path / "creds", hosts=hosts, supernodes=2)
     ca = x509.load_pem_x509_certificate(written.ca_certificate.read_bytes())
     server = x509.load_pem_x509_certificate(written.server_certificate.read_bytes())
     server.verify_directly_issued_by(ca)  # raises if the signature or issuer is wrong
@@ -117,7 +118,9 @@ def test_private_keys_are_born_0600_in_a_0700_folder_whatever_the_umask(
         (["--days", "3651"], "invalid days=3651: "),
     ],
 )
-def test_bad_arguments_exit_2_naming_the_parameter_and_write_nothing(tmp_path, capsys, argv, message):
+def test_bad_arguments_exit_2_naming_the_parameter_and_write_nothing(
+    tmp_path, capsys, argv, message
+):
     out = tmp_path / "creds"
     assert main([str(out), *argv]) == 2
     assert message in capsys.readouterr().err
@@ -263,7 +266,7 @@ def run_script(script: str, *arguments: str, cwd: Path, **env: str) -> subproces
         ("start_supernode.sh", ["h:9092", "{file}", "{file}", "0", "2", "{tmp}/x"], {}, "DATA_ROOT="),
         ("start_supernode.sh", ["h:9092", "{file}", "{file}", "0", "2"], {"SUPERNODE_PORT": "-1"}, "SUPERNODE_PORT="),
     ],
-)
+)  # fmt: skip
 def test_start_scripts_refuse_bad_arguments_with_exit_2_before_starting(
     tmp_path, script, arguments, env, message
 ):
@@ -292,7 +295,8 @@ def fake_supernode(tmp_path):
     start_supernode.sh with a data root and returns the arguments the SuperNode would have got."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "flower-supernode").write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n')
+    record = '#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n'
+    (bin_dir / "flower-supernode").write_text(record)
     (bin_dir / "flower-supernode").chmod(0o755)
     (tmp_path / "-ca.crt").write_text("x")  # a name that looks like an option
     (tmp_path / "key").write_text("x")
@@ -334,12 +338,15 @@ NASTY = [
 
 
 @pytest.mark.parametrize("name", NASTY)
-def test_a_data_root_with_any_characters_reaches_the_supernode_intact(tmp_path, fake_supernode, name):
+def test_a_data_root_with_any_characters_reaches_the_supernode_intact(
+    tmp_path, fake_supernode, name
+):
     data_root = tmp_path / "machine" / name
     data_root.mkdir(parents=True)
     status, argv, stderr = fake_supernode(data_root)
     assert status == 0, stderr
-    assert node_config(argv) == {"partition-id": 1, "num-partitions": 3, "data-root": str(data_root)}
+    expected = {"partition-id": 1, "num-partitions": 3, "data-root": str(data_root)}
+    assert node_config(argv) == expected
     ca = argv[argv.index("--root-certificates") + 1]
     assert ca == str(tmp_path / "-ca.crt")  # made absolute: never mistaken for an option
 
@@ -348,7 +355,9 @@ def test_a_data_root_with_any_characters_reaches_the_supernode_intact(tmp_path, 
 EXPANDED = re.compile(r"\$(\w|\{[^}]*\})", re.ASCII)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     name=st.text(
         st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="/"),

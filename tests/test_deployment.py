@@ -261,7 +261,8 @@ def test_the_public_listener_forwards_only_fleet_calls_and_stops_with_the_superl
     assert len(proxy) == 2, started  # its master and its worker
     os.kill(superlink, signal.SIGTERM)
     status = server.script.wait(timeout=30)
-    assert f"the SuperLink exited with status {status}; stopping the proxy" in server.log.read_text()
+    said = f"the SuperLink exited with status {status}; stopping the proxy"
+    assert said in server.log.read_text()
     assert not _listening(PUBLIC, server.public_port)
     assert not [pid for pid in proxy if alive(pid)]
     assert list((tmp_path / "proxy-tmp").iterdir()) == []

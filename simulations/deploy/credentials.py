@@ -80,9 +80,8 @@ def _check_host(host: str) -> None:
     except ValueError:
         pass
     if len(host) > 253 or not _DNS_NAME.fullmatch(host):
-        raise ConfigError(
-            "hosts", host, "IP addresses or DNS names (letters, digits, '-' and '.') separated by ','"
-        )
+        allowed = "IP addresses or DNS names (letters, digits, '-' and '.') separated by ','"
+        raise ConfigError("hosts", host, allowed)
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
@@ -107,7 +106,9 @@ def write_supernode_key(path: Path) -> Path:
     register`` read): ``path`` (private, created 0600) and ``path.pub`` (0644)."""
     key = ec.generate_private_key(ec.SECP384R1())
     private = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
     )
     _write_new(path, private, 0o600)
     public = key.public_key().public_bytes(
@@ -184,9 +185,8 @@ def _check_replaceable(out: Path, force: bool) -> None:
         raise ConfigError("out", str(out), allowed)
     foreign = sorted(p.name for p in out.iterdir() if not _OWN_FILE.fullmatch(p.name))
     if foreign:
-        raise ConfigError(
-            "out", str(out), f"{allowed}; --force refuses to delete what it did not write: {foreign}"
-        )
+        refusal = f"{allowed}; --force refuses to delete what it did not write: {foreign}"
+        raise ConfigError("out", str(out), refusal)
 
 
 def _swap_in(new: Path, out: Path) -> None:
@@ -223,7 +223,8 @@ def validate(hosts: Sequence[str], supernodes: int, days: int) -> None:
             "days", days, f"a whole number of days from 1 to {MAX_DAYS} (how long the set is valid)"
         )
     if not hosts:
-        raise ConfigError("hosts", list(hosts), "at least one host name or IP address of the SuperLink")
+        allowed = "at least one host name or IP address of the SuperLink"
+        raise ConfigError("hosts", list(hosts), allowed)
     for host in hosts:
         _check_host(host)
 
