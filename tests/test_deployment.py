@@ -1,47 +1,72 @@
-"""Flower's Deployment Engine on loopback: a SuperLink and 3 SuperNodes as separate processes, with
-TLS and SuperNode authentication (started by the README's scripts), run a short training and a FedEraser unlearning through
-``flwr run``; a SuperNode whose key is not registered is refused. Every process started here, and
-every process those started, is stopped, also when the test fails. The ServerApp's process is also
-killed mid-training once, and the run resumed.
+"""Flower's Deployment Engine on loopback: a SuperLink behind the nginx proxy of the README's start
+script, and 3 SuperNodes as separate processes, with TLS and SuperNode authentication, run a short
+training and a FedEraser unlearning through ``flwr run``; a SuperNode whose key is not registered is
+refused. 127.0.0.2 plays the server's public interface: SuperNodes reach the SuperLink only through
+the proxy there, which forwards Fleet calls and nothing else, while the Control API answers on the
+server's loopback (127.0.0.1) only. Every process started here, and every process those started, is
+stopped, also when the test fails. The ServerApp's process is also killed mid-training once, and the
+run resumed. Credentials and data roots have quotes, '$', spaces and backslashes in their paths.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import shutil
 import signal
 import socket
+import ssl
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 import pytest
 
-from simulations.deploy.credentials import write_credentials
+from simulations.deploy.credentials import Credentials, write_credentials
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DEPLOY = PROJECT_ROOT / "simulations" / "deploy"  # the start scripts the README documents
 
 
-def _free_port() -> int:
+PROTOBUF = "application/protobuf"  # the Fleet and Control APIs' request body
+PUBLIC = "127.0.0.2"  # the server's public interface, as SuperNodes on other machines see it
+NASTY = "quote\" dollar$ $(x) tick' back\\slash"  # in every path this test hands over
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+def _wait_for_port(
+    host: str, port: int, process: subprocess.Popen, log: Path, timeout: float = 60
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"process exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if _listening(host, port):
+            return
         time.sleep(0.2)
-    pytest.fail(f"nothing listens on port {port} after {timeout}s:\n{log.read_text()[-3000:]}")
+    pytest.fail(f"nothing listens on {host}:{port} after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def require_nginx() -> None:
+    """The start script puts nginx in front of the SuperLink; CI installs it (.ci/run)."""
+    if not (shutil.which("nginx") or os.access("/usr/sbin/nginx", os.X_OK)):
+        pytest.fail("nginx is needed for the deployment tests: apt-get install nginx")
 
 
 def process_tree(pid: int) -> dict[int, str]:
@@ -144,46 +169,129 @@ def processes(tmp_path):
     assert not [pid for pid in started.descendants if alive(pid)]  # ... and all they started
 
 
+class Server(NamedTuple):
+    """The SuperLink's machine as the start script left it running."""
+
+    script: subprocess.Popen
+    log: Path
+    public_port: int  # the proxy on PUBLIC: what other machines reach
+    loopback_port: int  # the SuperLink itself on 127.0.0.1: Control, Runtime and Fleet APIs
+
+
+def start_server(tmp_path: Path, processes: Processes, credentials: Credentials) -> Server:
+    """Start the README's start_superlink.sh with the proxy on PUBLIC, and point ``flwr``'s
+    connection ``server`` at the loopback Control API and ``public`` at the public listener."""
+    require_nginx()
+    public_port, loopback_port = _free_port(PUBLIC), _free_port()
+    home = Path(processes.env["FLWR_HOME"])
+    home.mkdir(exist_ok=True)
+    ca = json.dumps(str(credentials.ca_certificate))  # a TOML string: the path has quotes in it
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "server"\n'
+        f'[superlink.server]\naddress = "127.0.0.1:{loopback_port}"\nroot-certificates = {ca}\n'
+        f'[superlink.public]\naddress = "{PUBLIC}:{public_port}"\nroot-certificates = {ca}\n'
+    )
+    (tmp_path / "proxy-tmp").mkdir()
+    script, log = processes.start(
+        "superlink",
+        ["bash", str(DEPLOY / "start_superlink.sh"), str(credentials.ca_certificate.parent),
+         str(public_port), str(tmp_path / f"state {NASTY}.db")],
+        PUBLIC_HOST=PUBLIC, SUPERLINK_PORT=str(loopback_port), TMPDIR=str(tmp_path / "proxy-tmp"),
+    )  # fmt: skip
+    _wait_for_port("127.0.0.1", loopback_port, script, log)
+    _wait_for_port(PUBLIC, public_port, script, log)
+    return Server(script, log, public_port, loopback_port)
+
+
+def flwr(processes: Processes, *arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "flwr"), *arguments],
+        env=processes.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def post(host: str, port: int, path: str, ca: Path) -> tuple[int, str]:
+    """POST an empty protobuf request to ``path`` exactly as written (no client-side
+    normalisation); returns the status and the ``Server`` header."""
+    context = ssl.create_default_context(cafile=str(ca))
+    connection = http.client.HTTPSConnection(host, port, context=context, timeout=30)
+    try:
+        connection.request("POST", path, body=b"", headers={"content-type": PROTOBUF})
+        response = connection.getresponse()
+        response.read()
+        return response.status, response.getheader("server", "")
+    finally:
+        connection.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_public_listener_forwards_only_fleet_calls_and_stops_with_the_superlink(
+    tmp_path, processes
+):
+    credentials = write_credentials(
+        tmp_path / f"credentials {NASTY}", hosts=[PUBLIC], supernodes=1
+    )
+    server = start_server(tmp_path, processes, credentials)
+    ca = credentials.ca_certificate
+    # Routed by Flower from loopback; refused by nginx on the public listener, however spelled.
+    assert post("127.0.0.1", server.loopback_port, "/v1/control/list-nodes", ca)[0] == 200
+    for path in [
+        "/v1/control/list-nodes",
+        "/v1/control/register-node",
+        "/v1/control/start-run",
+        "/v1/runtime/pull-messages",
+        "/v1/fleet/../control/list-nodes",
+        "/v1/fleet/%2e%2e/control/list-nodes",
+        "/v1/fleet/..%2fcontrol/list-nodes",
+        "/v1/fleet/get-run/../../control/list-nodes",
+        "//v1/control/list-nodes",
+        "/v1/Fleet/../control/list-nodes",
+        "/docs",
+        "/openapi.json",
+    ]:
+        assert post(PUBLIC, server.public_port, path, ca) == (404, "nginx"), path
+    # A Fleet call goes through to the SuperLink, whose node authentication answers it.
+    assert post(PUBLIC, server.public_port, "/v1/fleet/register-node", ca)[0] == 401
+
+    # The SuperLink stops: so do the proxy and the script, which removes the proxy's files.
+    started = process_tree(server.script.pid)
+    [superlink] = [pid for pid, args in started.items() if "bin/flower-superlink" in args]
+    proxy = [pid for pid, args in started.items() if args.startswith("nginx: ")]
+    assert len(proxy) == 2, started  # its master and its worker
+    os.kill(superlink, signal.SIGTERM)
+    status = server.script.wait(timeout=30)
+    said = f"the SuperLink exited with status {status}; stopping the proxy"
+    assert said in server.log.read_text()
+    assert not _listening(PUBLIC, server.public_port)
+    assert not [pid for pid in proxy if alive(pid)]
+    assert list((tmp_path / "proxy-tmp").iterdir()) == []
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_stranger(
     tmp_path, processes
 ):
     credentials = write_credentials(
-        tmp_path / "credentials", hosts=["localhost", "127.0.0.1"], supernodes=4
+        tmp_path / f"credentials {NASTY}", hosts=[PUBLIC], supernodes=4
     )
-    port = _free_port()
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        '[superlink]\ndefault = "test"\n[superlink.test]\n'
-        f'address = "127.0.0.1:{port}"\nroot-certificates = "{credentials.ca_certificate}"\n'
-    )
-    superlink, superlink_log = processes.start(
-        "superlink",
-        [
-            "bash",
-            str(DEPLOY / "start_superlink.sh"),
-            str(credentials.ca_certificate.parent),
-            str(port),
-        ],
-        SUPERLINK_HOST="127.0.0.1",
-    )
-    _wait_for_port(port, superlink, superlink_log)
-    for index in range(3):  # the fourth key stays unregistered
-        registered = subprocess.run(
-            [str(BIN / "flwr"), "supernode", "register", str(credentials.public_key(index))],
-            env=processes.env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+    server = start_server(tmp_path, processes, credentials)
+    # The Control API is not reachable from other machines: registering the fourth key there fails.
+    refused = flwr(processes, "supernode", "register", str(credentials.public_key(3)), "public")
+    assert refused.returncode != 0 and "404 Not Found" in refused.stdout + refused.stderr
+    assert flwr(processes, "ls", "public").returncode != 0
+    for index in range(3):  # on the server machine it works; the fourth key stays unregistered
+        registered = flwr(processes, "supernode", "register", str(credentials.public_key(index)))
         assert registered.returncode == 0, registered.stdout + registered.stderr
 
     def supernode(index: int, key: Path):
-        data_root = tmp_path / f"machine-{index}-data"  # each SuperNode's own data folder
+        data_root = tmp_path / f"machine-{index} {NASTY}"  # each SuperNode's own data folder
         data_root.mkdir(exist_ok=True)
         return processes.start(
             f"supernode-{index}",
             [
-                "bash", str(DEPLOY / "start_supernode.sh"), f"127.0.0.1:{port}",
+                "bash", str(DEPLOY / "start_supernode.sh"), f"{PUBLIC}:{server.public_port}",
                 str(credentials.ca_certificate), str(key), str(index), "3", str(data_root),
             ],
             SUPERNODE_PORT=str(_free_port()),
@@ -202,7 +310,7 @@ def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_s
         f'output-dir = "{tmp_path / "runs"}"\nrun-name = "deployed"\n'
         'unlearn-clients = "1"\nunlearn-methods = "federaser"\nnode-wait-seconds = 90\n'
     )
-    flwr_run = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "test", "--stream", "--run-config"]
+    flwr_run = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "server", "--stream", "--run-config"]
     first, first_log = processes.start("flwr-run-killed", [*flwr_run, str(run_config)])
     result = tmp_path / "runs" / "deployed"
     deadline = time.monotonic() + 180
@@ -210,9 +318,9 @@ def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_s
         assert time.monotonic() < deadline, first_log.read_text()[-3000:]
         time.sleep(0.1)
     serverapps = [
-        pid for pid, args in process_tree(superlink.pid).items() if "flwr-serverapp" in args
+        pid for pid, args in process_tree(server.script.pid).items() if "flwr-serverapp" in args
     ]
-    assert len(serverapps) == 1, process_tree(superlink.pid)
+    assert len(serverapps) == 1, process_tree(server.script.pid)
     processes.descendants.add(serverapps[0])
     os.kill(serverapps[0], signal.SIGKILL)
     with_group(first.pid, signal.SIGKILL)  # its log stream has nothing more to show
@@ -240,3 +348,6 @@ def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_s
     assert (result / "model_federaser.safetensors").is_file()
     stored = [p.name for p in (result / "store" / "blobs").rglob("*.safetensors")]
     assert stored and "client_000001.safetensors" not in stored  # the forgotten client's updates
+    # Every retained update is readable by the server's account only (the script's umask 077).
+    written = [tmp_path / "runs", *(tmp_path / "runs").rglob("*")]
+    assert not [p for p in written if stat.S_IMODE(p.stat().st_mode) & 0o077]
