@@ -27,7 +27,7 @@ def test_defaults_match_the_flower_app_config():
         ("partitioning", "random", "one of iid, dirichlet, shards"),
         ("retain-interval", 0, ">= 1"),
         ("rounds", 0, ">= 1"),
-        ("num-clients", 0, ">= 1"),
+        ("num-clients", 0, "[1, 10000]"),
         ("local-epochs", -1, ">= 1"),
         ("batch-size", 0, ">= 1"),
         ("lr", 0.0, "> 0"),
