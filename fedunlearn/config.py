@@ -219,7 +219,9 @@ class ExperimentConfig:
     def _validate_paths(self) -> None:
         check_path_text("output-dir", self.output_dir)
         if not self.output_dir.strip():
-            raise ConfigError("output-dir", self.output_dir, "a folder path, e.g. ~/fedunlearn-runs")
+            raise ConfigError(
+                "output-dir", self.output_dir, "a folder path, e.g. ~/fedunlearn-runs"
+            )
         if self.data_root:
             check_path_text("data-root", self.data_root)
         if self.run_name and not RUN_NAME.fullmatch(self.run_name):
@@ -624,7 +626,7 @@ def check_path_text(key: str, value: str) -> None:
 
 def _check_model_fits(model: str, dataset: str) -> None:
     """Refuse a model whose layers cannot take the dataset's samples (e.g. mnist-cnn's two 5x5
-    convolutions on 8x8 digits), found by building it on PyTorch's meta device: no memory, no data."""
+    convolutions on 8x8 digits), found by running it on PyTorch's meta device: no data needed."""
     if model == "auto" or dataset not in SAMPLE_SHAPES:
         return
     problem = model_problem(model, SAMPLE_SHAPES[dataset])

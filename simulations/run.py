@@ -125,7 +125,7 @@ def toml_value(key: str, value: Any) -> str:
 
 
 def render_run_config(values: dict[str, Any]) -> str:
-    """A flat run-config TOML document (``flwr run --run-config FILE``), one ``key = value`` a line."""
+    """A flat run-config TOML document (``flwr run --run-config FILE``): ``key = value`` lines."""
     return "".join(f"{key} = {toml_value(key, v)}\n" for key, v in sorted(values.items()))
 
 
@@ -179,7 +179,9 @@ def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
     if not 0 <= args.num_gpus <= 1:
         raise ConfigError("--num-gpus", args.num_gpus, "a GPU fraction in [0, 1]")
     if not (args.app / "pyproject.toml").is_file():
-        raise ConfigError("--app", str(args.app), "a folder holding the Flower App's pyproject.toml")
+        raise ConfigError(
+            "--app", str(args.app), "a folder holding the Flower App's pyproject.toml"
+        )
     preflight(config)
     if config.resume and (config.run_directory() / "config.json").is_file():
         # Imported here: the server's recovery module owns the list of keys a resume must keep.
