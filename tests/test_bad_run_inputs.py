@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,6 +32,7 @@ class Sandbox:
     work: Path
     out: Path
     launched: list
+    temporary: list
 
     def format(self, text: str) -> str:
         for name in ("out", "home", "root", "work"):
@@ -48,7 +50,7 @@ class Sandbox:
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
     """HOME, the working directory and output-dir under ``tmp_path``; Flower cannot be started."""
-    box = Sandbox(tmp_path, tmp_path / "home", tmp_path / "work", tmp_path / "out", [])
+    box = Sandbox(tmp_path, tmp_path / "home", tmp_path / "work", tmp_path / "out", [], [])
     box.home.mkdir()
     box.work.mkdir()
     monkeypatch.setenv("HOME", str(box.home))
@@ -62,6 +64,14 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", refuse)
     monkeypatch.setattr(os, "system", refuse)
     monkeypatch.setattr(runner, "_run_status", refuse)
+    real_temporary_directory = tempfile.TemporaryDirectory
+
+    def temporary_directory(*args, **kwargs):
+        made = real_temporary_directory(*args, **kwargs)
+        box.temporary.append(Path(made.name))
+        return made
+
+    monkeypatch.setattr(runner.tempfile, "TemporaryDirectory", temporary_directory)
     return box
 
 
@@ -184,6 +194,25 @@ def _generic_cases():
         key = field.name.replace("_", "-")
         for value in bad[type(field.default)]:
             yield pytest.param(_set(f"{key}={value}"), key, None, id=f"{key}={value}")
+    for key in ENUM_KEYS:  # empty, and a near miss in case and spacing
+        for value in ("''", "' '", "'AUTO'", "'x,y'"):
+            yield pytest.param(_set(f"{key}={value}"), key, None, id=f"{key}={value}")
+
+
+ENUM_KEYS = (
+    "dataset",
+    "model",
+    "partitioning",
+    "store-dtype",
+    "device",
+    "calibration-order",
+    "unlearn-adopt",
+    "certified-loss",
+    "certified-noise",
+    "certified-mode",
+    "certified-bound",
+    "certified-gamma",
+)
 
 
 # (id, argv, key named in the error, setup)
@@ -416,7 +445,7 @@ def test_bad_input_exits_2_names_its_key_and_touches_nothing(sandbox, capsys, ar
     assert any(f"invalid {k}=" in err for k in keys), err
     assert err.startswith("fedunlearn-run: error: ") and "flwr run" not in out
     assert sandbox.snapshot() == before
-    assert not sandbox.launched
+    assert not sandbox.launched and not sandbox.temporary  # not even the run-config file
 
 
 # ----------------------------------------------------------------------------- good input
@@ -439,6 +468,7 @@ GOOD = [
     pytest.param(["--output-dir", "{root}/J\u00fcrgen M\u00fcller/runs"], None, id="umlaut-home"),
     pytest.param(["--output-dir", "{root}/Jos\u0065\u0301/\u65e5\u672c/runs"], None, id="accents-cjk"),
     pytest.param(["--output-dir", "{root}/\"quoted\" \\ back"], None, id="quotes-backslash"),
+    pytest.param(["--output-dir", "{root}/\U00020000\U0001d400"], None, id="beyond-the-bmp"),
     pytest.param(_set("unlearn-clients='0 ,\u2003 5'"), None, id="odd-spaces-in-ids"),
     pytest.param(_set("scrub=true", 'scrub-forget="class:5\\n"'), None, id="newline-in-cohort"),
     pytest.param(
@@ -463,6 +493,7 @@ def test_good_input_passes_and_its_run_config_is_toml_that_reads_back(
     code, out, err = _run(sandbox, ["--dry-run", *argv], capsys)
     assert code == 0, err
     assert sandbox.snapshot() == before and not sandbox.launched
+    assert [p.exists() for p in sandbox.temporary] == [False]  # the run config's, removed
     command, toml_text = out.split("\n", 1)
     assert command.startswith("fedunlearn-run: flwr run ")
     written = tomllib.loads(toml_text)
