@@ -8,9 +8,13 @@ the value found and what is allowed (:class:`fedunlearn.errors.ConfigError`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import numbers
 import os
+import re
 import time
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -39,6 +43,34 @@ SCRUB_METHODS = (
     "random-labels",
     "hiding",
 )
+
+#: Largest federation a run may ask for: the simulation launches one SuperNode per client before
+#: any of them is checked, and the server queries every one of them each round.
+MAX_CLIENTS = 10_000
+#: Seeds feed scikit-learn's and NumPy's generators, which take unsigned 32-bit seeds.
+MAX_SEED = 2**32 - 1
+#: Beyond this the Dirichlet split is iid in all but name (and its draws overflow near 1e308).
+MAX_ALPHA = 1e6
+#: Flower's run config holds 64-bit integers; a larger one fails when the run is submitted.
+INT64 = (-(2**63), 2**63 - 1)
+#: A run directory's name: portable across file systems and shells, never hidden, never an option.
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+RUN_NAME_ALLOWED = (
+    "a plain folder name without path separators: 1 to 100 characters from A-Z, a-z, 0-9, '.', "
+    "'_', '-', not starting with '.' or '-' (or empty for <dataset>-<timestamp>)"
+)
+#: Longest output-dir (bytes, once ~ and $VARS are expanded): PATH_MAX is 4096 on Linux, and the run
+#: directory adds its name and the store's nested files.
+MAX_PATH_BYTES = 3072
+#: The input shape of one sample of each dataset, to check a model fits before any data is loaded
+#: (Adult's width depends on its categories; only its rank matters to the model).
+SAMPLE_SHAPES = {
+    "digits": (1, 8, 8),
+    "mnist": (1, 28, 28),
+    "fashion-mnist": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+    "adult": (100,),
+}
 
 
 def _key(field_name: str) -> str:
@@ -171,13 +203,36 @@ class ExperimentConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first parameter whose value is not allowed."""
+        """Raise :class:`ConfigError` naming the first parameter whose value is not allowed.
+
+        Only the keys themselves are checked here (each alone and against the others); what needs
+        the dataset or the disk is checked by :mod:`fedunlearn.preflight`.
+        """
+        self._validate_paths()
+        self._validate_data()
+        self._validate_training()
+        self._validate_unlearning()
+        self._validate_certified()
+        self._validate_scrub()
+        self._validate_mia()
+
+    def _validate_paths(self) -> None:
+        check_path_text("output-dir", self.output_dir)
+        if not self.output_dir.strip():
+            raise ConfigError(
+                "output-dir", self.output_dir, "a folder path, e.g. ~/fedunlearn-runs"
+            )
+        if self.data_root:
+            check_path_text("data-root", self.data_root)
+        if self.run_name and not RUN_NAME.fullmatch(self.run_name):
+            raise ConfigError("run-name", self.run_name, RUN_NAME_ALLOWED)
+
+    def _validate_data(self) -> None:
         _one_of("dataset", self.dataset, DATASETS)
         _one_of("partitioning", self.partitioning, PARTITIONINGS)
-        _one_of("store-dtype", self.store_dtype, STORE_DTYPES)
-        _one_of("device", self.device, DEVICES)
         _one_of("model", self.model, MODELS)
-        _at_least("num-clients", self.num_clients, 1)
+        _check_model_fits(self.model, self.dataset)
+        _between("num-clients", self.num_clients, 1, MAX_CLIENTS)
         _at_least("train-samples", self.train_samples, 0)
         if 0 < self.train_samples < self.num_clients:
             raise ConfigError(
@@ -185,17 +240,13 @@ class ExperimentConfig:
                 self.train_samples,
                 f"0 (the whole training set) or at least num-clients={self.num_clients}",
             )
-        _at_least("rounds", self.rounds, 1)
-        _at_least("local-epochs", self.local_epochs, 1)
-        _at_least("batch-size", self.batch_size, 1)
-        _at_least("retain-interval", self.retain_interval, 1)
         _at_least("shards-per-client", self.shards_per_client, 1)
-        _positive("lr", self.lr)
         _positive("alpha", self.alpha)
-        _positive("node-wait-seconds", self.node_wait_seconds)
-        _in_range("momentum", self.momentum, 0.0, 1.0, closed_high=False)
-        _in_range("weight-decay", self.weight_decay, 0.0, math.inf)
-        _in_range("fraction-evaluate", self.fraction_evaluate, 0.0, 1.0)
+        if self.alpha > MAX_ALPHA:
+            raise ConfigError(
+                "alpha", self.alpha, f"a number in (0, {MAX_ALPHA:g}] (for a uniform split: iid)"
+            )
+        _between("seed", self.seed, 0, MAX_SEED)
         if self.data_root and not self.download and not self.data_root_path.is_dir():
             raise ConfigError(
                 "data-root",
@@ -210,6 +261,28 @@ class ExperimentConfig:
                 f"dataset {self.dataset!r} needs a data root in torchvision's layout "
                 "(e.g. a folder holding MNIST/raw); only 'digits' is embedded",
             )
+
+    def _validate_training(self) -> None:
+        _one_of("store-dtype", self.store_dtype, STORE_DTYPES)
+        _one_of("device", self.device, DEVICES)
+        _at_least("rounds", self.rounds, 1)
+        _at_least("local-epochs", self.local_epochs, 1)
+        _at_least("batch-size", self.batch_size, 1)
+        _at_least("retain-interval", self.retain_interval, 1)
+        _positive("lr", self.lr)
+        _positive("node-wait-seconds", self.node_wait_seconds)
+        _in_range("momentum", self.momentum, 0.0, 1.0, closed_high=False)
+        _in_range("weight-decay", self.weight_decay, 0.0, math.inf)
+        _in_range("fraction-evaluate", self.fraction_evaluate, 0.0, 1.0)
+        _in_range("dp-noise-multiplier", self.dp_noise_multiplier, 0.0, math.inf)
+        _positive("dp-clipping-norm", self.dp_clipping_norm)
+        _in_range("dp-delta", self.dp_delta, 0.0, 1.0, closed_high=False)
+        if self.dp_noise_multiplier > 0 and self.dp_delta == 0:
+            raise ConfigError(
+                "dp-delta", self.dp_delta, "a number in (0, 1) when dp-noise-multiplier > 0"
+            )
+
+    def _validate_unlearning(self) -> None:
         _one_of("calibration-order", self.calibration_order, ("client", "average"))
         _in_range("calibration-ratio", self.calibration_ratio, 0.0, 1.0)
         if self.calibration_ratio == 0.0:
@@ -255,20 +328,6 @@ class ExperimentConfig:
                 "false with unlearn-only = true (an interrupted unlearn-only request is simply "
                 "run again)",
             )
-        self._validate_certified()
-        self._validate_scrub()
-        self._validate_mia()
-        _in_range("dp-noise-multiplier", self.dp_noise_multiplier, 0.0, math.inf)
-        _positive("dp-clipping-norm", self.dp_clipping_norm)
-        _in_range("dp-delta", self.dp_delta, 0.0, 1.0, closed_high=False)
-        if self.dp_noise_multiplier > 0 and self.dp_delta == 0:
-            raise ConfigError(
-                "dp-delta", self.dp_delta, "a number in (0, 1) when dp-noise-multiplier > 0"
-            )
-        if self.run_name and (os.sep in self.run_name or self.run_name in (".", "..")):
-            raise ConfigError(
-                "run-name", self.run_name, "a plain folder name without path separators"
-            )
 
     def _validate_certified(self) -> None:
         # Imported here: the certified-removal module pulls in SciPy, which plain runs do not need.
@@ -284,6 +343,8 @@ class ExperimentConfig:
         _positive("certified-refresh-ratio", self.certified_refresh_ratio)
         _positive("certified-epsilon", self.certified_epsilon)
         _in_range("certified-delta", self.certified_delta, 0.0, 1.0, closed_high=False)
+        if self.certified_delta == 0.0:  # (epsilon, delta)-CR divides by delta (Guo et al. Thm 3)
+            raise ConfigError("certified-delta", self.certified_delta, "a number in (0, 1)")
         if self.certified_noise != "none":
             _positive("certified-sigma", self.certified_sigma)
         elif self.certified_loss != "least-squares":
@@ -476,31 +537,29 @@ def _partition_list(key: str, value: str, num_clients: int) -> list[int]:
 
 
 def _coerce(key: str, value: Any, default: Any) -> Any:
-    """Convert a run-config value to the type of its default, or say what was expected."""
+    """Convert a run-config value to the type of its default, or say what was expected.
+
+    Integer keys take integers (or their decimal text from a command line), never a float: TOML
+    reads ``1e9`` and ``5.0`` as floats, and rounding them silently would hide a typo.
+    """
     expected = type(default)
     if expected is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
         raise ConfigError(key, value, "true or false")
     if expected is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(key, value, "a whole number")
-        try:
-            number = float(value)
-        except ValueError:
-            raise ConfigError(key, value, "a whole number") from None
-        if not number.is_integer():
-            raise ConfigError(key, value, "a whole number")
-        return int(number)
+        return _coerce_int(key, value)
     if expected is float:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
             raise ConfigError(key, value, "a number")
         try:
             number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(key, value, "a number") from None
+        except OverflowError:
+            raise ConfigError(key, value, "a finite number") from None
         if not math.isfinite(number):
             raise ConfigError(key, value, "a finite number")
         return number
@@ -511,6 +570,94 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
     return value
 
 
+def _coerce_int(key: str, value: Any) -> int:
+    allowed = "a whole number written as one, e.g. 100 (not 100.0, 1e2 or true)"
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+    elif isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+        number = int(value.strip())
+    else:
+        raise ConfigError(key, value, allowed)
+    if not INT64[0] <= number <= INT64[1]:
+        raise ConfigError(key, value, f"{allowed} between -2^63 and 2^63-1 (a 64-bit integer)")
+    return number
+
+
+def _unsafe_character(text: str) -> tuple[int, str] | None:
+    """The first character (position, char) a path should not hold: control and format characters,
+    unassigned or private-use code points, lone surrogates, line separators, non-ASCII spaces, and
+    emoji with their modifiers and variation selectors. Letters of every script, combining accents,
+    digits and punctuation are fine."""
+    for position, char in enumerate(text):
+        category = unicodedata.category(char)
+        if (
+            category[0] == "C"
+            or category in ("So", "Me", "Zl", "Zp")
+            or (category == "Zs" and char != " ")
+            or (category == "Sk" and not char.isascii())
+            or 0xFE00 <= ord(char) <= 0xFE0F
+        ):
+            return position, char
+    return None
+
+
+def check_path_text(key: str, value: str) -> None:
+    """Refuse a path (``output-dir``, ``data-root``) that holds a character a folder name should
+    not (:func:`_unsafe_character`), or that is too long to hold a run directory."""
+    expanded = os.path.expanduser(os.path.expandvars(value))
+    found = _unsafe_character(expanded)
+    if found is not None:
+        position, char = found
+        raise ConfigError(
+            key,
+            value,
+            "a folder path without control characters, emoji or other symbols (found "
+            f"U+{ord(char):04X} {unicodedata.name(char, 'unnamed')} at position {position}"
+            + (f" of {expanded!r}" if expanded != value else "")
+            + ")",
+        )
+    size = len(expanded.encode("utf-8"))
+    if size > MAX_PATH_BYTES:
+        raise ConfigError(key, value, f"a path of at most {MAX_PATH_BYTES} bytes (found {size})")
+    too_long = [part for part in expanded.split(os.sep) if len(part.encode("utf-8")) > 255]
+    if too_long:
+        raise ConfigError(key, value, f"folder names of at most 255 bytes ({too_long[0][:20]}...)")
+
+
+def _check_model_fits(model: str, dataset: str) -> None:
+    """Refuse a model whose layers cannot take the dataset's samples (e.g. mnist-cnn's two 5x5
+    convolutions on 8x8 digits), found by running it on PyTorch's meta device: no data needed."""
+    if model == "auto" or dataset not in SAMPLE_SHAPES:
+        return
+    problem = model_problem(model, SAMPLE_SHAPES[dataset])
+    if problem:
+        fitting = [m for m in MODELS[1:] if not model_problem(m, SAMPLE_SHAPES[dataset])]
+        raise ConfigError(
+            "model",
+            model,
+            f"auto or a model that fits {dataset} samples of shape {SAMPLE_SHAPES[dataset]}: "
+            f"{', '.join(fitting)} ({model}: {problem})",
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def model_problem(model: str, sample_shape: tuple[int, ...]) -> str:
+    """Why ``model`` cannot classify samples of ``sample_shape`` ("" when it can)."""
+    import torch
+
+    from fedunlearn.models import build_model
+
+    try:
+        with torch.device("meta"):
+            net = build_model(model, sample_shape, 2)
+            net(torch.empty((1, *sample_shape)))
+    except (ConfigError, RuntimeError, ValueError) as error:
+        reason = error.allowed if isinstance(error, ConfigError) else str(error).split("\n")[0]
+        return reason[:200]
+    return ""
+
+
+
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(key, value, f"one of {', '.join(allowed)}")
@@ -519,6 +666,11 @@ def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
 def _at_least(key: str, value: int, minimum: int) -> None:
     if value < minimum:
         raise ConfigError(key, value, f"a whole number >= {minimum}")
+
+
+def _between(key: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ConfigError(key, value, f"a whole number in [{low}, {high}]")
 
 
 def _positive(key: str, value: float) -> None:

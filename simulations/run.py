@@ -2,8 +2,10 @@
 
 It is ``flwr run <app> --stream`` plus what that command cannot do for you:
 
-* validates the configuration first (a bad value exits with status 2 and the error, and nothing is
-  started or written);
+* validates the configuration first, then what needs the data or the disk
+  (:func:`fedunlearn.preflight.preflight`: the dataset is loaded and partitioned read-only, the run
+  directory only read): a bad value exits with status 2 and the error naming the key, the value and
+  what is allowed, and nothing is started or written (``--dry-run`` checks the same);
 * resolves ``data-root`` and ``output-dir`` against *your* working directory (the ServerApp runs in
   the SuperLink's process, whose working directory is not yours);
 * sizes the federation to ``num-clients`` and sets the client resources (CPU and GPU fractions);
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -32,8 +35,9 @@ from typing import Any
 
 import tomllib
 
-from fedunlearn.config import ExperimentConfig
-from fedunlearn.errors import ConfigError
+from fedunlearn.config import ExperimentConfig, check_path_text
+from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.preflight import preflight
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PATH_KEYS = ("data-root", "output-dir")
@@ -58,9 +62,9 @@ def load_run_config(path: Path | None, assignments: Sequence[str] = ()) -> dict[
         if not path.is_file():
             raise ConfigError("config", str(path), "an existing TOML run-config file")
         try:
-            values = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError("config", str(path), f"valid TOML ({error})") from None
+            values = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+            raise ConfigError("config", str(path), f"valid UTF-8 TOML ({error})") from None
         nested = [k for k, v in values.items() if isinstance(v, dict)]
         if nested:
             raise ConfigError(
@@ -78,9 +82,51 @@ def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
     for key in PATH_KEYS:
         raw = resolved.get(key)
         if isinstance(raw, str) and raw:
+            check_path_text(key, raw)  # before the file system sees it (a NUL byte would crash it)
             path = Path(os.path.expandvars(raw)).expanduser()
             resolved[key] = str((base / path).resolve() if not path.is_absolute() else path)
     return resolved
+
+
+_TOML_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+}
+
+
+def toml_value(key: str, value: Any) -> str:
+    """``value`` as a TOML value: a basic string (UTF-8, every control character escaped), an
+    integer, a finite float or a boolean. JSON is not TOML: ``json.dumps`` writes \\ud83d-style
+    surrogate pairs for emoji, which TOML refuses."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    if isinstance(value, str):
+        out = []
+        for char in value:
+            if char in _TOML_ESCAPES:
+                out.append(_TOML_ESCAPES[char])
+            elif 0xD800 <= ord(char) <= 0xDFFF:
+                raise ConfigError(key, value, "text without lone surrogates (not valid Unicode)")
+            elif ord(char) < 0x20 or ord(char) == 0x7F:
+                out.append(f"\\u{ord(char):04X}")
+            else:
+                out.append(char)
+        return '"' + "".join(out) + '"'
+    raise ConfigError(key, value, "a string, a whole number, a finite number or true/false")
+
+
+def render_run_config(values: dict[str, Any]) -> str:
+    """A flat run-config TOML document (``flwr run --run-config FILE``): ``key = value`` lines."""
+    return "".join(f"{key} = {toml_value(key, v)}\n" for key, v in sorted(values.items()))
 
 
 def build_flwr_command(
@@ -117,6 +163,35 @@ def _run_status(run_id: str, env: dict[str, str]) -> tuple[str, str]:
         return "unknown", (out.stdout + out.stderr).strip()
 
 
+def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
+    """Validate everything before anything starts: the keys, the launcher's flags, the data and
+    the run directory (read-only). Returns the configuration and the run-config TOML to hand to
+    ``flwr run``: the keys the user set, as validated (the app's pyproject supplies the rest)."""
+    values = load_run_config(args.config, args.set)
+    if args.data_root:
+        values["data-root"] = args.data_root
+    if args.output_dir:
+        values["output-dir"] = args.output_dir
+    values = resolve_paths(values, Path.cwd())
+    config = ExperimentConfig.from_run_config(values)
+    if not (math.isfinite(args.num_cpus) and args.num_cpus > 0):
+        raise ConfigError("--num-cpus", args.num_cpus, "a finite number > 0")
+    if not 0 <= args.num_gpus <= 1:
+        raise ConfigError("--num-gpus", args.num_gpus, "a GPU fraction in [0, 1]")
+    if not (args.app / "pyproject.toml").is_file():
+        raise ConfigError(
+            "--app", str(args.app), "a folder holding the Flower App's pyproject.toml"
+        )
+    preflight(config)
+    if config.resume and (config.run_directory() / "config.json").is_file():
+        # Imported here: the server's recovery module owns the list of keys a resume must keep.
+        from server.run_recovery import check_resumable
+
+        check_resumable(config, config.run_directory())
+    validated = config.to_run_config()
+    return config, render_run_config({key: validated[key] for key in values})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fedunlearn-run",
@@ -146,22 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        values = load_run_config(args.config, args.set)
-        if args.data_root:
-            values["data-root"] = args.data_root
-        if args.output_dir:
-            values["output-dir"] = args.output_dir
-        values = resolve_paths(values, Path.cwd())
-        config = ExperimentConfig.from_run_config(values)
-        if args.num_cpus <= 0:
-            raise ConfigError("--num-cpus", args.num_cpus, "a number > 0")
-        if not 0 <= args.num_gpus <= 1:
-            raise ConfigError("--num-gpus", args.num_gpus, "a GPU fraction in [0, 1]")
-        if not (args.app / "pyproject.toml").is_file():
-            raise ConfigError(
-                "--app", str(args.app), "a folder holding the Flower App's pyproject.toml"
-            )
-    except ConfigError as error:
+        config, text = check_run(args)
+    except FedUnlearnError as error:
         print(f"fedunlearn-run: error: {error}", file=sys.stderr)
         return 2
 
@@ -176,16 +237,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         config_file = Path(tmp) / "run-config.toml"
-        # Only the keys the user set: the app's pyproject supplies the rest.
-        config_file.write_text(
-            "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(values.items()))
-        )
+        config_file.write_text(text, encoding="utf-8")
         command = build_flwr_command(
             args.app, config_file, config.num_clients, args.num_cpus, args.num_gpus
         )
         print("fedunlearn-run:", " ".join(command), flush=True)
         if args.dry_run:
-            print(config_file.read_text(), end="")
+            print(text, end="")
             return 0
         env = {
             **os.environ,

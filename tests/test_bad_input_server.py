@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from unittest.mock import Mock
 
 import pytest
+import torch
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
@@ -123,3 +125,62 @@ def test_resuming_with_other_training_settings_is_refused_before_any_client_is_a
     assert f"the value {started.run_directory()} was started with" in str(info.value)
     assert not grid.method_calls
     assert sorted(p.name for p in started.run_directory().iterdir()) == ["config.json"]
+
+
+def _server_main(tmp_path, run_config):
+    """Run the ServerApp's main on a Mock grid; returns the grid (to check nobody was asked)."""
+    from flwr.app import Context, RecordDict
+
+    from server.server_app import create_server_app
+
+    app = create_server_app({"output-dir": str(tmp_path / "out")})
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    grid = Mock()
+    try:
+        app._main(grid, context)
+    finally:
+        assert not grid.method_calls
+
+
+@pytest.mark.parametrize(
+    ("run_config", "key"),
+    [
+        ({"run-name": "party-\U0001f389"}, "run-name"),
+        ({"certified-head": True, "certified-removals": 5000}, "certified-removals"),
+        ({"scrub": True, "scrub-forget": "class:99"}, "scrub-forget"),
+        ({"model": "mnist-cnn"}, "model"),
+        ({"seed": 2**32}, "seed"),
+    ],
+)
+def test_the_server_refuses_what_the_launcher_refuses_before_asking_anyone(
+    tmp_path, run_config, key
+):
+    with pytest.raises(ConfigError) as info:
+        _server_main(tmp_path, run_config)
+    assert info.value.parameter == key
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_server_refuses_an_occupied_run_directory_before_asking_anyone(tmp_path):
+    (tmp_path / "out" / "r1").mkdir(parents=True)
+    (tmp_path / "out" / "r1" / "metrics.csv").write_text("round\n")
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        _server_main(tmp_path, {"run-name": "r1"})
+    assert [p.name for p in (tmp_path / "out" / "r1").iterdir()] == ["metrics.csv"]
+
+
+def test_the_server_refuses_to_forget_a_client_twice_before_asking_anyone(tmp_path):
+    trained = _config(tmp_path, **{"run-name": "done", "num-clients": 4})
+    run = RunDirectory.create(trained.run_directory(), trained.to_run_config())
+    for name in ("model_initial", "model_final"):
+        run.save_model(name, {"w": torch.zeros(1)})
+    run.write_json("summary.json", {})
+    run.append_metrics({"round": 0})
+    run.append_log("unlearning_log.jsonl", {"targets": [2]})
+    files = {p.name: p.read_bytes() for p in run.path.iterdir()}
+    request = {"run-name": "done", "num-clients": 4, "unlearn-only": True, "unlearn-clients": "2"}
+    with pytest.raises(ConfigError, match="already were") as info:
+        _server_main(tmp_path, request)
+    assert info.value.parameter == "unlearn-clients"
+    assert {p.name: p.read_bytes() for p in run.path.iterdir()} == files
+    assert json.loads((run.path / "config.json").read_text())["num-clients"] == 4

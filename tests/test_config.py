@@ -27,7 +27,7 @@ def test_defaults_match_the_flower_app_config():
         ("partitioning", "random", "one of iid, dirichlet, shards"),
         ("retain-interval", 0, ">= 1"),
         ("rounds", 0, ">= 1"),
-        ("num-clients", 0, ">= 1"),
+        ("num-clients", 0, "[1, 10000]"),
         ("local-epochs", -1, ">= 1"),
         ("batch-size", 0, ">= 1"),
         ("lr", 0.0, "> 0"),
@@ -139,3 +139,114 @@ def test_resume_needs_the_run_name_and_excludes_unlearn_only():
             {"resume": True, "unlearn-only": True, "run-name": "r", "unlearn-clients": "1"}
         )
     assert ExperimentConfig.from_run_config({"resume": True, "run-name": "r"}).resume
+
+
+@pytest.mark.parametrize("value", [5.0, 1e9, "5.0", "1e9", "0x10", True, [5], None, "\u0663"])
+def test_an_integer_key_takes_integers_only(value):
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.from_run_config({"certified-removals": value})
+    assert info.value.parameter == "certified-removals" and "whole number" in str(info.value)
+
+
+def test_integer_keys_take_their_text_and_stop_at_64_bits():
+    assert ExperimentConfig.from_run_config({"rounds": " +3 "}).rounds == 3
+    assert ExperimentConfig.from_run_config({"certified-removals": 2**63 - 1}).certified_removals
+    for value in (2**63, -(2**63) - 1, str(2**63)):
+        with pytest.raises(ConfigError, match="64-bit"):
+            ExperimentConfig.from_run_config({"certified-removals": value})
+
+
+@pytest.mark.parametrize("value", [10**400, "1e400", float("nan"), "-inf"])
+def test_a_float_key_refuses_what_is_not_a_finite_number(value):
+    with pytest.raises(ConfigError, match="invalid lr=.*finite"):
+        ExperimentConfig.from_run_config({"lr": value})
+
+
+@pytest.mark.parametrize(
+    ("key", "good", "bad"),
+    [
+        ("seed", [0, 2**32 - 1], [-1, 2**32]),
+        ("num-clients", [1, 10_000], [0, 10_001]),
+        ("certified-delta", [1e-300, 0.999], [0.0, 1.0]),
+        ("alpha", [1e-300, 1e6], [0.0, 1.000001e6]),
+    ],
+)
+def test_bounds_are_where_the_documentation_says(key, good, bad):
+    train_only = {"unlearn-clients": ""}
+    for value in good:
+        ExperimentConfig.from_run_config({**train_only, key: value})
+    for value in bad:
+        with pytest.raises(ConfigError) as info:
+            ExperimentConfig.from_run_config({**train_only, key: value})
+        assert info.value.parameter == key
+
+
+@pytest.mark.parametrize(
+    ("dataset", "model", "fits"),
+    [
+        ("digits", "digits-cnn", True),
+        ("digits", "mnist-cnn", False),
+        ("digits", "cifar10-cnn", False),
+        ("digits", "adult-mlp", False),
+        ("mnist", "mnist-cnn", True),
+        ("mnist", "cifar10-cnn", True),
+        ("cifar10", "digits-cnn", True),
+        ("adult", "adult-mlp", True),
+        ("adult", "digits-cnn", False),
+        ("fashion-mnist", "adult-mlp", False),
+    ],
+)
+def test_a_model_must_fit_the_dataset(tmp_path, dataset, model, fits):
+    values = {"dataset": dataset, "model": model}
+    if dataset != "digits":
+        values["data-root"] = str(tmp_path)
+    if fits:
+        ExperimentConfig.from_run_config(values)
+        return
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.from_run_config(values)
+    assert info.value.parameter == "model" and "fits" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["r1", "digits-20240101-120000", "_x", "A.b_c-9", "9", "r" * 100, "a.."]
+)
+def test_portable_run_names_are_accepted(name):
+    assert ExperimentConfig.from_run_config({"run-name": name}).run_name == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [".", "..", ".x", "-x", "a/b", "a\\b", "a b", "a\x00b", "ab\n", "\u00e9", "\U0001f389",
+     "r" * 101, "a:b", "a*b", "a\u200bb"],
+)
+def test_other_run_names_are_refused(name):
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.from_run_config({"run-name": name})
+    assert info.value.parameter == "run-name"
+
+
+@pytest.mark.parametrize(
+    "folder",
+    ["/home/J\u00fcrgen/runs", "/home/Jose\u0301", "/\u65e5\u672c/\u0440\u0443\u043d",
+     "/a b/c", "/x/(1) [2] {3} #4 $5 %6 & ' \" ~", "relative/dir", "~/runs"],
+)
+def test_output_dirs_with_letters_of_any_script_are_accepted(folder):
+    assert ExperimentConfig.from_run_config({"output-dir": folder}).output_dir == folder
+
+
+@pytest.mark.parametrize(
+    "folder",
+    ["", "   ", "/a\x00b", "/a\nb", "/a\tb", "/a\x7fb", "/\U0001f600", "/a\u200db",
+     "/a\u202eb", "/a\ufe0f", "/\u00a0x", "/\ud83d", "/" + "x" * 256, "/a/" * 1100],
+)
+def test_output_dirs_with_control_characters_emoji_or_odd_lengths_are_refused(folder):
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.from_run_config({"output-dir": folder})
+    assert info.value.parameter == "output-dir"
+
+
+def test_an_output_dir_is_judged_after_expanding_its_variables(monkeypatch):
+    monkeypatch.setenv("FEDUNLEARN_TEST_DIR", "/tmp/\U0001f389")
+    with pytest.raises(ConfigError, match="U\\+1F389"):
+        ExperimentConfig.from_run_config({"output-dir": "$FEDUNLEARN_TEST_DIR/runs"})

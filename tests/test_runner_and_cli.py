@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedunlearn import cli
+from fedunlearn.config import check_path_text
+from fedunlearn.errors import ConfigError
 from fedunlearn.update_store import UpdateStore
 from simulations import run as runner
 
@@ -214,3 +219,74 @@ def test_scale_benchmark_refuses_bad_sizes(tmp_path, capsys, argv, fragment):
     assert info.value.code == 2
     assert fragment in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- the run-config TOML
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_every_text_reads_back_from_the_run_config_toml_or_is_refused(text):
+    """JSON is not TOML (json.dumps writes emoji as \\ud83d\\ude00 surrogate pairs, which TOML
+    refuses): the launcher writes TOML strings itself, and every text reads back as it was."""
+    try:
+        rendered = runner.render_run_config({"run-name": text})
+    except ConfigError:
+        assert any(0xD800 <= ord(c) <= 0xDFFF for c in text)  # lone surrogates: not Unicode
+        return
+    assert tomllib.loads(rendered) == {"run-name": text}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), min_size=1))
+def test_an_accepted_output_dir_is_printable_and_reads_back(text):
+    try:
+        check_path_text("output-dir", "/" + text)
+    except ConfigError as error:
+        assert error.parameter == "output-dir"
+        return
+    assert all(c.isprintable() or c == " " for c in text)
+    assert tomllib.loads(runner.render_run_config({"output-dir": "/" + text}))["output-dir"] == (
+        "/" + text
+    )
+
+
+@given(
+    st.one_of(
+        st.booleans(),
+        st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        st.floats(allow_nan=False, allow_infinity=False),
+    )
+)
+def test_numbers_and_booleans_read_back_exactly(value):
+    read = tomllib.loads(runner.render_run_config({"k": value}))["k"]
+    assert read == value and type(read) is type(value)
+
+
+def test_non_finite_numbers_and_other_types_are_not_written():
+    for value in (float("nan"), float("inf"), [1], {"a": 1}, None):
+        with pytest.raises(ConfigError):
+            runner.toml_value("k", value)
+
+
+def test_the_dry_run_writes_the_validated_values_not_the_raw_ones(tmp_path, capsys, no_flower):
+    code = runner.main(
+        [
+            "--dry-run",
+            "--output-dir",
+            str(tmp_path / "J\u00fcrgen \U00020000"),
+            "--set",
+            "unlearn-clients=3",
+            "--set",
+            "lr=1",
+        ]
+    )
+    assert code == 0
+    text = capsys.readouterr().out.split("\n", 1)[1]
+    written = tomllib.loads(text)
+    assert written == {
+        "output-dir": str(tmp_path / "J\u00fcrgen \U00020000"),
+        "unlearn-clients": "3",
+        "lr": 1.0,
+    }
+    assert "\\u" not in text  # UTF-8 text, not escapes
+    assert not (tmp_path / "J\u00fcrgen \U00020000").exists()

@@ -1,0 +1,313 @@
+"""Checks that need the dataset or the disk, made before a federation is launched or a file written.
+
+:meth:`fedunlearn.config.ExperimentConfig.validate` checks each key alone and against the others.
+Some values are wrong only for a given dataset or run directory: more clients than training samples,
+a ``train-samples`` beyond the training set, a Dirichlet or shard split that leaves a client without
+data, a model whose layers cannot take the samples, a scrubbing cohort the clients do not hold,
+more certified removals than samples, a run directory that already holds a run, or an
+``unlearn-only`` request for a run that never finished or for a client it already forgot.
+:func:`preflight` checks all of them and raises :class:`~fedunlearn.errors.ConfigError` naming the
+key, the value and what is allowed.
+
+Everything here is read-only: the dataset is loaded (never downloaded) and partitioned in memory,
+and the run directory's files are only read. ``fedunlearn-run`` calls :func:`preflight` before it
+starts ``flwr run`` (``--dry-run`` too); the ServerApp calls it before it creates the run directory.
+Flower-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedunlearn.config import ExperimentConfig, model_problem
+from fedunlearn.errors import ConfigError, DatasetNotFoundError
+from fedunlearn.federated_data import FederatedData, load_federated_data
+from fedunlearn.forget_sets import ForgetSet
+from fedunlearn.models import resolve_model_name
+
+#: The append-only log of a run's finished unlearning requests (one JSON object per line, with the
+#: forgotten partition ids under ``targets``), written by :mod:`server.unlearning`.
+UNLEARNING_LOG = "unlearning_log.jsonl"
+#: The files a run directory holds once training finished, all of which ``unlearn-only`` reads.
+FINISHED_RUN_FILES = (
+    "config.json",
+    "model_initial.safetensors",
+    "model_final.safetensors",
+    "metrics.csv",
+    "summary.json",
+)
+#: Keys from which every client rebuilds its data and model: an ``unlearn-only`` request reaches
+#: the clients with its own run config, so these must be those the run was trained with.
+CLIENT_DATA_KEYS = (
+    "dataset",
+    "model",
+    "num-clients",
+    "train-samples",
+    "partitioning",
+    "alpha",
+    "shards-per-client",
+    "seed",
+)
+#: The request's fields an ``unlearn-only`` run takes over the trained run's configuration; the
+#: same list as ``server.run_loading.REQUEST_KEYS`` (a test keeps them equal).
+REQUEST_FIELDS = (
+    "unlearn_clients",
+    "unlearn_methods",
+    "calibration_ratio",
+    "calibration_layerwise",
+    "calibration_order",
+    "device",
+    "node_wait_seconds",
+)
+
+
+def preflight(config: ExperimentConfig) -> FederatedData | None:
+    """Check the run directory, then the data, for ``config``; raise :class:`ConfigError` on the
+    first problem. Returns the partitioned data, or ``None`` when it cannot be checked without
+    downloading it (``download = true`` and the files are not there yet)."""
+    check_run_directory(config)
+    return check_data(config)
+
+
+# ---------------------------------------------------------------------- the run directory
+def check_run_directory(config: ExperimentConfig) -> None:
+    """A new run needs a free ``output-dir/run-name``; ``resume`` a directory that holds a run or
+    nothing; ``unlearn-only`` a finished run that has not forgotten the targets yet."""
+    path = config.run_directory()
+    _check_writable(config, path)
+    if config.unlearn_only:
+        check_finished_run(config, path)
+    elif config.resume:
+        if _holds_files(config, path) and not (path / "config.json").is_file():
+            raise ConfigError(
+                "run-name",
+                config.run_name,
+                f"a run to resume, but {path} holds files and no config.json; choose another "
+                "run-name or output-dir",
+            )
+        if (path / "config.json").is_file():
+            _read_json_object(config, path / "config.json")
+    elif _holds_files(config, path):
+        raise ConfigError(
+            "run-name",
+            config.run_name or path.name,
+            f"a new run directory, but {path} already exists and is not empty; choose another "
+            "run-name or output-dir (or set resume=true to continue an interrupted run)",
+        )
+
+
+def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig:
+    """``unlearn-only``: ``path`` holds a run whose training finished, whose clients rebuild the
+    same data from this request, and which has not forgotten any target yet. Returns the
+    configuration the server will unlearn with (the trained one with this request's keys)."""
+    for name in FINISHED_RUN_FILES:
+        if not (path / name).is_file():
+            hint = (
+                " (its training did not finish: continue it with resume=true)"
+                if (path / "config.json").is_file()
+                else ""
+            )
+            raise ConfigError(
+                "run-name",
+                config.run_name,
+                f"a finished run under {config.output_path}; {path / name} is missing{hint}",
+            )
+    saved = _read_json_object(config, path / "config.json")
+    try:
+        trained = ExperimentConfig.from_run_config(saved, strict=False)
+    except ConfigError as error:
+        raise ConfigError(
+            "run-name", config.run_name, f"a run whose config.json is still valid ({error})"
+        ) from None
+    _check_same_client_data(config, trained, path)
+    effective = trained.replace(
+        **{field: getattr(config, field) for field in REQUEST_FIELDS}, unlearn_only=True
+    )
+    forgotten = forgotten_clients(config, path)
+    again = sorted(set(config.unlearn_targets) & forgotten)
+    if again:
+        raise ConfigError(
+            "unlearn-clients",
+            config.unlearn_clients,
+            f"clients {path} has not forgotten yet; {again} already were (see "
+            f"{path / UNLEARNING_LOG})",
+        )
+    if len(forgotten | set(config.unlearn_targets)) >= config.num_clients:
+        raise ConfigError(
+            "unlearn-clients",
+            config.unlearn_clients,
+            f"clients that leave someone in the federation: {sorted(forgotten)} were forgotten "
+            f"before, and {config.num_clients} clients took part",
+        )
+    return effective
+
+
+def forgotten_clients(config: ExperimentConfig, path: Path) -> set[int]:
+    """The partition ids ``path``'s unlearning log records as forgotten (read-only)."""
+    log = path / UNLEARNING_LOG
+    if not log.exists():
+        return set()
+    allowed = f"a run whose {log} holds one JSON object per line with a list of client ids"
+    try:
+        lines = log.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError("run-name", config.run_name, f"{allowed} ({error})") from None
+    forgotten: set[int] = set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            targets = json.loads(line)["targets"]
+            forgotten.update(int(t) for t in targets if not isinstance(t, bool))
+        except (ValueError, TypeError, KeyError):
+            raise ConfigError(
+                "run-name", config.run_name, f"{allowed}: line {number} is not"
+            ) from None
+    return forgotten
+
+
+def _check_same_client_data(config: ExperimentConfig, trained: ExperimentConfig, path: Path):
+    for key in CLIENT_DATA_KEYS:
+        field = key.replace("-", "_")
+        mine, theirs = getattr(config, field), getattr(trained, field)
+        if key == "model":
+            mine = resolve_model_name(mine, config.dataset)
+            theirs = resolve_model_name(theirs, trained.dataset)
+        if mine != theirs:
+            raise ConfigError(
+                key,
+                getattr(config, field),
+                f"{getattr(trained, field)!r}, the value {path} was trained with (unlearn-only "
+                "reopens that run, and its clients rebuild their data from this request)",
+            )
+
+
+def _check_writable(config: ExperimentConfig, path: Path) -> None:
+    """The deepest existing folder on the way to ``path`` must be a folder this user can write."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    key, value = ("output-dir", config.output_dir)
+    if existing == path and config.run_name:
+        key, value = ("run-name", config.run_name)
+    if not existing.is_dir():
+        raise ConfigError(key, value, f"a folder; {existing} exists and is not one")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(key, value, f"a folder you can write; {existing} is not writable")
+
+
+def _holds_files(config: ExperimentConfig, path: Path) -> bool:
+    if not path.exists():
+        return False
+    try:
+        return any(path.iterdir())
+    except OSError as error:
+        raise ConfigError("run-name", config.run_name, f"a readable folder ({error})") from None
+
+
+def _read_json_object(config: ExperimentConfig, path: Path) -> dict[str, Any]:
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ConfigError(
+            "run-name", config.run_name, f"a run whose {path} is readable JSON ({error})"
+        ) from None
+    if not isinstance(saved, dict):
+        raise ConfigError("run-name", config.run_name, f"a run whose {path} is a JSON object")
+    return saved
+
+
+# ---------------------------------------------------------------------- the data
+def check_data(config: ExperimentConfig) -> FederatedData | None:
+    """Load and partition the dataset as every party will (read-only, never downloading) and check
+    that each client gets data, the model fits it, the scrubbing cohort exists and the certified
+    head has the samples its removal requests ask for."""
+    data = _load_without_download(config)
+    if data is None:
+        return None
+    problem = model_problem(
+        resolve_model_name(config.model, config.dataset), tuple(data.splits.input_shape)
+    )
+    if problem:
+        raise ConfigError(
+            "model",
+            config.model,
+            f"a model that fits {config.dataset} samples of shape "
+            f"{tuple(data.splits.input_shape)} ({problem})",
+        )
+    check_partitions(config, data)
+    if config.scrub:
+        cohort_masks(config, data)
+    if config.certified_head:
+        check_certified_removals(config, data)
+    return data
+
+
+def _load_without_download(config: ExperimentConfig) -> FederatedData | None:
+    try:
+        return load_federated_data(dataclasses.replace(config, download=False))
+    except DatasetNotFoundError as error:
+        if config.download:
+            return None  # fetched by the run itself; nothing more can be checked without it
+        raise ConfigError(
+            "data-root", config.data_root, f"a folder holding the {config.dataset} files ({error})"
+        ) from None
+    except ConfigError as error:
+        if error.parameter == "data-root" and config.download:
+            return None
+        raise
+
+
+def check_partitions(config: ExperimentConfig, data: FederatedData) -> None:
+    """Every one of the ``num-clients`` clients holds at least one training sample."""
+    sizes = [len(part) for part in data.partitions]
+    empty = [client for client, size in enumerate(sizes) if size == 0]
+    if len(sizes) != config.num_clients or empty:
+        raise ConfigError(
+            "num-clients",
+            config.num_clients,
+            f"a federation in which every client gets data; with {config.partitioning} "
+            f"partitioning client(s) {empty[:10]} get none (fewer clients, or another split)",
+        )
+
+
+def cohort_masks(config: ExperimentConfig, data: FederatedData) -> dict[int, np.ndarray]:
+    """Every client's D_f mask for ``scrub-forget`` (:meth:`ForgetSet.mask`); a cohort that has no
+    sample, that asks a client for more samples than it holds, or that leaves nothing to retain
+    is a :class:`ConfigError`."""
+    forget = ForgetSet.parse(
+        config.scrub_forget, num_clients=config.num_clients, num_classes=data.splits.num_classes
+    )
+    masks = {
+        p: forget.mask(data.client_split(p).y.numpy(), p, config.seed)
+        for p in range(config.num_clients)
+    }
+    if not any(mask.any() for mask in masks.values()):
+        raise ConfigError("scrub-forget", config.scrub_forget, "a cohort with at least one sample")
+    if all(mask.all() for mask in masks.values()):
+        raise ConfigError(
+            "scrub-forget",
+            config.scrub_forget,
+            "a cohort that leaves data to retain: it holds every training sample",
+        )
+    return masks
+
+
+def check_certified_removals(config: ExperimentConfig, data: FederatedData) -> None:
+    """The single-sample requests are drawn without replacement from the samples of the clients
+    not in ``certified-remove-clients``, and at least one sample must remain."""
+    whole = set(config.certified_client_targets)
+    pool = sum(len(part) for p, part in enumerate(data.partitions) if p not in whole)
+    if config.certified_removals > pool - 1:
+        raise ConfigError(
+            "certified-removals",
+            config.certified_removals,
+            f"a whole number in [0, {pool - 1}]: the requests are drawn from the {pool} samples "
+            "of the clients not in certified-remove-clients, and one must remain",
+        )

@@ -1,0 +1,195 @@
+"""fedunlearn.preflight: what needs the data or the disk is refused before a run starts, read-only,
+and agrees with what the server would do later."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedunlearn import preflight as pf
+from fedunlearn.config import MODELS, SAMPLE_SHAPES, ExperimentConfig, model_problem
+from fedunlearn.errors import ConfigError
+from fedunlearn.federated_data import load_federated_data
+from fedunlearn.models import DEFAULT_MODEL, build_model
+
+
+def _config(tmp_path, **values) -> ExperimentConfig:
+    return ExperimentConfig.from_run_config({"output-dir": str(tmp_path / "out"), **values})
+
+
+def _tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_the_copies_of_server_constants_are_the_servers():
+    from server.run_loading import REQUEST_KEYS
+    from server.unlearning import LOG_NAME
+
+    assert pf.REQUEST_FIELDS == REQUEST_KEYS
+    assert pf.UNLEARNING_LOG == LOG_NAME
+
+
+@pytest.mark.parametrize(
+    "cohort", ["class:5", "client:2", "samples:1:7", "samples:0:3:9", "class:0"]
+)
+def test_cohort_masks_are_the_servers(tmp_path, cohort):
+    from server.scrubbing import cohort_masks
+
+    config = _config(tmp_path, **{"num-clients": 4, "scrub": True, "scrub-forget": cohort})
+    data = load_federated_data(config)
+    mine, theirs = pf.cohort_masks(config, data), cohort_masks(config, data)
+    assert mine.keys() == theirs.keys()
+    assert all(np.array_equal(mine[p], theirs[p]) for p in mine)
+
+
+def test_a_cohort_that_takes_every_sample_is_refused(tmp_path):
+    config = _config(
+        tmp_path, **{"num-clients": 1, "unlearn-clients": "", "scrub": True, "scrub-forget": "client:0"}
+    )
+    with pytest.raises(ConfigError, match="leaves data to retain"):
+        pf.check_data(config)
+
+
+@pytest.mark.parametrize("removed", ["", "0", "1,3"])
+def test_certified_removals_stop_one_short_of_the_pool(tmp_path, removed):
+    values = {"num-clients": 4, "certified-head": True, "certified-remove-clients": removed}
+    data = load_federated_data(_config(tmp_path, **values))
+    whole = {int(c) for c in removed.split(",") if c}
+    pool = sum(len(part) for p, part in enumerate(data.partitions) if p not in whole)
+    assert pf.check_data(_config(tmp_path, **values, **{"certified-removals": pool - 1}))
+    with pytest.raises(ConfigError) as info:
+        pf.check_data(_config(tmp_path, **values, **{"certified-removals": pool}))
+    assert info.value.parameter == "certified-removals" and f"[0, {pool - 1}]" in str(info.value)
+    # Without the certified head the key is unused, and not checked against the data.
+    assert pf.check_data(_config(tmp_path, **{"num-clients": 4, "certified-removals": 10**9}))
+
+
+def test_every_dataset_default_model_fits_and_the_meta_check_agrees_with_a_real_forward():
+    for dataset, model in DEFAULT_MODEL.items():
+        assert model_problem(model, SAMPLE_SHAPES[dataset]) == ""
+    for model in MODELS[1:]:
+        for shape in SAMPLE_SHAPES.values():
+            try:
+                build_model(model, shape, 2)(torch.zeros((1, *shape)))
+                fits = True
+            except (ConfigError, RuntimeError):
+                fits = False
+            assert fits == (model_problem(model, shape) == ""), (model, shape)
+
+
+def test_the_sample_shapes_are_the_loaded_ones(tmp_path, shared_data):
+    digits = load_federated_data(_config(tmp_path))
+    assert tuple(digits.splits.input_shape) == SAMPLE_SHAPES["digits"]
+    for dataset in ("mnist", "fashion-mnist"):
+        loaded = load_federated_data(
+            _config(tmp_path, dataset=dataset, **{"data-root": str(shared_data)})
+        )
+        assert tuple(loaded.splits.input_shape) == SAMPLE_SHAPES[dataset]
+
+
+def test_download_true_on_an_empty_root_defers_the_data_checks_and_creates_nothing(tmp_path):
+    root = tmp_path / "data"
+    config = _config(tmp_path, dataset="mnist", download=True, **{"data-root": str(root)})
+    assert pf.preflight(config) is None
+    assert not root.exists() and not (tmp_path / "out").exists()
+    root.mkdir()
+    assert pf.preflight(config) is None and _tree(root) == []
+    with pytest.raises(ConfigError) as info:  # without download the same root is an error
+        pf.preflight(config.replace(download=False))
+    assert info.value.parameter == "data-root" and "MNIST" in str(info.value)
+
+
+def test_every_client_gets_data_or_the_split_is_refused(tmp_path):
+    ok = _config(tmp_path, partitioning="dirichlet", alpha=0.1, **{"num-clients": 20})
+    sizes = [len(p) for p in pf.check_data(ok).partitions]
+    assert len(sizes) == 20 and min(sizes) >= 1
+    for values in (
+        {"num-clients": 1348},
+        {"num-clients": 300, "partitioning": "shards", "shards-per-client": 5},
+        {"num-clients": 30, "train-samples": 40, "partitioning": "shards", "shards-per-client": 2},
+    ):
+        with pytest.raises(ConfigError) as info:
+            pf.check_data(_config(tmp_path, **values))
+        assert info.value.parameter in ("num-clients", "shards-per-client")
+
+
+def _finished(tmp_path, name="done", targets=(), **values) -> ExperimentConfig:
+    config = _config(tmp_path, **{"run-name": name, "num-clients": 4, **values})
+    path = config.run_directory()
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config.to_run_config()))
+    for file in pf.FINISHED_RUN_FILES[1:]:
+        (path / file).write_text("x")
+    if targets:
+        log = "".join(json.dumps({"targets": list(t)}) + "\n" for t in targets)
+        (path / pf.UNLEARNING_LOG).write_text(log)
+    return config
+
+
+def _request(trained: ExperimentConfig, clients: str, **changes) -> ExperimentConfig:
+    return trained.replace(unlearn_only=True, unlearn_clients=clients, **changes)
+
+
+@pytest.mark.parametrize("missing", pf.FINISHED_RUN_FILES)
+def test_unlearn_only_needs_every_file_of_a_finished_run(tmp_path, missing):
+    trained = _finished(tmp_path)
+    (trained.run_directory() / missing).unlink()
+    with pytest.raises(ConfigError) as info:
+        pf.check_run_directory(_request(trained, "1"))
+    assert info.value.parameter == "run-name" and missing in str(info.value)
+
+
+def test_unlearn_only_reads_the_log_and_writes_nothing(tmp_path):
+    trained = _finished(tmp_path, targets=[(0,), (3,)])
+    before = {p: p.stat().st_mtime_ns for p in trained.run_directory().iterdir()}
+    pf.check_run_directory(_request(trained, "1"))
+    assert pf.forgotten_clients(trained, trained.run_directory()) == {0, 3}
+    for clients, fragment in (("3", "already were"), ("1,2", "leave someone")):
+        with pytest.raises(ConfigError, match=fragment) as info:
+            pf.check_run_directory(_request(trained, clients))
+        assert info.value.parameter == "unlearn-clients"
+    assert {p: p.stat().st_mtime_ns for p in trained.run_directory().iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    "line", ["not json", "[1]", '{"targets": 1}', '{"methods": []}', '{"targets": ["x"]}']
+)
+def test_a_damaged_unlearning_log_is_refused_with_its_line(tmp_path, line):
+    trained = _finished(tmp_path)
+    (trained.run_directory() / pf.UNLEARNING_LOG).write_text('{"targets": [0]}\n' + line + "\n")
+    with pytest.raises(ConfigError, match="line 2 is not"):
+        pf.check_run_directory(_request(trained, "1"))
+
+
+def test_unlearn_only_must_rebuild_the_trained_clients_data(tmp_path):
+    trained = _finished(tmp_path, **{"train-samples": 400, "model": "digits-cnn"})
+    pf.check_run_directory(_request(trained, "1", model="auto"))  # the same model, resolved
+    for field, value in (("train_samples", 0), ("seed", 7), ("alpha", 0.7), ("dataset", "mnist")):
+        # Unvalidated on purpose: only the preflight judges the request against the run.
+        request = dataclasses.replace(_request(trained, "1"), **{field: value})
+        with pytest.raises(ConfigError) as info:
+            pf.check_run_directory(request)
+        assert info.value.parameter == field.replace("_", "-")
+        assert "was trained with" in str(info.value)
+
+
+def test_a_new_run_refuses_an_occupied_directory_but_not_an_empty_one(tmp_path):
+    config = _config(tmp_path, **{"run-name": "r"})
+    config.run_directory().mkdir(parents=True)
+    pf.check_run_directory(config)
+    (config.run_directory() / "x").write_text("")
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        pf.check_run_directory(config)
+    pf.check_run_directory(config.replace(resume=True, run_name="r2"))
+
+
+def test_an_unwritable_output_dir_is_refused(tmp_path, monkeypatch):
+    config = _config(tmp_path, **{"run-name": "r"})
+    monkeypatch.setattr(pf.os, "access", lambda path, mode: False)
+    with pytest.raises(ConfigError) as info:
+        pf.check_run_directory(config)
+    assert info.value.parameter == "output-dir" and str(tmp_path) in str(info.value)
