@@ -27,7 +27,7 @@ import numpy as np
 
 from fedunlearn.config import ExperimentConfig, model_problem
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
-from fedunlearn.federated_data import FederatedData, load_federated_data
+from fedunlearn.federated_data import DATA_KEYS, FederatedData, load_federated_data
 from fedunlearn.forget_sets import ForgetSet
 from fedunlearn.models import resolve_model_name
 
@@ -41,18 +41,6 @@ FINISHED_RUN_FILES = (
     "model_final.safetensors",
     "metrics.csv",
     "summary.json",
-)
-#: Keys from which every client rebuilds its data and model: an ``unlearn-only`` request reaches
-#: the clients with its own run config, so these must be those the run was trained with.
-CLIENT_DATA_KEYS = (
-    "dataset",
-    "model",
-    "num-clients",
-    "train-samples",
-    "partitioning",
-    "alpha",
-    "shards-per-client",
-    "seed",
 )
 #: The request's fields an ``unlearn-only`` run takes over the trained run's configuration; the
 #: same list as ``server.run_loading.REQUEST_KEYS`` (a test keeps them equal).
@@ -103,8 +91,8 @@ def check_run_directory(config: ExperimentConfig) -> None:
 
 
 def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig:
-    """``unlearn-only``: ``path`` holds a run whose training finished, whose clients rebuild the
-    same data from this request, and which has not forgotten any target yet. Returns the
+    """``unlearn-only``: ``path`` holds a run whose training finished and which has not forgotten
+    any target yet. Returns the
     configuration the server will unlearn with (the trained one with this request's keys)."""
     for name in FINISHED_RUN_FILES:
         if not (path / name).is_file():
@@ -125,7 +113,6 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
         raise ConfigError(
             "run-name", config.run_name, f"a run whose config.json is still valid ({error})"
         ) from None
-    _check_same_client_data(config, trained, path)
     effective = trained.replace(
         **{field: getattr(config, field) for field in REQUEST_FIELDS}, unlearn_only=True
     )
@@ -172,20 +159,46 @@ def forgotten_clients(config: ExperimentConfig, path: Path) -> set[int]:
     return forgotten
 
 
-def _check_same_client_data(config: ExperimentConfig, trained: ExperimentConfig, path: Path):
-    for key in CLIENT_DATA_KEYS:
+def complete_unlearn_request(values: dict[str, Any], config: ExperimentConfig) -> dict[str, Any]:
+    """An ``unlearn-only`` request's run config with the trained run's data settings
+    (:data:`fedunlearn.federated_data.DATA_KEYS`) filled in where the request leaves them out, so
+    that the short recipe (run-name, unlearn-only, unlearn-clients) sizes the federation and builds
+    the partitions the run was trained with. A key the request sets to another value than the
+    trained run's is refused: the run is unlearned with the settings it was trained with."""
+    path = config.run_directory()
+    if not config.unlearn_only or not (path / "config.json").is_file():
+        return values  # check_finished_run says what is missing
+    saved = _read_json_object(config, path / "config.json")
+    try:
+        trained = ExperimentConfig.from_run_config(saved, strict=False)
+    except ConfigError as error:
+        raise ConfigError(
+            "run-name", config.run_name, f"a run whose config.json is still valid ({error})"
+        ) from None
+    completed = dict(values)
+    for key in DATA_KEYS:
         field = key.replace("-", "_")
-        mine, theirs = getattr(config, field), getattr(trained, field)
+        theirs = getattr(trained, field)
+        if key not in values:
+            completed[key] = theirs
+            continue
+        mine = getattr(config, field)
         if key == "model":
-            mine = resolve_model_name(mine, config.dataset)
-            theirs = resolve_model_name(theirs, trained.dataset)
-        if mine != theirs:
+            same = resolve_model_name(mine, config.dataset) == resolve_model_name(
+                theirs, trained.dataset
+            )
+        elif key == "data-root":
+            same = config.data_root_path.resolve() == trained.data_root_path.resolve()
+        else:
+            same = mine == theirs
+        if not same:
             raise ConfigError(
                 key,
-                getattr(config, field),
-                f"{getattr(trained, field)!r}, the value {path} was trained with (unlearn-only "
-                "reopens that run, and its clients rebuild their data from this request)",
+                mine,
+                f"{theirs!r}, the value {path} was trained with (unlearn-only unlearns that run "
+                "with its own settings: leave the key out)",
             )
+    return completed
 
 
 def _check_writable(config: ExperimentConfig, path: Path) -> None:

@@ -37,7 +37,7 @@ import tomllib
 
 from fedunlearn.config import ExperimentConfig, check_path_text
 from fedunlearn.errors import ConfigError, FedUnlearnError
-from fedunlearn.preflight import preflight
+from fedunlearn.preflight import complete_unlearn_request, preflight
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PATH_KEYS = ("data-root", "output-dir")
@@ -174,6 +174,9 @@ def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
         values["output-dir"] = args.output_dir
     values = resolve_paths(values, Path.cwd())
     config = ExperimentConfig.from_run_config(values)
+    if config.unlearn_only:
+        values = complete_unlearn_request(values, config)
+        config = ExperimentConfig.from_run_config(values)
     if not (math.isfinite(args.num_cpus) and args.num_cpus > 0):
         raise ConfigError("--num-cpus", args.num_cpus, "a finite number > 0")
     if not 0 <= args.num_gpus <= 1:

@@ -249,7 +249,7 @@ SPECIFIC = [
     # ---- run directories
     ("unlearn-only-missing-run", _set("run-name='ghost'", "unlearn-only=true", "unlearn-clients='1'"), "run-name", None),
     ("unlearn-only-unfinished", _set("run-name='half'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"), "run-name", "unfinished-run"),
-    ("unlearn-only-other-num-clients", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'"), "num-clients", "finished-run"),
+    ("unlearn-only-other-num-clients", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=10"), "num-clients", "finished-run"),
     ("unlearn-only-other-seed", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4", "seed=1"), "seed", "finished-run"),
     ("unlearn-only-other-partitioning", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4", "partitioning='shards'"), "partitioning", "finished-run"),
     ("unlearn-only-nobody-left", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2,3'", "num-clients=4"), "unlearn-clients", "finished-run-8"),
@@ -475,6 +475,11 @@ GOOD = [
         _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"),
         "finished-run",
         id="unlearn-only",
+    ),
+    pytest.param(
+        _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'"),
+        "finished-run",
+        id="unlearn-only-short-recipe",
     ),
     pytest.param(_set("run-name='started'", "resume=true", "rounds=5"), "resume-started", id="resume"),
     pytest.param(_set("run-name='fresh'", "resume=true"), None, id="resume-nothing-yet"),

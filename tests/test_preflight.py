@@ -3,7 +3,6 @@ and agrees with what the server would do later."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -165,16 +164,21 @@ def test_a_damaged_unlearning_log_is_refused_with_its_line(tmp_path, line):
         pf.check_run_directory(_request(trained, "1"))
 
 
-def test_unlearn_only_must_rebuild_the_trained_clients_data(tmp_path):
-    trained = _finished(tmp_path, **{"train-samples": 400, "model": "digits-cnn"})
-    pf.check_run_directory(_request(trained, "1", model="auto"))  # the same model, resolved
-    for field, value in (("train_samples", 0), ("seed", 7), ("alpha", 0.7), ("dataset", "mnist")):
-        # Unvalidated on purpose: only the preflight judges the request against the run.
-        request = dataclasses.replace(_request(trained, "1"), **{field: value})
+def test_an_unlearn_request_takes_the_trained_data_settings_and_refuses_other_ones(tmp_path):
+    trained = _finished(tmp_path, **{"train-samples": 400, "model": "digits-cnn", "seed": 3})
+    short = {"run-name": trained.run_name, "output-dir": trained.output_dir, "unlearn-only": True,
+             "unlearn-clients": "1"}  # fmt: skip
+    completed = pf.complete_unlearn_request(short, ExperimentConfig.from_run_config(short))
+    assert {k: completed[k] for k in ("train-samples", "seed", "num-clients", "model")} == {
+        "train-samples": 400, "seed": 3, "num-clients": trained.num_clients, "model": "digits-cnn"
+    }  # fmt: skip
+    same = {**short, "model": "auto", "seed": 3}  # the same model, resolved
+    pf.complete_unlearn_request(same, ExperimentConfig.from_run_config(same))
+    for key, value in (("train-samples", 0), ("seed", 7), ("alpha", 0.7), ("partitioning", "shards")):
+        request = {**short, key: value}
         with pytest.raises(ConfigError) as info:
-            pf.check_run_directory(request)
-        assert info.value.parameter == field.replace("_", "-")
-        assert "was trained with" in str(info.value)
+            pf.complete_unlearn_request(request, ExperimentConfig.from_run_config(request))
+        assert info.value.parameter == key and "was trained with" in str(info.value)
 
 
 def test_a_new_run_refuses_an_occupied_directory_but_not_an_empty_one(tmp_path):
