@@ -9,10 +9,12 @@ unlearning.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
@@ -29,6 +31,7 @@ from fedunlearn.seeding import derive_seed
 from fedunlearn.training import EvaluationResult, evaluate, resolve_device
 from fedunlearn.update_store import UpdateStore
 from server.federation import FederationMembers, discover_clients, failure_reasons
+from server.reply_screening import ReplyScreen
 from server.run_recovery import (
     RECOVERY_LOG,
     check_finished_run,
@@ -53,6 +56,7 @@ class TrainingOutcome:
     store: UpdateStore | None
     initial_state: dict[str, torch.Tensor]
     final_state: dict[str, torch.Tensor]
+    screen: ReplyScreen | None = None
 
     def new_model(self) -> BodyHeadNet:
         splits = self.data.splits
@@ -107,39 +111,38 @@ def fedavg_rounds(
     rounds: int | None = None,
     extra_config: Mapping[str, int | float | str] | None = None,
     first_round: int = 1,
+    screen: ReplyScreen | None = None,
+    phase: str = "train",
 ) -> dict[str, torch.Tensor]:
     """Run rounds ``first_round`` .. ``rounds`` (default ``config.rounds``) of FedAvg from ``model``'s
     weights; returns the final state (``model``'s own when no round is left).
 
     ``test`` (inputs, labels) turns on a server-side evaluation after each round, reported to
-    ``on_round(round, evaluation, train_metrics, clients_replied, round_seconds)``.
-    ``extra_config`` is added to every training message's config (e.g. a scrubbing baseline's
-    ``objective`` and ``forget``).
+    ``on_round(round, evaluation, train_metrics, clients_replied, round_seconds)``; the metrics
+    carry ``refused`` (replies refused by ``screen``) and ``check-seconds`` (the time the checks
+    took). ``extra_config`` is added to every training message's config (e.g. a scrubbing
+    baseline's ``objective`` and ``forget``). ``screen`` checks every reply before it is aggregated
+    or retained (:mod:`server.reply_screening`); ``phase`` names the rounds in its log.
     """
     device = resolve_device(config.device)
     arrays = ArrayRecord(model.state_dict())
     train_config = {**train_config_record(config), **dict(extra_config or {})}
     for server_round in range(first_round, (config.rounds if rounds is None else rounds) + 1):
         started = time.perf_counter()
-        messages = strategy.configure_train(
-            server_round, arrays, ConfigRecord(dict(train_config)), grid
+        refused_before = screen.refused if screen is not None else 0
+        checks_before = screen.seconds if screen is not None else 0.0
+        arrays, train_metrics, replied = _train_round(
+            grid, strategy, config, server_round, arrays, train_config, screen, phase
         )
-        replies = list(grid.send_and_receive(list(messages), timeout=ROUND_TIMEOUT_SECONDS))
-        failed = [r for r in replies if r.has_error()]
-        new_arrays, train_metrics = strategy.aggregate_train(server_round, replies)
-        if new_arrays is None:
-            reasons = failure_reasons(failed)
-            raise RuntimeError(
-                f"round {server_round}: no client returned an update ({reasons or 'no replies'})"
-            )
-        arrays = new_arrays
         evaluate_messages = strategy.configure_evaluate(
             server_round, arrays, ConfigRecord(run_settings(config)), grid
         )
-        client_eval = strategy.aggregate_evaluate(
-            server_round,
-            grid.send_and_receive(list(evaluate_messages), timeout=ROUND_TIMEOUT_SECONDS),
-        )
+        if screen is not None:
+            evaluate_messages = screen.active(evaluate_messages)
+        evaluations = grid.send_and_receive(list(evaluate_messages), timeout=ROUND_TIMEOUT_SECONDS)
+        if screen is not None:
+            evaluations = screen.evaluation(server_round, evaluations)
+        client_eval = strategy.aggregate_evaluate(server_round, evaluations)
         model.load_state_dict(arrays.to_torch_state_dict())
         result = evaluate(model, *test, device=device) if test is not None else None
         if on_round is not None:
@@ -148,14 +151,39 @@ def fedavg_rounds(
                 metrics["client-eval-accuracy"] = float(
                     client_eval.get("eval-accuracy", float("nan"))
                 )
-            on_round(
-                server_round,
-                result,
-                metrics,
-                len(replies) - len(failed),
-                time.perf_counter() - started,
-            )
+            if screen is not None:
+                metrics["refused"] = screen.refused - refused_before
+                metrics["check-seconds"] = screen.seconds - checks_before
+            on_round(server_round, result, metrics, replied, time.perf_counter() - started)
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _train_round(grid, strategy, config, server_round, arrays, train_config, screen, phase):
+    """One training round: configure, send, screen, aggregate. Returns (new arrays, aggregated
+    metrics, valid replies); fails when fewer than ``min-reply-fraction`` of the asked replied
+    validly."""
+    messages = list(
+        strategy.configure_train(server_round, arrays, ConfigRecord(dict(train_config)), grid)
+    )
+    if screen is not None:
+        messages = screen.active(messages)
+    replies = list(grid.send_and_receive(messages, timeout=ROUND_TIMEOUT_SECONDS))
+    failed = [r for r in replies if r.has_error()]
+    valid = [r for r in replies if not r.has_error()]
+    if screen is not None:
+        valid = screen.training(phase, server_round, arrays, valid)
+    needed = max(1, math.ceil(config.min_reply_fraction * len(messages) - 1e-9))
+    if len(valid) < needed:
+        reasons = failure_reasons(failed) or "no error replies"
+        raise RuntimeError(
+            f"{phase} round {server_round}: {len(valid)} valid replies of {len(messages)} asked, "
+            f"fewer than min-reply-fraction={config.min_reply_fraction:g} requires ({needed}); "
+            f"failures: {reasons}; refused replies are listed above"
+        )
+    new_arrays, train_metrics = strategy.aggregate_train(server_round, valid)
+    if new_arrays is None:
+        raise RuntimeError(f"{phase} round {server_round}: no client returned an update")
+    return new_arrays, train_metrics, len(valid)
 
 
 def participant_rounds(
@@ -173,7 +201,7 @@ def participant_rounds(
     ``partitions`` taking part, nothing retained; progress logged under ``name``. Training messages
     carry ``extra_config`` (e.g. the cohort to leave out, or a baseline's objective)."""
     config = outcome.config
-    nodes = [outcome.members.node_of_partition[p] for p in partitions]
+    nodes = outcome.members.nodes(exclude=set(outcome.members.node_of_partition) - set(partitions))
     strategy = RetainingFedAvg(
         None,
         participants=nodes,
@@ -190,7 +218,15 @@ def participant_rounds(
         log(f"{name}: round {server_round}/{total}, {replied} clients, {round_seconds:.1f}s")
 
     return fedavg_rounds(
-        grid, strategy, model, config, on_round=progress, rounds=total, extra_config=extra_config
+        grid,
+        strategy,
+        model,
+        config,
+        on_round=progress,
+        rounds=total,
+        extra_config=extra_config,
+        screen=outcome.screen,
+        phase=name,
     )
 
 
@@ -230,11 +266,12 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         run = RunDirectory.create(path, config.to_run_config())
     log(f"run directory: {run.path}")
     store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
+    screen = ReplyScreen(members, max_refusals=config.max_refusals, log=log, run=run)
     if resuming and training_finished(path):
         check_finished_run(run, store, log=log)
         run.remove_checkpoint()
         return TrainingOutcome(
-            config, run, data, members, store, initial_state, run.load_model("model_final")
+            config, run, data, members, store, initial_state, run.load_model("model_final"), screen
         )
     log(
         f"{config.dataset}: {sum(map(len, data.partitions))} of {len(splits.train)} training "
@@ -311,6 +348,8 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         retained = retaining.is_retained_round(server_round)
         row = _row(server_round, result, train_metrics, replied, retained, seconds, elapsed())
         row["store_mb"] = store_mb()
+        row["refused"] = int(train_metrics.get("refused", 0))
+        row["check_seconds"] = round(float(train_metrics.get("check-seconds", 0.0)), 6)
         if "client-eval-accuracy" in train_metrics:
             row["client_eval_accuracy"] = float(train_metrics["client-eval-accuracy"])
         # Metrics first, checkpoint last: the checkpoint's round is the last completed round.
@@ -332,6 +371,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         test=(splits.test.x, splits.test.y),
         on_round=record,
         first_round=first_round,
+        screen=screen,
     )
     run.save_model("model_final", final_state)
     metrics = run.metrics
@@ -350,6 +390,8 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         "dp_epsilon": dp_epsilon_of(config),
         "dp_delta": config.dp_delta if config.dp_noise_multiplier > 0 else 0.0,
         "server_peak_rss_mb": megabytes(peak_rss_bytes()),
+        "refused_replies": int(run.metrics.get("refused", pd.Series(dtype=int)).sum()),
+        "dropped_clients": {str(k): v for k, v in sorted(members.dropped.items())},
     }
     if resuming:
         summary["resumed"] = len(run.read_log(RECOVERY_LOG))
@@ -360,7 +402,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         f"{len(retained_rounds)} retained round(s), {summary['store_bytes'] / 1e6:.2f} MB; "
         f"results in {run.path}"
     )
-    return TrainingOutcome(config, run, data, members, store, initial_state, final_state)
+    return TrainingOutcome(config, run, data, members, store, initial_state, final_state, screen)
 
 
 def _row(server_round, result, train_metrics, replied, retained, round_seconds, elapsed) -> dict:

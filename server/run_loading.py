@@ -16,6 +16,7 @@ from fedunlearn.federated_data import load_federated_data
 from fedunlearn.run_directory import RunDirectory
 from fedunlearn.update_store import UpdateStore
 from server.federated_training import TrainingOutcome, discover
+from server.reply_screening import ReplyScreen
 
 REQUEST_KEYS = (
     "unlearn_clients",
@@ -66,4 +67,5 @@ def load_trained_run(
         store,
         run.load_model("model_initial"),
         run.load_model("model_final"),
+        ReplyScreen(members, max_refusals=config.max_refusals, log=log, run=run),
     )

@@ -169,7 +169,9 @@ def _fedretrain(grid, outcome: TrainingOutcome, remaining_nodes: list[int], log:
             f"fedretrain: round {server_round}/{config.rounds}, {replied} clients, {round_seconds:.1f}s"
         )
 
-    state = fedavg_rounds(grid, strategy, model, config, on_round=progress)
+    state = fedavg_rounds(
+        grid, strategy, model, config, on_round=progress, screen=outcome.screen, phase="fedretrain"
+    )
     return state, {"rounds": config.rounds, "clients": len(remaining_nodes)}
 
 

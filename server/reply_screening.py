@@ -1,0 +1,207 @@
+"""Hostile replies refused: every training, calibration and evaluation reply is checked before use.
+
+The checks are :mod:`fedunlearn.reply_checks` (Flower-free); this module applies them to Flower
+messages and keeps the run's account of refusals. A refused reply is not aggregated and not
+retained; it is logged with the node id, the client and the reason (on the console and in the run
+directory's ``refused_replies.jsonl``) and counted (``refused`` in ``metrics.csv``). A node refused
+``max-refusals`` rounds in a row is dropped from the run (named on the console and in the log): it
+gets no further message, and every later phase goes on without its partition.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from flwr.app import ArrayRecord, Message
+
+from fedunlearn.reply_checks import (
+    RefusedReply,
+    check_evaluate_reply,
+    check_training_reply,
+)
+from server.federation import FederationMembers
+
+REFUSALS_LOG = "refused_replies.jsonl"
+
+
+def _decoded(arrays: ArrayRecord):
+    """(name, NumPy array) of each array; a buffer that does not decode to its declared shape and
+    dtype is a refusal, not a crash."""
+    for name, array in arrays.items():
+        try:
+            yield name, array.numpy()
+        except Exception as error:  # noqa: BLE001 - any decoding failure refuses the reply
+            raise RefusedReply(f"array {name!r} does not decode ({error})") from None
+
+
+class ReplyScreen:
+    """Checks replies against what was sent and what each node declared at discovery.
+
+    Parameters
+    ----------
+    members : FederationMembers
+        The node bound to each partition and the N_k it declared; dropped partitions are added to
+        ``members.dropped``.
+    max_refusals : int
+        A node refused this many screened rounds in a row is dropped.
+    log : callable
+        Progress lines.
+    run : RunDirectory, optional
+        Where ``refused_replies.jsonl`` goes.
+    """
+
+    def __init__(
+        self,
+        members: FederationMembers,
+        *,
+        max_refusals: int,
+        log: Callable[[str], None] = print,
+        run=None,
+    ) -> None:
+        self.members = members
+        self.max_refusals = max_refusals
+        self.log = log
+        self.run = run
+        self.in_a_row: dict[int, int] = {}
+        self.refused = 0
+        self.seconds = 0.0
+
+    # ------------------------------------------------------------------ sending
+    def active(self, messages: Iterable[Message]) -> list[Message]:
+        """``messages`` less those addressed to dropped nodes."""
+        dropped = {self.members.node_of_partition[p] for p in self.members.dropped}
+        return [m for m in messages if m.metadata.dst_node_id not in dropped]
+
+    # ------------------------------------------------------------------ screening
+    def training(
+        self, phase: str, server_round: int, sent: ArrayRecord, replies: Iterable[Message]
+    ) -> list[Message]:
+        """The replies (``train`` or ``train.calibrate``) that pass every check; error replies
+        (a failed client, not a hostile one) are left out without counting as refusals."""
+        started = time.perf_counter()
+        spec = {name: (tuple(array.shape), array.dtype) for name, array in sent.items()}
+        kept, refused = [], set()
+        for reply in replies:
+            if reply.has_error():
+                continue
+            node = reply.metadata.src_node_id
+            try:
+                partition = self._partition(node)
+                arrays = self._records(reply, arrays=True)
+                check_training_reply(
+                    spec,
+                    {name: (tuple(a.shape), a.dtype) for name, a in arrays.items()},
+                    reply.content["metrics"],
+                    partition=partition,
+                    declared_examples=self.members.num_examples[partition],
+                    arrays=_decoded(arrays),
+                )
+            except RefusedReply as refusal:
+                self._refuse(phase, server_round, node, refusal.reason)
+                refused.add(node)
+                continue
+            kept.append(reply)
+        self._account(phase, server_round, {r.metadata.src_node_id for r in kept}, refused)
+        self.seconds += time.perf_counter() - started
+        return kept
+
+    def evaluation(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """The ``evaluate`` replies that pass every check."""
+        started = time.perf_counter()
+        kept, refused = [], set()
+        for reply in replies:
+            if reply.has_error():
+                continue
+            node = reply.metadata.src_node_id
+            try:
+                partition = self._partition(node)
+                self._records(reply, arrays=False)
+                check_evaluate_reply(
+                    reply.content["metrics"],
+                    partition=partition,
+                    declared_examples=self.members.num_examples[partition],
+                )
+            except RefusedReply as refusal:
+                self._refuse("evaluate", server_round, node, refusal.reason)
+                refused.add(node)
+                continue
+            kept.append(reply)
+        self._account("evaluate", server_round, {r.metadata.src_node_id for r in kept}, refused)
+        self.seconds += time.perf_counter() - started
+        return kept
+
+    # ------------------------------------------------------------------ internals
+    def _partition(self, node: int) -> int:
+        partition = self.members.partition_of(node)
+        if partition is None:
+            raise RefusedReply("the node is not a member of this run's federation")
+        if partition in self.members.dropped:
+            raise RefusedReply("the node was dropped from the run")
+        return partition
+
+    @staticmethod
+    def _records(reply: Message, *, arrays: bool):
+        """The reply's one ArrayRecord ``arrays`` (when ``arrays``) and one MetricRecord
+        ``metrics``, and nothing else."""
+        content = reply.content
+        expected = {"arrays", "metrics"} if arrays else {"metrics"}
+        found = set(content.keys())
+        if found != expected or "metrics" not in content.metric_records:
+            raise RefusedReply(f"records {sorted(found)}, expected {sorted(expected)}")
+        if arrays:
+            if "arrays" not in content.array_records:
+                raise RefusedReply("'arrays' is not an ArrayRecord")
+            return content["arrays"]
+        return None
+
+    def _refuse(self, phase: str, server_round: int, node: int, reason: str) -> None:
+        self.refused += 1
+        partition = self.members.partition_of(node)
+        self.log(
+            f"refused the {phase} reply of node {node} (client {partition}) in round "
+            f"{server_round}: {reason}"
+        )
+        if self.run is not None:
+            self.run.append_log(
+                REFUSALS_LOG,
+                {
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "phase": phase,
+                    "round": server_round,
+                    "node": node,
+                    "client": partition,
+                    "reason": reason,
+                },
+            )
+
+    def _account(self, phase: str, server_round: int, answered: set[int], refused: set[int]):
+        """Count refusals in a row per node; drop a node that reached ``max_refusals``."""
+        for node in answered:
+            self.in_a_row[node] = 0
+        for node in refused:
+            self.in_a_row[node] = self.in_a_row.get(node, 0) + 1
+            partition = self.members.partition_of(node)
+            if (
+                partition is not None
+                and partition not in self.members.dropped
+                and self.in_a_row[node] >= self.max_refusals
+            ):
+                reason = (
+                    f"{self.in_a_row[node]} refused replies in a row (max-refusals="
+                    f"{self.max_refusals}), the last in {phase} round {server_round}"
+                )
+                self.members.dropped[partition] = reason
+                self.log(f"dropped node {node} (client {partition}) from the run: {reason}")
+                if self.run is not None:
+                    self.run.append_log(
+                        REFUSALS_LOG,
+                        {
+                            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                            "phase": phase,
+                            "round": server_round,
+                            "node": node,
+                            "client": partition,
+                            "dropped": reason,
+                        },
+                    )
