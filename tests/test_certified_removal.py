@@ -88,7 +88,7 @@ def test_true_residual_never_exceeds_the_reported_bound(
             max_rank=5,
             track_bounds=True,
         ),
-        seed=seed,
+        rng=np.random.default_rng(seed),
     )
     head.fit()
     order = np.random.default_rng(seed + 1).permutation(n)
@@ -110,7 +110,7 @@ def test_per_point_bound_is_at_most_half_of_corollary_one_in_exact_mode():
     head = CertifiedHead(
         CentralHeadData("logistic", x, one_vs_rest_targets(labels, cls)),
         CertifiedRemovalParams(sigma=1.0, lam=1e-2, track_bounds=True, gamma="paper"),
-        seed=0,
+        rng=np.random.default_rng(0),
     )
     head.fit()
     for i in range(40):
@@ -158,7 +158,7 @@ def test_the_budget_forces_a_retrain_exactly_when_it_should(tmp_path):
         CentralHeadData("logistic", x, one_vs_rest_targets(labels, cls)),
         # A small sigma gives a small budget: several retrains in 60 removals.
         CertifiedRemovalParams(sigma=0.02, lam=1e-2, bound="corollary", gamma="paper"),
-        seed=4,
+        rng=np.random.default_rng(4),
         ledger=ledger,
     )
     head.fit()
@@ -243,8 +243,8 @@ def test_budget_and_noise_follow_theorem_3():
 
 
 def test_worst_case_bound_is_theorem_4_and_dominates_the_data_dependent_one():
-    assert worst_case_bound(0.1, 101, 1) == pytest.approx(4 * 0.25 / (0.01 * 100))
-    assert worst_case_bound(0.1, 102, 2) == pytest.approx(4 * 0.25 * 4 / (0.01 * 100))
+    assert worst_case_bound(0.1, 101, 1, gamma=0.25) == pytest.approx(4 * 0.25 / (0.01 * 100))
+    assert worst_case_bound(0.1, 102, 2, gamma=0.25) == pytest.approx(4 * 0.25 * 4 / (0.01 * 100))
     x, labels, cls = _problem(7, 100, 5)
     head = CertifiedHead(
         CentralHeadData("logistic", x, one_vs_rest_targets(labels, cls)),
