@@ -117,20 +117,15 @@ def _encodings_found(secret, blob: bytes) -> int:
     """How many of the secret's entries (float64) or neighbouring pairs of entries (float32), little-
     or big-endian, occur at any byte offset of ``blob``."""
     flat = np.asarray(secret, dtype=np.float64).ravel()
-    words = []
-    for order in "<>":
-        words.append(flat.astype(f"{order}f8").view(f"{order}u8").astype(np.uint64))
-        pairs = np.ascontiguousarray(
-            np.stack([flat[:-1], flat[1:]], axis=1).astype(f"{order}f4")
-        )
-        words.append(np.frombuffer(pairs.tobytes(), dtype="<u8").astype(np.uint64))
-        words[-2] = np.frombuffer(words[-2].astype(f"{order}u8").tobytes(), dtype="<u8")
-    targets = np.concatenate(words).astype(np.uint64)
+    pairs = np.stack([flat[:-1], flat[1:]], axis=1)
+    encoded = [flat.astype(f"{o}f8").tobytes() for o in "<>"]
+    encoded += [pairs.astype(f"{o}f4").tobytes() for o in "<>"]
+    targets = np.concatenate([np.frombuffer(e, dtype="<u8") for e in encoded])
     found = 0
     for offset in range(8):
-        usable = (len(blob) - offset) // 8 * 8
-        if usable > 0:
-            window = np.frombuffer(blob, dtype="<u8", count=usable // 8, offset=offset)
+        words = (len(blob) - offset) // 8
+        if words > 0:
+            window = np.frombuffer(blob, dtype="<u8", count=words, offset=offset)
             found += int(np.isin(window, targets).sum())
     return found
 
