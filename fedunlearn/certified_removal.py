@@ -676,7 +676,7 @@ class CertifiedHead:
             step, solve, drift, terms, refreshed = self._fast_step(
                 weights, delta, p.lam * n, parts.factor, state
             )
-        bounds = self._bounds(spectral, step, drift, terms, solve)
+        bounds = self._bounds(spectral, state["_gram"], step, drift, terms, solve)
         chosen = bounds[(p.bound, "chosen")]
         tracked = dict(self.tracked)
         if p.track_bounds:
@@ -749,15 +749,16 @@ class CertifiedHead:
             _finite("the step's sums", terms.point, terms.xv_squared)
         return step, solve, drift, terms, refreshed
 
-    def _bounds(self, spectral, step, drift, terms, solve) -> dict[Any, float]:
+    def _bounds(self, spectral, gram, step, drift, terms, solve) -> dict[Any, float]:
         """Each bound of the step's residual (joint over heads, plus the solve's residual): the
-        chosen one under ``(bound, "chosen")``, and the tracked ones by name."""
+        chosen one under ``(bound, "chosen")``, and the tracked ones by name. ``gram`` is
+        ``X'^T X'`` on D' (for ``||X'v||`` when no per-sample terms were asked)."""
         p = self.params
         step_norms = np.linalg.norm(step, axis=1)
         if terms is not None:
             xv = np.sqrt(np.maximum(terms.xv_squared, 0.0))
         else:
-            xv = np.sqrt(np.maximum(np.einsum("kd,de,ke->k", step, self._gram, step), 0.0))
+            xv = np.sqrt(np.maximum(np.einsum("kd,de,ke->k", step, gram, step), 0.0))
 
         def joint(bound: str, gamma: float) -> float:
             if bound == "corollary":
