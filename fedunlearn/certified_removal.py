@@ -36,8 +36,8 @@ so a rounding or a stale factor can never make the certificate lie. The integral
   O(nd) per request (one scalar sum per client in a federation). The default, with the exact
   ``gamma = 1/(6 sqrt 3)`` of the logistic l''.
 
-Both assume ``l'' = sigma(1 - sigma)``, i.e. logistic targets in {-1, +1}, and ``||x|| <= 1``: the data
-classes refuse anything else (:func:`fedunlearn.linear_losses.check_targets`).
+Both assume ``l'' = sigma(1 - sigma)``, i.e. logistic targets in {-1, +1}, and ``||x|| <= 1``: the
+data classes refuse anything else (:func:`fedunlearn.linear_losses.check_targets`).
 
 Two modes (``mode=``): ``"exact"`` builds the Hessian at the current w for every request and solves
 by Cholesky (never an explicit inverse); ``"fast"`` keeps the eigendecomposition of the data part of
@@ -53,8 +53,9 @@ the joint residual's norm is bounded by the root of the sum of the heads' square
 
 Randomness. b comes from the operating system (:mod:`fedunlearn.perturbation`), never from a seed,
 and is never written: the trained head together with the data determines it exactly
-(``b = -grad L(w; D) - lambda n w`` at the minimiser), so the engine publishes no weights itself and
-a caller should write only the final head. A head rebuilt after a restart is retrained with a fresh b.
+(``b = -grad L(w; D) - lambda n w`` at the minimiser), so the engine publishes no weights itself
+and a caller should write only the final head. A head rebuilt after a restart is retrained with a
+fresh b.
 
 Transactions. :meth:`CertifiedHead.fit` and :meth:`CertifiedHead.remove` compute the new state aside
 and commit it only after the certificate is in the ledger: when any step fails (a data query, the
@@ -162,15 +163,16 @@ def per_point_bound(gamma: float, spectral_norm: float, point_sum: float) -> flo
 
 def worst_case_bound(lam: float, n_before: int, m: int, *, gamma: float, c: float = 1.0) -> float:
     """Data-independent bound of one request removing m of n samples: ``4 gamma m^2 C^2 /
-    (lambda^2 (n - m))`` (Theorem 4; Theorem 1 for m = 1), with ``gamma`` the Lipschitz constant of
-    l'' in use and ``C`` the bound on ``||grad l||`` (1 for the logistic loss with ``||x|| <= 1``)."""
+    (lambda^2 (n - m))`` (Theorem 4; Theorem 1 for m = 1), with ``gamma`` the Lipschitz constant
+    of l'' in use and ``C`` the bound on ``||grad l||`` (1 for the logistic loss, ``||x|| <= 1``)."""
     return 4.0 * gamma * m * m * c * c / (lam * lam * (n_before - m))
 
 
 def weights_sha256(weights: np.ndarray) -> str:
     """SHA-256 (hex) of the weights' canonical bytes: float64, little-endian, C order, shape (K, d).
 
-    From a saved head: ``weights_sha256(safetensors.numpy.load_file(path)["certified_head.weights"])``.
+    From a saved head (``server/certified_head.py``'s file):
+    ``weights_sha256(safetensors.numpy.load_file(path)["certified_head.weights"])``.
     """
     canonical = np.ascontiguousarray(np.asarray(weights, dtype="<f8"))
     return hashlib.sha256(canonical.tobytes()).hexdigest()

@@ -5,8 +5,8 @@ head from a retrained one by its gradient residual ``||grad L_b(w; D')||``. So b
 operating system's cryptographic randomness (``os.urandom``), never from a generator seeded with a
 number that a run config, a log or a file could reveal, and is never written anywhere.
 
-Uniforms are 53-bit integers ``k`` from ``os.urandom`` mapped to ``(k + 1/2) / 2^53`` (strictly inside
-(0, 1), so every inverse CDF is finite); a normal is ``Phi^{-1}(u)`` and a Gamma(D, sigma) norm is
+Uniforms are 53-bit integers ``k`` from ``os.urandom`` mapped to ``(k + 1/2) / 2^53`` (strictly
+inside (0, 1), so every inverse CDF is finite); a normal is ``Phi^{-1}(u)`` and a Gamma(D, sigma) norm is
 ``sigma P^{-1}(D, u)`` with ``P`` the regularised lower incomplete gamma function (SciPy's
 ``ndtri`` and ``gammaincinv``). Tests may pass a :class:`numpy.random.Generator` instead: the same
 transforms then read its 53-bit integers.

@@ -6,9 +6,9 @@ With ``mia = true`` the ServerApp, after training, unlearning (``unlearn-clients
 scrubbing (``scrub-forget = client:<target>``), collects the models in :data:`AUDITED` (one line per
 method: its name and the file its plug-in saved: a full model, or a certified head on the final
 model's features; the trained certified head is never written and comes in memory from
-``run_certified_head``), trains ``mia-reference-models`` reference models without the target for offline
-LiRA (FedRetrain from differently seeded initial weights), and attacks each model on the target's
-data against as many unseen held-out samples. The held-out set (the training samples no client
+``run_certified_head``), trains ``mia-reference-models`` reference models without the target for
+offline LiRA (FedRetrain from differently seeded initial weights), and attacks each model on the
+target's data against as many unseen held-out samples. The held-out set (the training samples no client
 holds when ``train-samples`` leaves enough, else the test split) is cut in two disjoint halves: one
 trains the shadow attack, the other is the evaluation's non-members. In a simulation the server
 rebuilds the target's data from the run config to measure (no method reads it).

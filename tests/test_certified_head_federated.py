@@ -77,8 +77,9 @@ def federation():
         {p: len(data.partitions[p]) for p in NODES.values()},
         0,
     )
-    central_x = np.vstack([head_features(model, data.client_split(p).x) for p in sorted(NODES.values())])
-    central_y = np.concatenate([data.client_split(p).y.numpy() for p in sorted(NODES.values())])
+    partitions = sorted(NODES.values())
+    central_x = np.vstack([head_features(model, data.client_split(p).x) for p in partitions])
+    central_y = np.concatenate([data.client_split(p).y.numpy() for p in partitions])
     return setups, members, model.state_dict(), central_x, one_vs_rest_targets(central_y, CLASSES)
 
 
@@ -139,7 +140,8 @@ def _hostile(name):
         return content
 
     def array_count(content):
-        return _set_array(content, "count", np.array([int(content["sums"]["count"].numpy()[0]) - 1]))
+        count = int(content["sums"]["count"].numpy()[0])
+        return _set_array(content, "count", np.array([count - 1]))
 
     def integer_loss(content):
         return _set_array(content, "loss", content["sums"]["loss"].numpy().astype(np.int64))
@@ -262,7 +264,8 @@ def test_a_prepare_count_beyond_the_declared_size_is_refused(federation):
     setups, members, state, _, _ = federation
     grid = ClientGrid(setups)
     grid.tamper = _removal_rewriter("prepare", 0, _hostile("wrong_count"))
-    with pytest.raises(BadReplyError, match=r"node 101 \(partition 0\).*count = 450, expected in \[1, 449\]"):
+    refused = r"node 101 \(partition 0\).*count = 450, expected in \[1, 449\]"
+    with pytest.raises(BadReplyError, match=refused):
         FederatedHeadData(grid, members, state, "logistic", CLASSES)
 
 
