@@ -759,9 +759,7 @@ def test_certificates_name_their_time_and_the_weights_they_certify(tmp_path):
 def test_the_worst_case_bound_is_reported_only_where_theorems_1_and_4_apply(settings, applies):
     x, labels, cls = _problem(13, 60, 4, classes=3)
     params = CertifiedRemovalParams(sigma=1.0, lam=0.1, epsilon=1e9, **settings)
-    head = CertifiedHead(
-        CentralHeadData(params.loss, x, one_vs_rest_targets(labels, cls)), params
-    )
+    head = CertifiedHead(CentralHeadData(params.loss, x, one_vs_rest_targets(labels, cls)), params)
     head.fit()
     expected = 0.0
     for n_before, ids in ((60, [0]), (59, [1, 2])):

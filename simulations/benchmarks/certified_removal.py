@@ -50,9 +50,9 @@ import pandas as pd
 from scipy.special import expit
 
 from fedunlearn.certified_removal import CertifiedHead, CertifiedRemovalParams, removal_budget
-from fedunlearn.perturbation import sample_perturbation
 from fedunlearn.head_statistics import CentralHeadData
 from fedunlearn.linear_losses import normalize_features, one_vs_rest_targets, predict_labels
+from fedunlearn.perturbation import sample_perturbation
 from fedunlearn.plots import plt, save_figure
 
 CLASSES = [3, 8]  # label 8 is the positive class, as in the paper
@@ -708,9 +708,7 @@ def main(argv: list[str] | None = None) -> int:
 
     trained = phase_train(X, T, Xt, yt, z)
     snapshot_at = args.naive_removals if args.naive_removals <= args.removals else 0
-    exact, exact64 = phase_exact(
-        trained, X, T, Xt, yt, order, args.removals, snapshot_at, z
-    )
+    exact, exact64 = phase_exact(trained, X, T, Xt, yt, order, args.removals, snapshot_at, z)
     fast = phase_fast(X, T, Xt, yt, order, args.removals, z)
     naive = phase_naive(trained, exact, X, T, order, args.naive_removals)
     say(
