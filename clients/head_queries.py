@@ -11,7 +11,9 @@ samples; a client holds its samples and answers, at the head the server sends, o
 
 Every message carries the client's removed sample ids, so a client keeps no state that matters:
 features are cached per process (keyed by the body's digest) and rebuilt when the server resends the
-body after a client answers ``needs-model``.
+body after a client answers ``needs-model``. The server validates every reply (shapes, finite
+values, counts: ``server/certified_head_replies.py``); targets are the one-vs-rest {-1, +1} the
+logistic bounds assume, and the pure functions refuse any other.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.head_features import head_features
 from fedunlearn.head_statistics import (
     head_sums,
+    is_integer_id,
     pack_symmetric,
     removed_parts,
     step_sums,
@@ -101,9 +104,15 @@ def answer_head_query(msg: Message, setup: ClientSetup) -> Message:
 
 
 def _local_ids(values, size: int, name: str) -> np.ndarray:
-    ids = np.asarray(list(values), dtype=np.int64)
+    """Distinct local sample indices, integers in [0, size); nothing is coerced."""
+    values = list(values)
+    if not all(is_integer_id(v) for v in values):
+        raise ConfigError(name, values, "integer local sample indices")
+    ids = np.asarray(values, dtype=np.int64)
     if np.any((ids < 0) | (ids >= size)):
         raise ConfigError(name, ids.tolist(), f"local sample indices in [0, {size})")
+    if len(np.unique(ids)) != len(ids):
+        raise ConfigError(name, ids.tolist(), "each local sample index at most once")
     return ids
 
 

@@ -36,6 +36,9 @@ so a rounding or a stale factor can never make the certificate lie. The integral
   O(nd) per request (one scalar sum per client in a federation). The default, with the exact
   ``gamma = 1/(6 sqrt 3)`` of the logistic l''.
 
+Both assume ``l'' = sigma(1 - sigma)``, i.e. logistic targets in {-1, +1}, and ``||x|| <= 1``: the
+data classes refuse anything else (:func:`fedunlearn.linear_losses.check_targets`).
+
 Two modes (``mode=``): ``"exact"`` builds the Hessian at the current w for every request and solves
 by Cholesky (never an explicit inverse); ``"fast"`` keeps the eigendecomposition of the data part of
 the Hessian at an anchor w0, ``A = Q Lambda Q^T``, so that ``A + lambda m I`` is solved for any count
@@ -47,14 +50,34 @@ because ``K' = K - sum x x^T <= K``.
 
 Multiclass heads are one-vs-rest: K independent binary problems sharing X, one joint ``b`` (K x d);
 the joint residual's norm is bounded by the root of the sum of the heads' squared bounds.
+
+Randomness. b comes from the operating system (:mod:`fedunlearn.perturbation`), never from a seed,
+and is never written: the trained head together with the data determines it exactly
+(``b = -grad L(w; D) - lambda n w`` at the minimiser), so the engine publishes no weights itself
+and a caller should write only the final head. A head rebuilt after a restart is retrained with a
+fresh b.
+
+Transactions. :meth:`CertifiedHead.fit` and :meth:`CertifiedHead.remove` compute the new state aside
+and commit it only after the certificate is in the ledger: when any step fails (a data query, the
+linear algebra, a retrain, the ledger append) the weights, b, the data's removal mask, beta, the
+bounds, the request counter, every cache and the ledger's bytes are exactly as before, and the
+request can be retried. The ``progress`` callback runs after the commit; if it raises, the request
+stays done and :class:`ProgressCallbackError` (carrying the certificate) tells the caller not to
+retry it.
+
+Ledger. Each certificate records its UTC time and ``weights_sha256``, the SHA-256 of the certified
+(K, d) weights as float64, little-endian, C order (:func:`weights_sha256`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +85,53 @@ import numpy as np
 import scipy.linalg
 
 from fedunlearn.errors import ConfigError, FedUnlearnError
-from fedunlearn.head_statistics import HeadData, HeadSums
+from fedunlearn.head_statistics import HeadData, HeadSums, id_list
 from fedunlearn.linear_losses import LOGISTIC_GAMMA, check_loss, lipschitz_gamma
+from fedunlearn.perturbation import NOISES, check_generator, sample_perturbation
 
-NOISES = ("gaussian", "gamma", "none")
+__all__ = ["NOISES", "sample_perturbation"]  # re-exported: b's densities live in perturbation.py
+
 MODES = ("exact", "fast")
 BOUNDS = ("per-point", "corollary")
 GAMMAS = tuple(LOGISTIC_GAMMA)
 
+#: The engine's state that a request moves, all or nothing (see the module docstring).
+_STATE = (
+    "weights",
+    "perturbation",
+    "beta",
+    "worst_case",
+    "tracked",
+    "requests",
+    "trained",
+    "_gram",
+    "_spectral_sq",
+    "_since_spectral",
+    "_anchor",
+    "_factors",
+)
+
 
 class NotConvergedError(FedUnlearnError, RuntimeError):
     """Newton's method did not reach the requested gradient tolerance."""
+
+
+class NonFiniteSumsError(FedUnlearnError, ArithmeticError):
+    """The data returned NaN or infinite sums: no certificate can be computed from them."""
+
+
+class ProgressCallbackError(FedUnlearnError, RuntimeError):
+    """The ``progress`` callback raised after a request was committed (certificate in the ledger).
+
+    ``certificate`` is the committed request's certificate: the request is done; do not retry it.
+    """
+
+    def __init__(self, certificate: Certificate) -> None:
+        self.certificate = certificate
+        super().__init__(
+            f"request {certificate.request} ({certificate.kind}) was committed and its certificate "
+            "recorded, but the progress callback failed (see the cause); do not retry the request"
+        )
 
 
 def gaussian_c(delta: float) -> float:
@@ -90,20 +149,6 @@ def removal_budget(noise: str, sigma: float, epsilon: float, delta: float) -> fl
     return 0.0
 
 
-def sample_perturbation(
-    noise: str, sigma: float, shape: tuple[int, ...], rng: np.random.Generator
-) -> np.ndarray:
-    """The loss perturbation b of Algorithm 1 (Theorem 3's two densities), shape ``shape``."""
-    if noise == "gaussian":
-        return rng.normal(0.0, sigma, size=shape)
-    if noise == "gamma":
-        size = int(np.prod(shape))
-        direction = rng.normal(size=size)
-        direction /= np.linalg.norm(direction)
-        return (rng.gamma(shape=size, scale=sigma) * direction).reshape(shape)
-    return np.zeros(shape)
-
-
 def corollary_bound(
     gamma: float, spectral_norm: float, step_norm: float, xv_norm: float, drift_norm: float = 0.0
 ) -> float:
@@ -116,16 +161,39 @@ def per_point_bound(gamma: float, spectral_norm: float, point_sum: float) -> flo
     return gamma * spectral_norm * math.sqrt(max(point_sum, 0.0))
 
 
-def worst_case_bound(
-    lam: float, n_before: int, m: int, *, gamma: float = 0.25, c: float = 1.0
-) -> float:
+def worst_case_bound(lam: float, n_before: int, m: int, *, gamma: float, c: float = 1.0) -> float:
     """Data-independent bound of one request removing m of n samples: ``4 gamma m^2 C^2 /
-    (lambda^2 (n - m))`` (Theorem 4; Theorem 1 for m = 1)."""
+    (lambda^2 (n - m))`` (Theorem 4; Theorem 1 for m = 1), with ``gamma`` the Lipschitz constant
+    of l'' in use and ``C`` the bound on ``||grad l||`` (1 for the logistic loss, ``||x|| <= 1``)."""
     return 4.0 * gamma * m * m * c * c / (lam * lam * (n_before - m))
+
+
+def weights_sha256(weights: np.ndarray) -> str:
+    """SHA-256 (hex) of the weights' canonical bytes: float64, little-endian, C order, shape (K, d).
+
+    From a saved head (``server/certified_head.py``'s file):
+    ``weights_sha256(safetensors.numpy.load_file(path)["certified_head.weights"])``.
+    """
+    canonical = np.ascontiguousarray(np.asarray(weights, dtype="<f8"))
+    return hashlib.sha256(canonical.tobytes()).hexdigest()
+
+
+def utc_timestamp() -> str:
+    """Now, in UTC, ISO 8601 with a ``Z`` (microseconds)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _joint(per_head: np.ndarray) -> float:
     return float(np.sqrt(np.sum(np.square(per_head))))
+
+
+def _finite(what: str, *arrays: np.ndarray | None) -> None:
+    for array in arrays:
+        if array is not None and not np.all(np.isfinite(array)):
+            raise NonFiniteSumsError(
+                f"{what} contain NaN or infinite values; no certificate can rest on them (check "
+                "the features, the targets' scale and the clients)"
+            )
 
 
 def cholesky_solve(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:
@@ -218,10 +286,22 @@ class CertifiedRemovalParams:
     def budget(self) -> float:
         return removal_budget(self.noise, self.sigma, self.epsilon, self.delta)
 
+    @property
+    def worst_case_applies(self) -> bool:
+        """Theorems 1/4 hold for the logistic loss with the Hessian at the current w (exact mode);
+        least squares needs no bound (its step is exact) and the fast mode's Hessian is stale."""
+        return self.loss == "logistic" and self.mode == "exact"
+
 
 @dataclass
 class Certificate:
-    """What one training or removal request certifies; one line of the ledger."""
+    """What one training or removal request certifies; one line of the ledger.
+
+    ``timestamp``: when it was issued (UTC, ISO 8601, ``Z``); ``weights_sha256``: the certified
+    weights (:func:`weights_sha256`) of shape ``weights_shape``; ``worst_case``: the accumulated
+    data-independent bound of Theorems 1/4 since the last training, ``None`` where they do not
+    apply (:attr:`CertifiedRemovalParams.worst_case_applies`).
+    """
 
     request: int
     kind: str  # "train" or "remove"
@@ -244,11 +324,14 @@ class Certificate:
     step_bound: float
     solve_residual: float
     spectral_norm: float
-    worst_case: float
+    worst_case: float | None
     retrained: bool
     refreshed: bool
     certified: bool
     seconds: float
+    timestamp: str
+    weights_sha256: str
+    weights_shape: list[int]
     dp_epsilon: float = 0.0
     dp_delta: float = 0.0
     total_epsilon: float = 0.0
@@ -259,14 +342,19 @@ class Certificate:
         return asdict(self)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _FastFactor:
     """Eigendecomposition ``A = Q diag(eig) Q^T`` of one head's data Hessian at the anchor, and
-    ``P = Q^T U`` for the removed samples' factor rows U since then."""
+    ``P = Q^T U`` for the removed samples' factor rows U since then. Immutable: a request builds
+    new factors, so a failed request leaves the cached ones untouched."""
 
     q: np.ndarray
     eig: np.ndarray
     p: np.ndarray
+
+    def with_rows(self, rows: np.ndarray) -> _FastFactor:
+        """The factor after removing samples whose Hessian factor rows are ``rows`` (m, d)."""
+        return _FastFactor(self.q, self.eig, np.concatenate([self.p, self.q.T @ rows.T], axis=1))
 
     def solve(self, rhs: np.ndarray, mu: float) -> tuple[np.ndarray, float]:
         """v with ``(A + mu I - U U^T) v = rhs`` (Woodbury) and the solve's residual norm."""
@@ -282,6 +370,44 @@ class _FastFactor:
         return self.q @ coef, float(np.linalg.norm(residual))
 
 
+def _factorise(sums: HeadSums, dim: int) -> tuple[_FastFactor, ...]:
+    factors = []
+    for hessian in sums.hessian:
+        eig, q = np.linalg.eigh(hessian)
+        factors.append(_FastFactor(q, eig, np.zeros((dim, 0))))
+    return tuple(factors)
+
+
+def _fast_solve(factors, delta: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
+    solved = [factor.solve(delta[k], mu) for k, factor in enumerate(factors)]
+    return np.stack([v for v, _ in solved]), np.asarray([r for _, r in solved])
+
+
+def _ledger_mark(path: Path | None) -> int | None:
+    """The ledger's size before a request (-1: absent), to undo a failed append."""
+    if path is None:
+        return None
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
+
+
+def _rollback_ledger(path: Path | None, mark: int | None) -> None:
+    """Give the ledger back the bytes it had at :func:`_ledger_mark` (it is append-only, so cutting
+    it to its old length does)."""
+    if path is None or mark is None:
+        return
+    if mark < 0:
+        path.unlink(missing_ok=True)
+        return
+    if path.is_file() and path.stat().st_size > mark:
+        with open(path, "r+b") as handle:
+            handle.truncate(mark)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
 class CertifiedHead:
     """A linear head trained and unlearned with certificates; the same engine centrally and federated.
 
@@ -290,15 +416,18 @@ class CertifiedHead:
     data : HeadData
         The training set (:class:`fedunlearn.head_statistics.CentralHeadData`, or the federation).
     params : CertifiedRemovalParams
-    seed : int
-        Seeds the perturbation b (fresh draws on every retrain come from the same generator).
+    rng : numpy.random.Generator, optional
+        Source of b for tests only. ``None`` (the default, and the only choice of the run config)
+        draws every b -- at training and at each retrain -- from the operating system's
+        cryptographic randomness (:mod:`fedunlearn.perturbation`). There is no seed.
     ledger : path, optional
         Every certificate is appended to it as one JSON line.
     dp_epsilon, dp_delta : float
         The (epsilon, delta) of a differentially private feature extractor; certificates report the
         composition epsilon_DP + epsilon, delta_DP + delta (Guo et al. Theorem 5).
     progress : callable, optional
-        Called with each certificate.
+        Called with each certificate after its request committed; if it raises, the request stays
+        done and :class:`ProgressCallbackError` is raised from the callback's error.
     """
 
     def __init__(
@@ -306,11 +435,11 @@ class CertifiedHead:
         data: HeadData,
         params: CertifiedRemovalParams | None = None,
         *,
-        seed: int = 0,
+        rng: np.random.Generator | None = None,
         ledger: str | Path | None = None,
         dp_epsilon: float = 0.0,
         dp_delta: float = 0.0,
-        progress=None,
+        progress: Callable[[Certificate], Any] | None = None,
     ) -> None:
         self.params = params or CertifiedRemovalParams()
         self.params.validate()
@@ -319,7 +448,7 @@ class CertifiedHead:
         if dp_epsilon < 0 or dp_delta < 0:
             raise ConfigError("dp_epsilon/dp_delta", (dp_epsilon, dp_delta), "numbers >= 0")
         self.data = data
-        self.rng = np.random.default_rng(seed)
+        self._rng = check_generator(rng)
         self.ledger = Path(ledger) if ledger is not None else None
         self.dp_epsilon = float(dp_epsilon)
         self.dp_delta = float(dp_delta)
@@ -329,7 +458,7 @@ class CertifiedHead:
         self.weights = np.zeros(shape)
         self.perturbation = np.zeros(shape)
         self.beta = 0.0
-        self.worst_case = 0.0
+        self.worst_case: float | None = 0.0 if self.params.worst_case_applies else None
         self.tracked: dict[str, float] = {}
         self.requests = 0
         self.trained = False
@@ -337,7 +466,7 @@ class CertifiedHead:
         self._spectral_sq = 0.0
         self._since_spectral = 0
         self._anchor = np.zeros(shape)
-        self._factors: list[_FastFactor] = []
+        self._factors: tuple[_FastFactor, ...] = ()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -349,53 +478,123 @@ class CertifiedHead:
 
     def residual(self) -> float:
         """The true ``||grad L_b(w; D')||`` on the current data (one pass; for tests and readouts)."""
-        return float(np.linalg.norm(self._gradient(self.data.sums(self.weights, hessian=False))))
+        sums = self.data.sums(self.weights, hessian=False)
+        return float(np.linalg.norm(self._gradient(sums, self.weights, self.perturbation)))
+
+    def _gradient(self, sums: HeadSums, weights: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return sums.gradient + self.params.lam * sums.count * weights + b
+
+    # ------------------------------------------------------------------ transactions
+    def _capture(self) -> dict[str, Any]:
+        state = {name: getattr(self, name) for name in _STATE}
+        state["tracked"] = dict(self.tracked)
+        return state
+
+    def _reinstate(self, state: dict[str, Any]) -> None:
+        for name in _STATE:
+            setattr(self, name, state[name])
+
+    def _transaction(self, work: Callable[[], tuple[dict[str, Any], dict[str, Any]]]):
+        """Run ``work`` (which returns the new state and the certificate's fields without changing
+        the engine), append its certificate, then commit; on any failure undo the data's changes
+        and the ledger's bytes and re-raise (module docstring, "Transactions")."""
+        saved = self._capture()
+        data_state = self.data.snapshot()
+        mark = _ledger_mark(self.ledger)
+        try:
+            updates, record = work()
+            certificate = self._certificate({**saved, **updates}, record)
+            if self.ledger is not None:
+                append_certificate(self.ledger, certificate)
+        except BaseException:
+            self.data.restore(data_state)
+            self._reinstate(saved)
+            _rollback_ledger(self.ledger, mark)
+            raise
+        self._reinstate({**saved, **updates, "requests": certificate.request})
+        if self.progress is not None:
+            try:
+                self.progress(certificate)
+            except Exception as error:
+                raise ProgressCallbackError(certificate) from error
+        return certificate
 
     # ------------------------------------------------------------------ Algorithm 1
-    def fit(self) -> Certificate:
-        """Train on the current data with a fresh b to the exact minimiser (Algorithm 1)."""
-        start = time.perf_counter()
-        n = self.data.count()
-        beta_before = self.beta
-        self._train()
-        return self._record(
-            kind="train",
-            ids=[],
-            removed=0,
-            n_before=n,
-            beta_before=beta_before,
-            step_bound=0.0,
-            solve_residual=0.0,
-            retrained=True,
-            refreshed=True,
-            start=start,
+    def fit(self, perturbation: np.ndarray | None = None) -> Certificate:
+        """Train on the current data to the exact minimiser of L_b (Algorithm 1) with a fresh b.
+
+        ``perturbation``: use this b instead of a fresh draw -- only to rebuild, in memory, a head
+        whose b is held in memory (the federated-vs-central check); never a b read from anywhere.
+        """
+        if perturbation is None:
+            b = self._draw()
+        else:
+            b = np.array(perturbation, dtype=np.float64, copy=True)
+            if b.shape != self.weights.shape or not np.all(np.isfinite(b)):
+                raise ConfigError(
+                    "perturbation",
+                    f"array of shape {b.shape}",
+                    f"a finite array of shape {self.weights.shape}",
+                )
+
+        def work():
+            start = time.perf_counter()
+            n = self.data.count()
+            updates = self._trained_state(b, self.tracked)
+            record = {
+                "kind": "train",
+                "ids": [],
+                "removed": 0,
+                "n_before": n,
+                "beta_before": self.beta,
+                "step_bound": 0.0,
+                "solve_residual": 0.0,
+                "retrained": True,
+                "refreshed": True,
+                "start": start,
+            }
+            return updates, record
+
+        return self._transaction(work)
+
+    def _draw(self) -> np.ndarray:
+        return sample_perturbation(
+            self.params.noise, self.params.sigma, self.weights.shape, self._rng
         )
 
-    def _train(self) -> HeadSums:
-        self.perturbation = sample_perturbation(
-            self.params.noise, self.params.sigma, self.weights.shape, self.rng
-        )
-        self.weights, sums = self._newton(self.perturbation)
-        self.beta = float(np.linalg.norm(self._gradient(sums)))
-        self.worst_case = 0.0
-        self.tracked = dict.fromkeys(self.tracked, self.beta)
-        self._gram = self.data.gram()
-        self._refresh_spectral()
+    def _trained_state(self, b: np.ndarray, tracked: dict[str, float]) -> dict[str, Any]:
+        """The engine's state after training on the current data with perturbation ``b``."""
+        weights, sums = self._newton(b)
+        beta = float(np.linalg.norm(self._gradient(sums, weights, b)))
+        gram = self.data.gram()
+        _finite("the Gram matrix X'^T X'", gram)
+        state = {
+            "weights": weights,
+            "perturbation": b,
+            "beta": beta,
+            "worst_case": 0.0 if self.params.worst_case_applies else None,
+            "tracked": dict.fromkeys(tracked, beta),
+            "trained": True,
+            "_gram": gram,
+            "_spectral_sq": _top_eigenvalue(gram),
+            "_since_spectral": 0,
+        }
         if self.params.mode == "fast":
-            self._refresh_factor(sums)
-        self.trained = True
-        return sums
+            state["_anchor"] = weights.copy()
+            state["_factors"] = _factorise(sums, self.data.dim)
+        return state
 
-    def _gradient(self, sums: HeadSums) -> np.ndarray:
-        n = sums.count
-        return sums.gradient + self.params.lam * n * self.weights + self.perturbation
+    def _sums(self, weights: np.ndarray, **options) -> HeadSums:
+        sums = self.data.sums(weights, **options)
+        _finite("the loss/gradient/Hessian sums", sums.loss, sums.gradient, sums.hessian)
+        return sums
 
     def _newton(self, b: np.ndarray) -> tuple[np.ndarray, HeadSums]:
         lam = self.params.lam
         weights = np.zeros_like(b)
         reference = None
         for _ in range(self.params.max_newton + 1):
-            sums = self.data.sums(weights, hessian=True)
+            sums = self._sums(weights, hessian=True)
             n = sums.count
             grad = sums.gradient + lam * n * weights + b
             norm = float(np.linalg.norm(grad))
@@ -416,7 +615,7 @@ class CertifiedHead:
             t = np.ones(len(grad))
             for _ in range(60):
                 trial = weights - t[:, None] * direction
-                trial_loss = self.data.sums(trial, hessian=False).loss
+                trial_loss = self._sums(trial, hessian=False).loss
                 trial_obj = (
                     trial_loss
                     + 0.5 * lam * n * np.sum(trial**2, axis=1)
@@ -437,151 +636,161 @@ class CertifiedHead:
 
     # ------------------------------------------------------------------ Algorithm 2
     def remove(self, ids: Sequence[Hashable]) -> Certificate:
-        """Remove samples ``ids`` with one Newton step and certify it, or retrain (Algorithm 2)."""
+        """Remove samples ``ids`` with one Newton step and certify it, or retrain (Algorithm 2).
+
+        ``ids``: a list of integer ids (row indices centrally; (partition id, local index) pairs in
+        a federation); bool, float and str are refused, never coerced. The request is a
+        transaction (module docstring): if it fails, nothing changed and it can be retried.
+        """
         if not self.trained:
             raise FedUnlearnError("fit() the certified head before removing samples")
+        ids = id_list(ids)
+        return self._transaction(lambda: self._removal(ids))
+
+    def _removal(self, ids: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         start = time.perf_counter()
         p = self.params
-        ids = list(ids)
         weights = self.weights
         n_before = self.data.count()
         # Only the fast mode downdates a cached factor; the exact mode needs no factor shipped.
         parts = self.data.removed(ids, weights, self._anchor if p.mode == "fast" else None)
+        _finite("the removed samples' parts", parts.gradient, parts.factor, parts.gram)
         m = parts.count
+        if m != len(ids):
+            raise FedUnlearnError(f"the data returned the parts of {m} samples for {len(ids)} ids")
         if m >= n_before:
             raise ConfigError("ids", f"{m} samples", f"fewer than all {n_before} training samples")
         delta = p.lam * m * weights + parts.gradient
         self.data.drop(ids)
         n = n_before - m
-        mu = p.lam * n
-        self._gram -= parts.gram
-        self._since_spectral += m
-        if self._since_spectral >= p.spectral_every:
-            self._refresh_spectral()
-        refreshed = False
+        if self.data.count() != n:
+            raise FedUnlearnError(f"dropping {m} of {n_before} samples left {self.data.count()}")
+        state: dict[str, Any] = {"_gram": self._gram - parts.gram}
+        state["_since_spectral"] = self._since_spectral + m
+        if state["_since_spectral"] >= p.spectral_every:
+            state["_spectral_sq"] = _top_eigenvalue(state["_gram"])
+            state["_since_spectral"] = 0
+        spectral = math.sqrt(state.get("_spectral_sq", self._spectral_sq))
         if p.mode == "exact":
-            # The step's own error H'(w) v - Delta is measured in float64 below, so a float32
-            # Hessian (single_precision_hessian) is safe here; the fast mode's factor must be exact.
-            # Least squares keeps float64: its Newton step is exact and should stay so.
-            single = p.single_precision_hessian and p.loss == "logistic"
-            sums = self.data.sums(weights, hessian=True, single_precision=single)
-            step = np.stack(
-                [
-                    cholesky_solve(sums.hessian[k] + mu * np.eye(self.data.dim), delta[k])
-                    for k in range(len(delta))
-                ]
-            )
-            terms = self.data.step(weights, weights, step, hessian_vector=True)
-            solve = np.linalg.norm(terms.hessian_vector + mu * step - delta, axis=1)
-            drift = np.zeros(len(delta))
+            step, solve, drift, terms = self._exact_step(weights, delta, p.lam * n)
+            refreshed = False
         else:
-            for k, factor in enumerate(self._factors):
-                factor.p = np.concatenate([factor.p, factor.q.T @ parts.factor[k].T], axis=1)
-            step, solve = self._fast_solve(delta, mu)
-            drift = np.linalg.norm(weights - self._anchor, axis=1)
-            too_stale = np.any(drift > p.refresh_ratio * np.linalg.norm(step, axis=1))
-            if too_stale or self._factors[0].p.shape[1] > p.max_rank:
-                self._refresh_factor(self.data.sums(weights, hessian=True))
-                step, solve = self._fast_solve(delta, mu)
-                drift = np.zeros(len(delta))
-                refreshed = True
-            need_points = p.bound == "per-point" or p.track_bounds
-            terms = (
-                self.data.step(weights, self._anchor, step, hessian_vector=False)
-                if need_points
-                else None
+            step, solve, drift, terms, refreshed = self._fast_step(
+                weights, delta, p.lam * n, parts.factor, state
             )
-        spectral = math.sqrt(self._spectral_sq)
-        step_norms = np.linalg.norm(step, axis=1)
-        if terms is not None:
-            xv = np.sqrt(terms.xv_squared)
-        else:
-            xv = np.sqrt(np.maximum(np.einsum("kd,de,ke->k", step, self._gram, step), 0.0))
-        bounds = {
-            "corollary": lambda g: [
-                corollary_bound(g, spectral, step_norms[k], xv[k], drift[k])
-                for k in range(len(step))
-            ],
-            "per-point": lambda g: [
-                per_point_bound(g, spectral, terms.point[k]) for k in range(len(step))
-            ],
-        }
-        chosen = _joint(np.asarray(bounds[p.bound](self.gamma)) + solve)
-        worst = math.sqrt(len(step)) * worst_case_bound(p.lam, n_before, m)
-        beta_before = self.beta
-        candidate = self.beta + chosen
+        bounds = self._bounds(spectral, state["_gram"], step, drift, terms, solve)
+        chosen = bounds[(p.bound, "chosen")]
+        tracked = dict(self.tracked)
         if p.track_bounds:
-            gammas = {
-                "paper": lipschitz_gamma(p.loss, "paper"),
-                "exact": lipschitz_gamma(p.loss, "exact"),
-            }
-            for name, bound, gamma in (
-                ("corollary-1", "corollary", gammas["paper"]),
-                ("per-point-paper-gamma", "per-point", gammas["paper"]),
-                ("per-point-exact-gamma", "per-point", gammas["exact"]),
-            ):
-                self.tracked[name] = self.tracked.get(name, beta_before) + _joint(
-                    np.asarray(bounds[bound](gamma)) + solve
-                )
+            for name in ("corollary-1", "per-point-paper-gamma", "per-point-exact-gamma"):
+                tracked[name] = tracked.get(name, self.beta) + bounds[name]
+        candidate = self.beta + chosen
         retrained = p.noise != "none" and candidate > self.budget
         if retrained:
             # No model over budget is ever returned: retrain on D' with a fresh b instead.
-            self._train()
+            state = self._trained_state(self._draw(), tracked)
         else:
-            self.weights = weights + step
-            self.beta = candidate
-            self.worst_case += worst
-        return self._record(
-            kind="remove",
-            ids=ids,
-            removed=m,
-            n_before=n_before,
-            beta_before=beta_before,
-            step_bound=chosen,
-            solve_residual=_joint(solve),
-            retrained=retrained,
-            refreshed=refreshed or retrained,
-            start=start,
+            state["weights"] = weights + step
+            state["beta"] = candidate
+            state["tracked"] = tracked
+            if self.worst_case is not None:
+                worst = worst_case_bound(p.lam, n_before, m, gamma=self.gamma)
+                state["worst_case"] = self.worst_case + math.sqrt(len(step)) * worst
+        record = {
+            "kind": "remove",
+            "ids": ids,
+            "removed": m,
+            "n_before": n_before,
+            "beta_before": self.beta,
+            "step_bound": chosen,
+            "solve_residual": _joint(solve),
+            "retrained": retrained,
+            "refreshed": refreshed or retrained,
+            "start": start,
+        }
+        return state, record
+
+    def _exact_step(self, weights: np.ndarray, delta: np.ndarray, mu: float):
+        """Newton step with the Hessian at w (Cholesky) and the step's per-sample terms."""
+        p = self.params
+        # The step's own error H'(w) v - Delta is measured in float64 below, so a float32
+        # Hessian (single_precision_hessian) is safe here; the fast mode's factor must be exact.
+        # Least squares keeps float64: its Newton step is exact and should stay so.
+        single = p.single_precision_hessian and p.loss == "logistic"
+        sums = self._sums(weights, hessian=True, single_precision=single)
+        step = np.stack(
+            [
+                cholesky_solve(sums.hessian[k] + mu * np.eye(self.data.dim), delta[k])
+                for k in range(len(delta))
+            ]
         )
+        terms = self.data.step(weights, weights, step, hessian_vector=True)
+        _finite("the step's sums", terms.point, terms.xv_squared, terms.hessian_vector)
+        solve = np.linalg.norm(terms.hessian_vector + mu * step - delta, axis=1)
+        return step, solve, np.zeros(len(delta)), terms
 
-    def _fast_solve(self, delta: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
-        solved = [factor.solve(delta[k], mu) for k, factor in enumerate(self._factors)]
-        return np.stack([v for v, _ in solved]), np.asarray([r for _, r in solved])
+    def _fast_step(self, weights, delta, mu: float, rows: np.ndarray, state: dict[str, Any]):
+        """Newton step with the cached factor, downdated by ``rows`` (the removed samples' factor
+        rows) and refreshed at w when stale; the new factors and anchor go into ``state``."""
+        p = self.params
+        factors = tuple(f.with_rows(rows[k]) for k, f in enumerate(self._factors))
+        anchor = self._anchor
+        step, solve = _fast_solve(factors, delta, mu)
+        drift = np.linalg.norm(weights - anchor, axis=1)
+        too_stale = np.any(drift > p.refresh_ratio * np.linalg.norm(step, axis=1))
+        refreshed = bool(too_stale or factors[0].p.shape[1] > p.max_rank)
+        if refreshed:
+            factors = _factorise(self._sums(weights, hessian=True), self.data.dim)
+            anchor = weights.copy()
+            step, solve = _fast_solve(factors, delta, mu)
+            drift = np.zeros(len(delta))
+        state["_factors"], state["_anchor"] = factors, anchor
+        terms = None
+        if p.bound == "per-point" or p.track_bounds:
+            terms = self.data.step(weights, anchor, step, hessian_vector=False)
+            _finite("the step's sums", terms.point, terms.xv_squared)
+        return step, solve, drift, terms, refreshed
 
-    def _refresh_factor(self, sums: HeadSums) -> None:
-        self._anchor = self.weights.copy()
-        self._factors = []
-        for k in range(self.data.num_heads):
-            eig, q = np.linalg.eigh(sums.hessian[k])
-            self._factors.append(_FastFactor(q, eig, np.zeros((self.data.dim, 0))))
+    def _bounds(self, spectral, gram, step, drift, terms, solve) -> dict[Any, float]:
+        """Each bound of the step's residual (joint over heads, plus the solve's residual): the
+        chosen one under ``(bound, "chosen")``, and the tracked ones by name. ``gram`` is
+        ``X'^T X'`` on D' (for ``||X'v||`` when no per-sample terms were asked)."""
+        p = self.params
+        step_norms = np.linalg.norm(step, axis=1)
+        if terms is not None:
+            xv = np.sqrt(np.maximum(terms.xv_squared, 0.0))
+        else:
+            xv = np.sqrt(np.maximum(np.einsum("kd,de,ke->k", step, gram, step), 0.0))
 
-    def _refresh_spectral(self) -> None:
-        self._spectral_sq = _top_eigenvalue(self._gram)
-        self._since_spectral = 0
+        def joint(bound: str, gamma: float) -> float:
+            if bound == "corollary":
+                per_head = [
+                    corollary_bound(gamma, spectral, step_norms[k], xv[k], drift[k])
+                    for k in range(len(step))
+                ]
+            else:
+                per_head = [
+                    per_point_bound(gamma, spectral, terms.point[k]) for k in range(len(step))
+                ]
+            return _joint(np.asarray(per_head) + solve)
+
+        out: dict[Any, float] = {(p.bound, "chosen"): joint(p.bound, self.gamma)}
+        if p.track_bounds:
+            paper, exact = (lipschitz_gamma(p.loss, g) for g in ("paper", "exact"))
+            out["corollary-1"] = joint("corollary", paper)
+            out["per-point-paper-gamma"] = joint("per-point", paper)
+            out["per-point-exact-gamma"] = joint("per-point", exact)
+        return out
 
     # ------------------------------------------------------------------ ledger
-    def _record(
-        self,
-        *,
-        kind,
-        ids,
-        removed,
-        n_before,
-        beta_before,
-        step_bound,
-        solve_residual,
-        retrained,
-        refreshed,
-        start,
-    ) -> Certificate:
+    def _certificate(self, state: dict[str, Any], record: dict[str, Any]) -> Certificate:
+        """The certificate of a request whose new engine state is ``state``."""
         p = self.params
-        self.requests += 1
-        certificate = Certificate(
-            request=self.requests,
-            kind=kind,
-            ids=[_jsonable(i) for i in ids],
-            removed=removed,
-            n_before=n_before,
+        start = record.pop("start")
+        beta = state["beta"]
+        return Certificate(
+            request=state["requests"] + 1,
+            ids=[_jsonable(i) for i in record.pop("ids")],
             n_after=self.data.count(),
             loss=p.loss,
             lam=p.lam,
@@ -593,33 +802,29 @@ class CertifiedHead:
             bound=p.bound,
             gamma=self.gamma,
             budget=self.budget,
-            beta_before=beta_before,
-            beta_after=self.beta,
-            step_bound=step_bound,
-            solve_residual=solve_residual,
-            spectral_norm=math.sqrt(self._spectral_sq),
-            worst_case=self.worst_case,
-            retrained=retrained,
-            refreshed=refreshed,
-            certified=p.noise == "none" or self.beta <= self.budget,
+            beta_after=beta,
+            spectral_norm=math.sqrt(state["_spectral_sq"]),
+            worst_case=state["worst_case"],
+            certified=p.noise == "none" or beta <= self.budget,
             seconds=time.perf_counter() - start,
+            timestamp=utc_timestamp(),
+            weights_sha256=weights_sha256(state["weights"]),
+            weights_shape=list(state["weights"].shape),
             dp_epsilon=self.dp_epsilon,
             dp_delta=self.dp_delta,
             total_epsilon=self.dp_epsilon + (0.0 if p.noise == "none" else p.epsilon),
             total_delta=self.dp_delta + (p.delta if p.noise == "gaussian" else 0.0),
-            tracked=dict(self.tracked),
+            tracked=dict(state["tracked"]),
+            **record,
         )
-        if self.ledger is not None:
-            append_certificate(self.ledger, certificate)
-        if self.progress is not None:
-            self.progress(certificate)
-        return certificate
 
 
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
     if isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, list, np.ndarray)):
         return [_jsonable(v) for v in value]
     return value
 

@@ -15,9 +15,9 @@ holds ``b``), see :mod:`fedunlearn.certified_removal`.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.linear_losses import (
     check_features,
     check_loss,
+    check_targets,
     first_derivative,
     loss_values,
     second_derivative,
@@ -171,6 +172,35 @@ class RemovedParts:
         )
 
 
+def is_integer_id(value: object) -> bool:
+    """True for a Python or NumPy integer; False for bool (an int subclass), floats, str and all else.
+
+    Request ids are never coerced: ``7.9`` must not remove row 7, ``True`` row 1, ``"12"`` rows 1, 2.
+    """
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def id_list(ids: object) -> list[Any]:
+    """``ids`` as a list, refused unless it is a sequence of ids (a str or a mapping is not)."""
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, (Iterable, np.ndarray)):
+        raise ConfigError("ids", ids, "a list of sample ids (a str is not a list of ids)")
+    if isinstance(ids, np.ndarray) and ids.ndim != 1 and not (ids.ndim == 2 and ids.shape[1] == 2):
+        raise ConfigError("ids", f"array of shape {ids.shape}", "a 1-D list of sample ids")
+    return list(ids)
+
+
+def _checked(loss: str, features: np.ndarray, targets: np.ndarray, weights: np.ndarray):
+    """``targets`` validated (:func:`check_targets`) and shaped like ``(len(features), K)``."""
+    targets = check_targets(loss, targets)
+    if targets.shape != (len(features), weights.shape[0]):
+        raise ConfigError(
+            "targets",
+            f"array of shape {targets.shape}",
+            f"shape ({len(features)}, {weights.shape[0]}): one row per sample, one column per head",
+        )
+    return targets
+
+
 def head_scores(features: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """``S = X W^T`` (n, K)."""
     return features @ weights.T
@@ -190,8 +220,10 @@ def head_sums(
     """Loss, gradient and (optionally) Hessian sums of ``l`` over ``features`` at ``weights``.
 
     ``mask`` (n,) bool, when given, leaves out the rows where it is false (without copying X);
-    ``single_precision`` is passed to :func:`weighted_grams` for the Hessian.
+    ``single_precision`` is passed to :func:`weighted_grams` for the Hessian. Targets outside the
+    loss's domain (:func:`fedunlearn.linear_losses.check_targets`) are refused.
     """
+    targets = _checked(loss, features, targets, weights)
     scores = head_scores(features, weights)
     keep = np.ones((len(features), 1)) if mask is None else mask[:, None].astype(np.float64)
     d1 = first_derivative(loss, scores, targets) * keep
@@ -260,6 +292,7 @@ def step_sums(
     passed when already known; ``mask`` (n,) bool leaves out rows that are not in D'. Without
     ``hessian_vector`` the result's ``hessian_vector`` is zeros and X is read once.
     """
+    targets = _checked(loss, features, targets, weights)
     b = features @ step.T if projections is None else projections
     if mask is not None:
         b = b * mask[:, None]
@@ -281,6 +314,7 @@ def removed_parts(
 ) -> RemovedParts:
     """:class:`RemovedParts` of the samples ``features`` being removed; without an ``anchor`` (the
     exact mode needs no cached factor) the factor is empty, shape (K, 0, d)."""
+    targets = _checked(loss, features, targets, weights)
     grad = head_sums(loss, features, targets, weights, hessian=False).gradient
     if anchor is None:
         factor = np.zeros((weights.shape[0], 0, features.shape[1]))
@@ -293,8 +327,12 @@ def removed_parts(
 class HeadData(Protocol):
     """The training set of a certified head, wherever it lives. Sums are over the *current* data D'.
 
-    Sample ids are opaque to the removal algorithm (an index centrally; a (client, index) pair in a
-    federation); they are recorded in the certificates as given.
+    Sample ids are integers, never coerced (:func:`is_integer_id`): a row index centrally, a
+    (partition id, local index) pair in a federation; they are recorded in the certificates as given.
+
+    A removal request is a transaction (:meth:`fedunlearn.certified_removal.CertifiedHead.remove`):
+    the engine takes a :meth:`snapshot` before it asks anything and :meth:`restore`-s it when any
+    later step fails, so that a failed request leaves D' (and every cache) exactly as it was.
     """
 
     loss: str
@@ -319,7 +357,15 @@ class HeadData(Protocol):
         ...
 
     def drop(self, ids: Sequence[Hashable]) -> None:
-        """Remove samples ``ids`` from D' for good."""
+        """Remove samples ``ids`` from D' (undone only by :meth:`restore`)."""
+        ...
+
+    def snapshot(self) -> object:
+        """An opaque copy of the removal mask and caches, for :meth:`restore`; never fails midway."""
+        ...
+
+    def restore(self, state: object) -> None:
+        """Put back the state of :meth:`snapshot` (in memory only: it must not fail)."""
         ...
 
     def step(
@@ -344,8 +390,8 @@ class CentralHeadData:
         self.loss = check_loss(loss)
         # A private copy: removals only mask rows, so a caller editing X later must not change D.
         self.features = np.array(check_features(features), order="C", copy=True)
-        self.targets = np.asarray(targets, dtype=np.float64)
-        if self.targets.ndim != 2 or len(self.targets) != len(self.features):
+        self.targets = np.array(check_targets(self.loss, targets), copy=True)
+        if len(self.targets) != len(self.features):
             raise ConfigError(
                 "targets",
                 f"array of shape {self.targets.shape}",
@@ -386,14 +432,18 @@ class CentralHeadData:
         return weighted_grams(self.features, self.present[:, None].astype(np.float64))[0]
 
     def _indices(self, ids: Sequence[Hashable]) -> np.ndarray:
-        try:
-            index = np.asarray(list(ids), dtype=np.int64)
-        except (TypeError, ValueError) as error:
-            raise ConfigError("ids", list(ids), "a list of integer row indices") from error
-        if index.ndim != 1 or len(index) == 0:
-            raise ConfigError("ids", list(ids), "a non-empty list of row indices")
-        if np.any((index < 0) | (index >= len(self.features))):
-            raise ConfigError("ids", index.tolist(), f"row indices in [0, {len(self.features)})")
+        values = id_list(ids)
+        if not values:
+            raise ConfigError("ids", values, "a non-empty list of row indices")
+        n = len(self.features)
+        for value in values:
+            if not is_integer_id(value):
+                raise ConfigError(
+                    "ids", value, "integer row indices (bool, float and str are not coerced)"
+                )
+            if not 0 <= value < n:
+                raise ConfigError("ids", int(value), f"row indices in [0, {n})")
+        index = np.array([int(v) for v in values], dtype=np.int64)
         if len(np.unique(index)) != len(index):
             raise ConfigError("ids", index.tolist(), "each sample at most once per request")
         gone = index[~self.present[index]]
@@ -410,7 +460,16 @@ class CentralHeadData:
         return removed_parts(self.loss, self.features[index], self.targets[index], weights, anchor)
 
     def drop(self, ids: Sequence[Hashable]) -> None:
-        self.present[self._indices(ids)] = False
+        index = self._indices(ids)
+        present = self.present.copy()
+        present[index] = False
+        self.present = present  # a new array: a snapshot holding the old one stays valid
+
+    def snapshot(self) -> object:
+        return (self.present, self._step_cache)
+
+    def restore(self, state: object) -> None:
+        self.present, self._step_cache = state  # type: ignore[misc]
 
     def step(
         self,

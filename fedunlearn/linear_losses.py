@@ -87,6 +87,34 @@ def check_features(features: np.ndarray, *, name: str = "features") -> np.ndarra
     return x
 
 
+def check_targets(loss: str, targets: np.ndarray, *, name: str = "targets") -> np.ndarray:
+    """``targets`` (n, K) as float64, refused with a :class:`ConfigError` unless the loss's theory holds.
+
+    Logistic: every target exactly -1 or +1. The removal bounds use ``l'' = t^2 sigma(1 - sigma)``
+    with ``t^2 = 1`` and ``|l'| <= 1``; with other targets both fail and a certificate would understate
+    the residual (labels {0, 1} gave true residuals 200-4000x the bound). Least squares: finite.
+    """
+    check_loss(loss)
+    t = np.asarray(targets)
+    if t.dtype == bool or not (np.issubdtype(t.dtype, np.number) and not np.iscomplexobj(t)):
+        raise ConfigError(name, f"array of dtype {t.dtype}", "real numbers")
+    t = t.astype(np.float64)
+    if t.ndim != 2 or t.shape[1] < 1:
+        raise ConfigError(name, f"array of shape {t.shape}", "a 2-D array (samples, heads)")
+    if loss == "logistic":
+        bad = ~((t == 1.0) | (t == -1.0))
+        allowed = "exactly -1 or +1 for the logistic loss (use one_vs_rest_targets on labels)"
+    else:
+        bad = ~np.isfinite(t)
+        allowed = "finite numbers for the least-squares loss"
+    if np.any(bad):
+        rows, cols = np.nonzero(bad)
+        found = [float(v) for v in t[rows[:5], cols[:5]]]
+        found_text = f"{int(bad.sum())} value(s) such as {found} (first in row {int(rows[0])})"
+        raise ConfigError(name, found_text, allowed)
+    return t
+
+
 def one_vs_rest_targets(labels: np.ndarray, classes: np.ndarray | list[int]) -> np.ndarray:
     """Targets ``T`` of shape ``(n, K)`` in ``{-1, +1}``.
 

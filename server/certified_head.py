@@ -6,8 +6,14 @@ perturbation b and the list of removed samples; the clients return sums over the
 messages into the :class:`fedunlearn.head_statistics.HeadData` interface, so the same engine
 (:class:`fedunlearn.certified_removal.CertifiedHead`) trains and unlearns centrally and federated.
 
-A sample is named ``(partition id, local index)``. A removal request names samples of one or more
-clients, or a whole client; only the clients holding removed samples are asked for their parts.
+A sample is named ``(partition id, local index)``, two integers (nothing is coerced). A removal
+request names samples of one or more clients, or a whole client; only the clients holding removed
+samples are asked for their parts. Clients are other organisations' machines: every reply is
+validated (:mod:`server.certified_head_replies`) and a bad one stops the request, which then leaves
+the head, b, beta, the removed lists and the ledger as they were (the engine's transaction).
+
+b never leaves the server's memory: it is drawn from the operating system at every (re)training,
+and only the final head is written (the trained head, with the data, would determine b).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,12 +40,23 @@ from fedunlearn.head_statistics import (
     HeadSums,
     RemovedParts,
     StepSums,
+    id_list,
+    is_integer_id,
     unpack_symmetric,
 )
 from fedunlearn.linear_losses import one_vs_rest_targets, predict_labels
 from fedunlearn.plots import save_figure
 from fedunlearn.seeding import derive_seed
-from server.federation import FederationMembers, failure_reasons
+from server.certified_head_replies import (
+    BadReplyError,
+    CheckedReply,
+    Expectation,
+    QueryFailedError,
+    check_reply,
+    check_sources,
+    expected_shapes,
+)
+from server.federation import FederationMembers
 
 Log = Callable[[str], None]
 SampleId = tuple[int, int]
@@ -56,11 +74,16 @@ def model_digest(state: Mapping[str, torch.Tensor]) -> str:
 class FederatedHeadData:
     """:class:`fedunlearn.head_statistics.HeadData` over a federation's clients.
 
+    Every reply is validated before it is used (:mod:`server.certified_head_replies`): from the node
+    asked, the op's arrays with their exact shapes, finite floating values, and counts equal to the
+    samples the server believes the partition holds; a bad one raises
+    :class:`server.certified_head_replies.BadReplyError` naming the node and partition.
+
     Parameters
     ----------
     grid : Grid
     members : FederationMembers
-        Node id and sample count of every partition.
+        Node id and declared sample count N_k of every partition (from discovery).
     model_state : mapping
         The trained federated model; its body computes the features on each client.
     loss : str
@@ -91,12 +114,27 @@ class FederatedHeadData:
         self.removed_ids: dict[int, set[int]] = {p: set() for p in self.partitions}
         self.messages = 0
         self.model_resends = 0
-        replies = self._ask("prepare", self.partitions, {}, attach_model=True)
-        self.sizes = {p: int(r["metrics"]["count"]) for p, r in replies.items()}
-        dims = {int(r["sums"]["dim"].numpy()[0]) for r in replies.values()}
-        if len(dims) != 1:
-            raise RuntimeError(f"clients disagree on the head's feature width: {sorted(dims)}")
-        self.dim = dims.pop()
+        self.dim = 0  # known after prepare; the replies' shapes follow from it
+        declared = {p: int(members.num_examples[p]) for p in self.partitions}
+        replies = self._ask(
+            "prepare",
+            self.partitions,
+            {},
+            lambda p: Expectation(expected_shapes("prepare", heads=0, dim=0), (1, declared[p])),
+            attach_model=True,
+        )
+        self.sizes = {p: r.count for p, r in replies.items()}
+        dims = {p: int(r.arrays["dim"][0]) for p, r in replies.items()}
+        for p, dim in dims.items():
+            if dim < 1 or dim != dims[self.partitions[0]]:
+                raise BadReplyError(
+                    self.node_of[p],
+                    p,
+                    "prepare",
+                    f"feature width {dim}; partition {self.partitions[0]} reported "
+                    f"{dims[self.partitions[0]]} (the same body gives every client the same width)",
+                )
+        self.dim = dims[self.partitions[0]]
 
     # ------------------------------------------------------------------ messaging
     def _ask(
@@ -104,88 +142,102 @@ class FederatedHeadData:
         op: str,
         partitions: Sequence[int],
         head: Mapping[str, np.ndarray],
+        expect: Callable[[int], Expectation],
         *,
         attach_model: bool = False,
         extra: Mapping[int, Mapping[str, Any]] | None = None,
         **config: Any,
-    ) -> dict[int, RecordDict]:
-        """Send one query to each partition and return the replies by partition id."""
+    ) -> dict[int, CheckedReply]:
+        """Send one query to each partition; the validated replies by partition id."""
         pending = list(partitions)
-        answers: dict[int, RecordDict] = {}
+        answers: dict[int, CheckedReply] = {}
         for attempt in range(2):
-            messages = []
-            for p in pending:
-                record = {
-                    "op": op,
-                    "model-id": self.model_id,
-                    "loss": self.loss,
-                    "classes": self.classes,
-                    "removed": sorted(self.removed_ids[p]),
-                    **config,
-                    **dict((extra or {}).get(p, {})),
-                }
-                content = RecordDict({"config": ConfigRecord(record)})
-                if head:
-                    content["head"] = ArrayRecord(
-                        {k: Array(np.ascontiguousarray(v)) for k, v in head.items()}
-                    )
-                if attach_model or attempt:
-                    content["model"] = ArrayRecord(self.model_state)
-                messages.append(
-                    Message(content=content, dst_node_id=self.node_of[p], message_type=HEAD_QUERY)
-                )
+            messages = [
+                self._message(op, p, head, attach_model or attempt > 0, extra, config)
+                for p in pending
+            ]
             replies = list(self.grid.send_and_receive(messages, timeout=600))
             self.messages += len(messages)
-            failed = [r for r in replies if r.has_error()]
-            if failed or len(replies) != len(messages):
-                reasons = failure_reasons(failed) if failed else "no reply before the timeout"
-                raise RuntimeError(
-                    f"certified head: {op} failed on {len(messages) - len(replies) + len(failed)} client(s): {reasons}"
-                )
-            by_node = {node: p for p, node in self.node_of.items()}
+            asked = {self.node_of[p]: p for p in pending}
             retry = []
-            for reply in replies:
-                p = by_node[reply.metadata.src_node_id]
-                if int(reply.content["metrics"]["needs-model"]):
+            for p, reply in check_sources(replies, asked, op).items():
+                node = self.node_of[p]
+                checked = check_reply(reply.content, op, expect(p), node=node, partition=p)
+                if checked.needs_model:
                     retry.append(p)  # the client lost its feature cache: resend the body
                 else:
-                    answers[p] = reply.content
+                    answers[p] = checked
             if not retry:
                 return answers
-            pending = retry
+            pending = sorted(retry)
             self.model_resends += len(retry)
-        raise RuntimeError(f"certified head: clients {pending} could not compute their features")
+        raise QueryFailedError(
+            f"certified head: clients {pending} (nodes {[self.node_of[p] for p in pending]}) "
+            "could not compute their features even with the body attached"
+        )
 
-    @staticmethod
-    def _arrays(reply: RecordDict) -> dict[str, np.ndarray]:
-        return {name: array.numpy() for name, array in reply["sums"].items()}
+    def _message(self, op, partition, head, attach_model, extra, config) -> Message:
+        record = {
+            "op": op,
+            "model-id": self.model_id,
+            "loss": self.loss,
+            "classes": self.classes,
+            "removed": sorted(self.removed_ids[partition]),
+            **config,
+            **dict((extra or {}).get(partition, {})),
+        }
+        content = RecordDict({"config": ConfigRecord(record)})
+        if head:
+            content["head"] = ArrayRecord(
+                {k: Array(np.ascontiguousarray(v)) for k, v in head.items()}
+            )
+        if attach_model:
+            content["model"] = ArrayRecord(self.model_state)
+        return Message(
+            content=content, dst_node_id=self.node_of[partition], message_type=HEAD_QUERY
+        )
+
+    def _present(self, partition: int) -> int:
+        return self.sizes[partition] - len(self.removed_ids[partition])
+
+    def _expect(self, op: str, **shape_options: Any) -> Callable[[int], Expectation]:
+        """Replies to ``op`` over each partition's present samples (sums, gram, step)."""
+        shapes = expected_shapes(op, heads=self.num_heads, dim=self.dim, **shape_options)
+        summed = "count" in shapes
+
+        def expect(p: int) -> Expectation:
+            n = self._present(p)
+            return Expectation(shapes, (n, n), n if summed else None)
+
+        return expect
 
     # ------------------------------------------------------------------ HeadData
     def count(self) -> int:
-        return sum(self.sizes[p] - len(self.removed_ids[p]) for p in self.partitions)
+        return sum(self._present(p) for p in self.partitions)
 
     def sums(
         self, weights: np.ndarray, *, hessian: bool, single_precision: bool = False
     ) -> HeadSums:
         # Clients always form float64 Hessians (single_precision is a central-data speed option).
-        replies = self._ask("sums", self.partitions, {"weights": weights}, hessian=hessian)
-        parts = [HeadSums.from_arrays(self._arrays(replies[p])) for p in self.partitions]
+        replies = self._ask(
+            "sums",
+            self.partitions,
+            {"weights": weights},
+            self._expect("sums", hessian=hessian),
+            hessian=hessian,
+        )
+        parts = [HeadSums.from_arrays(replies[p].arrays) for p in self.partitions]
         return sum(parts[1:], parts[0])
 
     def gram(self) -> np.ndarray:
-        replies = self._ask("gram", self.partitions, {})
-        return sum(
-            unpack_symmetric(self._arrays(replies[p])["gram"], self.dim) for p in self.partitions
-        )
+        replies = self._ask("gram", self.partitions, {}, self._expect("gram"))
+        return sum(unpack_symmetric(replies[p].arrays["gram"], self.dim) for p in self.partitions)
 
     def _grouped(self, ids: Sequence[Hashable]) -> dict[int, list[int]]:
         grouped: dict[int, list[int]] = {}
         seen: set[SampleId] = set()
-        for sample in ids:
-            try:
-                partition, index = (int(v) for v in sample)  # type: ignore[union-attr]
-            except (TypeError, ValueError):
-                raise ConfigError("ids", sample, "(partition id, local index) pairs") from None
+        for sample in id_list(ids):
+            partition, index = _sample_id(sample)
             if partition not in self.removed_ids:
                 raise ConfigError("ids", sample, f"a partition among {self.partitions}")
             if not 0 <= index < self.sizes[partition]:
@@ -209,18 +261,36 @@ class FederatedHeadData:
     ) -> RemovedParts:
         grouped = self._grouped(ids)
         head = {"weights": weights} if anchor is None else {"weights": weights, "anchor": anchor}
+
+        def expect(p: int) -> Expectation:
+            m = len(grouped[p])
+            shapes = expected_shapes(
+                "removed", heads=self.num_heads, dim=self.dim, removed=m, factor=anchor is not None
+            )
+            return Expectation(shapes, (self._present(p), self._present(p)), m)
+
         replies = self._ask(
             "removed",
             sorted(grouped),
             head,
+            expect,
             extra={p: {"ids": grouped[p]} for p in grouped},
         )
-        parts = [RemovedParts.from_arrays(self._arrays(replies[p])) for p in sorted(grouped)]
+        parts = [RemovedParts.from_arrays(replies[p].arrays) for p in sorted(grouped)]
         return sum(parts[1:], parts[0])
 
     def drop(self, ids: Sequence[Hashable]) -> None:
-        for partition, indices in self._grouped(ids).items():
-            self.removed_ids[partition].update(indices)
+        grouped = self._grouped(ids)
+        self.removed_ids = {
+            p: removed | set(grouped.get(p, ())) for p, removed in self.removed_ids.items()
+        }
+
+    def snapshot(self) -> object:
+        return {p: frozenset(removed) for p, removed in self.removed_ids.items()}
+
+    def restore(self, state: object) -> None:
+        saved: Mapping[int, frozenset[int]] = state  # type: ignore[assignment]
+        self.removed_ids = {p: set(removed) for p, removed in saved.items()}
 
     def step(
         self,
@@ -234,14 +304,27 @@ class FederatedHeadData:
             "step",
             self.partitions,
             {"weights": weights, "anchor": anchor, "step": step},
+            self._expect("step"),
             **{"hessian-vector": hessian_vector},
         )
-        parts = [StepSums.from_arrays(self._arrays(replies[p])) for p in self.partitions]
+        parts = [StepSums.from_arrays(replies[p].arrays) for p in self.partitions]
         return sum(parts[1:], parts[0])
 
     def present(self, partition: int) -> list[int]:
         """Local indices of ``partition``'s samples still in D'."""
         return [i for i in range(self.sizes[partition]) if i not in self.removed_ids[partition]]
+
+
+def _sample_id(sample: object) -> SampleId:
+    """A (partition id, local index) pair of integers; nothing is coerced."""
+    if isinstance(sample, (str, bytes)) or not isinstance(sample, (tuple, list, np.ndarray)):
+        raise ConfigError("ids", sample, "(partition id, local index) pairs of integers")
+    values = list(sample)
+    if len(values) != 2 or not all(is_integer_id(v) for v in values):
+        raise ConfigError(
+            "ids", sample, "(partition id, local index) pairs of integers (no bool, float or str)"
+        )
+    return int(values[0]), int(values[1])
 
 
 #: The one tensor of a saved certified head (``certified_head*.safetensors``): the (K, d) weights on
@@ -250,8 +333,12 @@ HEAD_WEIGHTS = "certified_head.weights"
 
 
 def save_head(run, name: str, weights: np.ndarray) -> None:
-    """Save a certified head's weights as ``<name>.safetensors`` (key :data:`HEAD_WEIGHTS`)."""
-    run.save_model(name, {HEAD_WEIGHTS: torch.from_numpy(np.array(weights, dtype=np.float64))})
+    """Save a certified head's weights as ``<name>.safetensors`` (key :data:`HEAD_WEIGHTS`, float64).
+
+    Only the final, published head may be written: any head together with the data it was trained
+    on, before a removal moved it, determines b.
+    """
+    run.save_model(name, _head_state(weights))
 
 
 def certified_params(config: ExperimentConfig) -> CertifiedRemovalParams:
@@ -270,15 +357,38 @@ def certified_params(config: ExperimentConfig) -> CertifiedRemovalParams:
     )
 
 
+@dataclass
+class CertifiedHeadRun:
+    """What :func:`run_certified_head` leaves for the rest of the run.
+
+    ``trained`` is the trained head ``{HEAD_WEIGHTS: (K, d) float64}`` *in memory only*: with the
+    clients' data it determines b exactly (``b = -grad L(w; D) - lambda n w``), so it is never
+    written; the membership audit receives it from here (:func:`audit_models`).
+    """
+
+    table: pd.DataFrame
+    trained: dict[str, torch.Tensor]
+
+    def audit_models(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The in-memory models for :func:`server.membership_audit.run_membership_audit`."""
+        return {"certified-head-trained": self.trained}
+
+
+def _head_state(weights: np.ndarray) -> dict[str, torch.Tensor]:
+    return {HEAD_WEIGHTS: torch.from_numpy(np.array(weights, dtype=np.float64))}
+
+
 def run_certified_head(
     grid: Grid, outcome, *, log: Log = print, dp_epsilon: float = 0.0
-) -> pd.DataFrame:
+) -> CertifiedHeadRun:
     """Certified head on the trained model, then a stream of removal requests (table, plot, ledger).
 
-    Writes to the run directory: ``certified_removal.jsonl`` (one certificate per request),
-    ``certified_removal.csv/.md`` (test accuracy and beta every ``certified-eval-every`` requests),
-    ``certified_removal.png``, ``certified_summary.json`` and the head's weights before and after the
-    requests (``certified_head_trained`` / ``certified_head.safetensors``, see :func:`save_head`).
+    b is drawn from the operating system's randomness at every (re)training and never written; a
+    run reopened after a restart retrains the head with a fresh b. Writes to the run directory:
+    ``certified_removal.jsonl`` (one certificate per request), ``certified_removal.csv/.md`` (test
+    accuracy and beta every ``certified-eval-every`` requests), ``certified_removal.png``,
+    ``certified_summary.json`` and the final head only (``certified_head.safetensors``, see
+    :func:`save_head`; its SHA-256 is the last certificate's ``weights_sha256``).
     """
     config: ExperimentConfig = outcome.config
     run = outcome.run
@@ -294,7 +404,6 @@ def run_certified_head(
     head = CertifiedHead(
         data,
         params,
-        seed=derive_seed(config.seed, "certified-head"),
         ledger=run.path / "certified_removal.jsonl",
         dp_epsilon=dp_epsilon,
         dp_delta=dp_delta,
@@ -302,7 +411,7 @@ def run_certified_head(
     start = time.perf_counter()
     head.fit()
     train_seconds = time.perf_counter() - start
-    save_head(run, "certified_head_trained", head.weights)
+    trained = _head_state(head.weights)
     test_x = head_features(model, splits.test.x)
     test_y = splits.test.y.numpy()
 
@@ -328,14 +437,7 @@ def run_certified_head(
         summary.update(_verify_central(outcome, model, head, params, classes, log))
 
     rows = [_row(0, head, accuracy(), 0, 0.0, "trained")]
-    rng = np.random.default_rng(derive_seed(config.seed, "certified-requests"))
-    whole = config.certified_client_targets
-    pool = [(p, i) for p in data.partitions if p not in whole for i in range(data.sizes[p])]
-    chosen = rng.choice(
-        len(pool), size=min(config.certified_removals, len(pool) - 1), replace=False
-    )
-    requests: list[tuple[str, list[SampleId]]] = [("sample", [pool[int(j)]]) for j in chosen]
-    requests += [("client", [(p, i) for i in data.present(p)]) for p in whole]
+    requests = _plan_requests(config, data)
     retrains, seconds = 0, []
     for number, (kind, ids) in enumerate(requests, start=1):
         certificate = head.remove(ids)
@@ -365,7 +467,21 @@ def run_certified_head(
     )
     run.write_json("certified_summary.json", summary)
     _plot(table, head.budget, run.path / "certified_removal.png")
-    return table
+    return CertifiedHeadRun(table, trained)
+
+
+def _plan_requests(config: ExperimentConfig, data: FederatedHeadData):
+    """``certified-removals`` single samples drawn (run seed) across the clients that do not go
+    whole, then one request per client of ``certified-remove-clients``."""
+    rng = np.random.default_rng(derive_seed(config.seed, "certified-requests"))
+    whole = config.certified_client_targets
+    pool = [(p, i) for p in data.partitions if p not in whole for i in range(data.sizes[p])]
+    chosen = rng.choice(
+        len(pool), size=min(config.certified_removals, len(pool) - 1), replace=False
+    )
+    requests: list[tuple[str, list[SampleId]]] = [("sample", [pool[int(j)]]) for j in chosen]
+    requests += [("client", [(p, i) for i in data.present(p)]) for p in whole]
+    return requests
 
 
 def _row(
@@ -385,8 +501,9 @@ def _row(
 
 
 def _verify_central(outcome, model, head, params, classes, log: Log) -> dict[str, float]:
-    """Fit the same head centrally on every client's features (possible in simulation only, where
-    the server can rebuild the partitions) and report the relative difference."""
+    """Fit the same head (same b, handed over in memory) centrally on every client's features
+    (possible in simulation only, where the server can rebuild the partitions) and report the
+    relative difference."""
     xs, ys = [], []
     for partition in head.data.partitions:
         split = outcome.data.client_split(partition)
@@ -397,9 +514,8 @@ def _verify_central(outcome, model, head, params, classes, log: Log) -> dict[str
             params.loss, np.vstack(xs), one_vs_rest_targets(np.concatenate(ys), classes)
         ),
         params,
-        seed=derive_seed(outcome.config.seed, "certified-head"),
     )
-    central.fit()
+    central.fit(perturbation=head.perturbation)  # the same b, from memory
     difference = float(
         np.linalg.norm(head.weights - central.weights)
         / max(np.linalg.norm(central.weights), 1e-300)

@@ -5,9 +5,10 @@ inference attack, in one table judged against FedRetrain (issue 6; math in
 With ``mia = true`` the ServerApp, after training, unlearning (``unlearn-clients``: one target) and
 scrubbing (``scrub-forget = client:<target>``), collects the models in :data:`AUDITED` (one line per
 method: its name and the file its plug-in saved: a full model, or a certified head on the final
-model's features), trains ``mia-reference-models`` reference models without the target for offline
-LiRA (FedRetrain from differently seeded initial weights), and attacks each model on the target's
-data against as many unseen held-out samples. The held-out set (the training samples no client
+model's features; the trained certified head is never written and comes in memory from
+``run_certified_head``), trains ``mia-reference-models`` reference models without the target for
+offline LiRA (FedRetrain from differently seeded initial weights), and attacks each model on the
+target's data against as many unseen held-out samples. The held-out set (the training samples no client
 holds when ``train-samples`` leaves enough, else the test split) is cut in two disjoint halves: one
 trains the shadow attack, the other is the evaluation's non-members. In a simulation the server
 rebuilds the target's data from the run config to measure (no method reads it).
@@ -20,7 +21,7 @@ FedRetrain, verdict, seconds), ``membership_roc.png`` (log-log ROC of the loss a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -41,8 +42,9 @@ Log = Callable[[str], None]
 Probabilities = Callable[[torch.Tensor], np.ndarray]
 
 #: Every model the audit compares: method name -> the model file its plug-in saved in the run
-#: directory. Adding a method to the comparison is one line here.
-AUDITED: dict[str, str] = {
+#: directory, or None for a model that is never written and is audited only when the run hands it
+#: over in memory (``in_memory``). Adding a method to the comparison is one line here.
+AUDITED: dict[str, str | None] = {
     "original": "model_final",
     "fedretrain": "model_fedretrain",
     "federaser": "model_federaser",
@@ -56,22 +58,36 @@ AUDITED: dict[str, str] = {
     "finetune": "model_scrub_finetune",
     "negative-gradient": "model_scrub_negative-gradient",
     "random-labels": "model_scrub_random-labels",
-    "certified-head-trained": "certified_head_trained",
+    # The trained certified head is never written: with the data it determines b (the
+    # certificate's secret); server.certified_head.CertifiedHeadRun hands it over in memory.
+    "certified-head-trained": None,
     "certified-head": "certified_head",
 }
 
-#: The shadow model of each audited method whose outputs are not the original network's softmax:
-#: FedEraser's attack learns what the original's softmax looks like on members, which says little
-#: about a linear head's normalised sigmoids, so the certified head's rows use the trained head as
-#: their shadow. Every other method uses the original model.
+#: The shadow model (a method of :data:`AUDITED`) of each audited method whose outputs are not the
+#: original network's softmax: FedEraser's attack learns what the original's softmax looks like on
+#: members, which says little about a linear head's normalised sigmoids, so the certified head's
+#: rows use the trained head as their shadow (when the run handed it over). Every other method uses
+#: the original model.
 SHADOWS: dict[str, str] = {
-    "certified-head-trained": "certified_head_trained",
-    "certified-head": "certified_head_trained",
+    "certified-head-trained": "certified-head-trained",
+    "certified-head": "certified-head-trained",
 }
 
 
-def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:
-    """Attack every model of the run listed in :data:`AUDITED`; returns the judged table."""
+def run_membership_audit(
+    grid,
+    outcome: TrainingOutcome,
+    *,
+    log: Log = print,
+    in_memory: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+) -> pd.DataFrame:
+    """Attack every model of the run listed in :data:`AUDITED`; returns the judged table.
+
+    ``in_memory``: method name -> state dict of models that are audited without ever being written
+    (the trained certified head, :meth:`server.certified_head.CertifiedHeadRun.audit_models`); a
+    method found here is not read from its file.
+    """
     config = outcome.config
     run = outcome.run
     target = config.unlearn_targets[0]
@@ -112,20 +128,18 @@ def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) ->
     shadows = {}
     reference_phi = _reference_confidences(grid, outcome, target, outputs, log)
     seconds = _seconds(run)
-    available = {
-        name: f for name, f in AUDITED.items() if (run.path / f"{f}.safetensors").is_file()
-    }
-    log(f"membership audit of {len(available)} model(s): {', '.join(available)}")
-    for name, filename in available.items():
-        probabilities = _probabilities(model, run.load_model(filename), outcome, device)
+    states = _audited_states(run, in_memory or {})
+    log(f"membership audit of {len(states)} model(s): {', '.join(states)}")
+    for name, load_state in states.items():
+        probabilities = _probabilities(model, load_state(), outcome, device)
         test_accuracy = float(
             np.mean(probabilities(splits.test.x).argmax(axis=1) == splits.test.y.numpy())
         )
         scored = _outputs(probabilities, target_split, x_unseen, y_unseen)
-        shadow_file = SHADOWS.get(name)
-        if shadow_file and shadow_file not in shadows:
-            shadow_of = _probabilities(model, run.load_model(shadow_file), outcome, device)
-            shadows[shadow_file] = audit.fit_shadow(
+        shadow_name = SHADOWS.get(name) if SHADOWS.get(name) in states else None
+        if shadow_name and shadow_name not in shadows:
+            shadow_of = _probabilities(model, states[shadow_name](), outcome, device)
+            shadows[shadow_name] = audit.fit_shadow(
                 shadow_of(x_shadow_members), shadow_of(x_shadow_nonmembers)
             )
         target_accuracy = float(np.mean(scored.target_probs.argmax(axis=1) == scored.target_labels))
@@ -133,7 +147,7 @@ def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) ->
             name,
             scored,
             lira_reference_phi=reference_phi,
-            shadow=shadows.get(shadow_file) if shadow_file else None,
+            shadow=shadows.get(shadow_name) if shadow_name else None,
             extra={
                 "test_accuracy": test_accuracy,
                 "target_accuracy": target_accuracy,
@@ -154,6 +168,18 @@ def run_membership_audit(grid, outcome: TrainingOutcome, *, log: Log = print) ->
     )
     log(f"membership table {run.path / 'membership.csv'}; ROC membership_roc.png")
     return table
+
+
+def _audited_states(run, in_memory: Mapping[str, Mapping[str, torch.Tensor]]):
+    """Method name -> a loader of its state dict, in :data:`AUDITED`'s order, for the methods whose
+    model was handed over in memory or saved in the run directory."""
+    states: dict[str, Callable[[], Mapping[str, torch.Tensor]]] = {}
+    for name, filename in AUDITED.items():
+        if name in in_memory:
+            states[name] = lambda state=in_memory[name]: state
+        elif filename is not None and (run.path / f"{filename}.safetensors").is_file():
+            states[name] = lambda filename=filename: run.load_model(filename)
+    return states
 
 
 def _held_out(data, n_target: int) -> tuple[torch.Tensor, torch.Tensor, str]:

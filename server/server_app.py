@@ -51,12 +51,16 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
                 _log(f"unlearning of {config.unlearn_targets} already finished in this run; kept")
             elif config.unlearn_targets:
                 run_unlearning(grid, outcome, log=_log)
+            in_memory = {}  # models audited without ever being written (the trained certified head)
             if config.certified_head:
-                run_certified_head(grid, outcome, log=_log, dp_epsilon=dp_epsilon_of(config))
+                certified = run_certified_head(
+                    grid, outcome, log=_log, dp_epsilon=dp_epsilon_of(config)
+                )
+                in_memory.update(certified.audit_models())
             if config.scrub:
                 run_scrubbing(grid, outcome, log=_log)
             if config.mia:
-                run_membership_audit(grid, outcome, log=_log)
+                run_membership_audit(grid, outcome, log=_log, in_memory=in_memory)
             _log(f"results in {outcome.run.path}")
         except FedUnlearnError as error:
             _log(f"error: {error}")

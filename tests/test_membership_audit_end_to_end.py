@@ -71,8 +71,11 @@ def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path, simulat
     assert table.loc["fedretrain", "lira_auc_gap"] == 0.0
     assert table[["loss_auc", "lira_auc", "shadow_f1"]].notna().all().all()
     assert table.loc["federaser", "seconds"] > 0
-    # The certified head is read back from its file on the final model's features: its accuracy is
-    # the one the plug-in measured, before and after the requests.
+    # The final certified head is read back from its file on the final model's features, the
+    # trained one is handed over in memory (never written: with the data it determines b); their
+    # accuracies are the ones the plug-in measured, before and after the requests.
+    assert (run / "certified_head.safetensors").is_file()
+    assert not (run / "certified_head_trained.safetensors").exists()
     certified = json.loads((run / "certified_summary.json").read_text())
     assert table.loc["certified-head-trained", "test_accuracy"] == pytest.approx(
         certified["test_accuracy_trained"]

@@ -7,7 +7,10 @@ model with ``lambda = 1e-3``, Gaussian objective perturbation ``sigma = 10`` and
 ``(epsilon, delta) = (1, 1e-4)``: the removal budget is ``sigma epsilon / c = 2.28``. The engine is
 :class:`fedunlearn.certified_removal.CertifiedHead` on a
 :class:`fedunlearn.head_statistics.CentralHeadData`. Every phase removes samples one at a time in
-one fixed random order drawn from ``--seed``:
+one fixed random order drawn from ``--seed``. b comes from the operating system's randomness
+(there is no seed for it): one standard normal draw z per run, and every head of the run trains
+with ``b = sigma z`` (``fit(perturbation=...)``), so that modes, bounds and sigmas are compared on
+the same b; retrains inside a stream draw fresh b from the operating system, as in production:
 
 1. training (``fit``): wall time and test accuracy;
 2. exact mode (Cholesky on the Hessian at the current w; float32 and float64 Hessians): seconds per
@@ -49,6 +52,7 @@ from scipy.special import expit
 from fedunlearn.certified_removal import CertifiedHead, CertifiedRemovalParams, removal_budget
 from fedunlearn.head_statistics import CentralHeadData
 from fedunlearn.linear_losses import normalize_features, one_vs_rest_targets, predict_labels
+from fedunlearn.perturbation import sample_perturbation
 from fedunlearn.plots import plt, save_figure
 
 CLASSES = [3, 8]  # label 8 is the positive class, as in the paper
@@ -124,7 +128,7 @@ def missing_mnist(root: Path) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def make_head(features, targets, seed: int, **overrides) -> CertifiedHead:
+def make_head(features, targets, **overrides) -> CertifiedHead:
     """A fresh, untrained head; its data object keeps its own removal mask over the shared X."""
     settings = dict(
         lam=LAM,
@@ -139,7 +143,12 @@ def make_head(features, targets, seed: int, **overrides) -> CertifiedHead:
     )
     settings.update(overrides)
     data = CentralHeadData("logistic", features, targets)
-    return CertifiedHead(data, CertifiedRemovalParams(**settings), seed=seed)
+    return CertifiedHead(data, CertifiedRemovalParams(**settings))
+
+
+def train(head: CertifiedHead, z: np.ndarray):
+    """Algorithm 1 with the run's shared perturbation ``b = sigma z`` (module docstring)."""
+    return head.fit(perturbation=head.params.sigma * z)
 
 
 def accuracy(head: CertifiedHead, features: np.ndarray, labels: np.ndarray) -> float:
@@ -186,10 +195,10 @@ def write_table(table: pd.DataFrame, output: Path, name: str, extra_markdown: st
 
 
 # ---------------------------------------------------------------------------------------- phases
-def phase_train(X, T, Xt, yt, seed: int) -> dict:
+def phase_train(X, T, Xt, yt, z: np.ndarray) -> dict:
     say("phase 1: training (exact mode, float32 Hessian, per-point bound with exact gamma)")
-    head = make_head(X, T, seed)
-    certificate = head.fit()
+    head = make_head(X, T)
+    certificate = train(head, z)
     result = {
         "head": head,
         "initial_weights": head.weights.copy(),
@@ -205,7 +214,7 @@ def phase_train(X, T, Xt, yt, seed: int) -> dict:
     return result
 
 
-def phase_exact(trained: dict, X, T, Xt, yt, order, removals: int, snapshot_at: int, seed: int):
+def phase_exact(trained: dict, X, T, Xt, yt, order, removals: int, snapshot_at: int, z):
     say(f"phase 2: exact mode, {removals} single-sample removals (float32 Hessian)")
     head = trained["head"]
     snapshot = {}
@@ -234,8 +243,8 @@ def phase_exact(trained: dict, X, T, Xt, yt, order, removals: int, snapshot_at: 
     )
     say("  tracked: " + ", ".join(f"{k} = {v:.4g}" for k, v in result["tracked"].items()))
     say(f"phase 2b: exact mode, float64 Hessian, {removals} removals on a fresh head")
-    head64 = make_head(X, T, seed, single_precision_hessian=False)
-    head64.fit()
+    head64 = make_head(X, T, single_precision_hessian=False)
+    train(head64, z)
     certificates64 = stream(head64, order, removals, "exact f64")
     seconds64 = seconds_of(certificates64)
     result64 = {
@@ -249,12 +258,12 @@ def phase_exact(trained: dict, X, T, Xt, yt, order, removals: int, snapshot_at: 
     return result, result64
 
 
-def phase_fast(X, T, Xt, yt, order, removals: int, seed: int) -> dict[float, dict]:
+def phase_fast(X, T, Xt, yt, order, removals: int, z: np.ndarray) -> dict[float, dict]:
     results = {}
     for ratio in FAST_RATIOS:
         say(f"phase 3: fast mode, refresh_ratio {ratio:g}, {removals} removals")
-        head = make_head(X, T, seed, mode="fast", refresh_ratio=ratio)
-        head.fit()
+        head = make_head(X, T, mode="fast", refresh_ratio=ratio)
+        train(head, z)
         certificates = stream(head, order, removals, f"fast {ratio:g}")
         seconds = seconds_of(certificates)
         results[ratio] = {
@@ -339,13 +348,13 @@ def phase_retrain(trained: dict) -> float:
     return certificate.seconds
 
 
-def count_certified(X, T, order, limit: int, seed: int, mode: str) -> tuple[dict, pd.DataFrame]:
+def count_certified(X, T, order, limit: int, z: np.ndarray, mode: str) -> tuple[dict, pd.DataFrame]:
     """Stream removals until the head's chosen bound retrains or ``limit``; per tracked bound, the
     first removal at which its cumulative beta exceeds the budget."""
     label = f"count {mode}"
     say(f"phase 6: removals certified before a retrain, {mode} mode, up to {limit} removals")
-    head = make_head(X, T, seed, mode=mode, refresh_ratio=FAST_RATIOS[0])
-    head.fit()
+    head = make_head(X, T, mode=mode, refresh_ratio=FAST_RATIOS[0])
+    train(head, z)
     budget = head.budget
     rows = [{"mode": mode, "removals": 0, "beta": head.beta, **dict.fromkeys(TRACKED, head.beta)}]
     crossed: dict[str, int] = {}
@@ -373,13 +382,13 @@ def count_certified(X, T, order, limit: int, seed: int, mode: str) -> tuple[dict
     return counts, pd.DataFrame(rows)
 
 
-def phase_sigma(X, T, Xt, yt, order, grid, removals: int, seed: int) -> tuple[pd.DataFrame, dict]:
+def phase_sigma(X, T, Xt, yt, order, grid, removals: int, z) -> tuple[pd.DataFrame, dict]:
     rows = []
     for sigma in grid:
         say(f"phase 7: sigma = {sigma:g}, {removals} removals without retraining")
         # epsilon = 1e9 makes the head's own budget unreachable; the real one is compared below.
-        head = make_head(X, T, seed, sigma=sigma, epsilon=1e9)
-        head.fit()
+        head = make_head(X, T, sigma=sigma, epsilon=1e9)
+        train(head, z)
         trained_accuracy = accuracy(head, Xt, yt)
         certificates = stream(head, order, removals, f"sigma {sigma:g}")
         budget = removal_budget("gaussian", sigma, EPSILON, DELTA)
@@ -613,7 +622,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="where the tables and figures go (created; must be empty unless --force)",
     )
     parser.add_argument("--force", action="store_true", help="write into a non-empty --output-dir")
-    parser.add_argument("--seed", type=int, default=0, help="perturbation b and removal order")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="removal order (b comes from the operating system: there is no seed for it)",
+    )
     parser.add_argument(
         "--removals",
         type=int,
@@ -686,17 +700,16 @@ def main(argv: list[str] | None = None) -> int:
     X, y, Xt, yt = load_mnist_pair(args.data_root)
     T = one_vs_rest_targets(y, CLASSES)
     order = np.random.default_rng(args.seed).permutation(len(X))
+    z = sample_perturbation("gaussian", 1.0, (T.shape[1], X.shape[1]))  # b = sigma z, from the OS
     say(f"  {len(X)} training and {len(Xt)} test images, dimension {X.shape[1]}")
     need = max(args.removals, args.count_limit, args.sigma_removals, args.naive_removals)
     if need >= len(X):
         raise SystemExit(f"a stream of {need} removals needs fewer than {len(X)} samples")
 
-    trained = phase_train(X, T, Xt, yt, args.seed)
+    trained = phase_train(X, T, Xt, yt, z)
     snapshot_at = args.naive_removals if args.naive_removals <= args.removals else 0
-    exact, exact64 = phase_exact(
-        trained, X, T, Xt, yt, order, args.removals, snapshot_at, args.seed
-    )
-    fast = phase_fast(X, T, Xt, yt, order, args.removals, args.seed)
+    exact, exact64 = phase_exact(trained, X, T, Xt, yt, order, args.removals, snapshot_at, z)
+    fast = phase_fast(X, T, Xt, yt, order, args.removals, z)
     naive = phase_naive(trained, exact, X, T, order, args.naive_removals)
     say(
         f"  naive / exact f32 = {naive['median'] / exact['median']:.1f}x, naive / fast = "
@@ -705,11 +718,11 @@ def main(argv: list[str] | None = None) -> int:
     retrain = phase_retrain(trained)
     counts, curves = {}, []
     for mode in ("exact", "fast"):
-        counts[mode], mode_curves = count_certified(X, T, order, args.count_limit, args.seed, mode)
+        counts[mode], mode_curves = count_certified(X, T, order, args.count_limit, z, mode)
         curves.append(mode_curves)
     curves = pd.concat(curves, ignore_index=True)
     sigma_table, sigma_needed = phase_sigma(
-        X, T, Xt, yt, order, args.sigma_grid, args.sigma_removals, args.seed
+        X, T, Xt, yt, order, args.sigma_grid, args.sigma_removals, z
     )
 
     say("writing tables and figures")
