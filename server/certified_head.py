@@ -33,6 +33,7 @@ from flwr.serverapp import Grid
 from fedunlearn.certified_removal import CertifiedHead, CertifiedRemovalParams
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
+from fedunlearn.federated_data import run_settings
 from fedunlearn.head_features import head_features
 from fedunlearn.head_statistics import (
     HEAD_QUERY,
@@ -90,7 +91,10 @@ class FederatedHeadData:
     classes : sequence of int
         Labels of the one-vs-rest heads (two classes: one binary head).
     partitions : iterable of int, optional
-        The clients whose data forms D (default: all).
+        The clients whose data forms D (default: every client still taking part).
+    settings : mapping, optional
+        The run's data settings (:func:`fedunlearn.federated_data.run_settings`), sent with every
+        query so that clients compute on the partitions the run was trained with.
     """
 
     def __init__(
@@ -102,8 +106,10 @@ class FederatedHeadData:
         classes: Sequence[int],
         *,
         partitions: Iterable[int] | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         self.grid = grid
+        self.settings = dict(settings or {})  # the run's data settings, sent with every query
         self.loss = loss
         self.classes = [int(c) for c in classes]
         self.num_heads = 1 if len(self.classes) == 2 else len(self.classes)
@@ -183,6 +189,7 @@ class FederatedHeadData:
             "loss": self.loss,
             "classes": self.classes,
             "removed": sorted(self.removed_ids[partition]),
+            **self.settings,
             **config,
             **dict((extra or {}).get(partition, {})),
         }
@@ -400,7 +407,14 @@ def run_certified_head(
     dp_delta = config.dp_delta if config.dp_noise_multiplier > 0 else 0.0
 
     log("certified head: clients compute the body's features")
-    data = FederatedHeadData(grid, outcome.members, outcome.final_state, params.loss, classes)
+    data = FederatedHeadData(
+        grid,
+        outcome.members,
+        outcome.final_state,
+        params.loss,
+        classes,
+        settings=run_settings(config),
+    )
     head = CertifiedHead(
         data,
         params,
