@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
 
 from clients.client_state import ClientSetup, client_config, client_setup, node_partition
 from clients.head_queries import answer_head_query
@@ -25,10 +26,13 @@ from fedunlearn.training import evaluate as evaluate_model
 from fedunlearn.training import train_epochs
 
 
-def create_client_app(run_config_overrides: Mapping[str, Any] | None = None) -> ClientApp:
-    """A ClientApp; ``run_config_overrides`` replace run-config values (tests, embedded runs)."""
+def create_client_app(
+    run_config_overrides: Mapping[str, Any] | None = None, mods: list[Mod] | None = None
+) -> ClientApp:
+    """A ClientApp; ``run_config_overrides`` replace run-config values (tests, embedded runs);
+    ``mods`` are Flower mods wrapped around every handler (e.g. Flower's client-side DP mods)."""
     overrides = dict(run_config_overrides or {})
-    app = ClientApp()
+    app = ClientApp(mods=mods)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

@@ -337,7 +337,12 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     if run.metrics.empty:
         initial = evaluate(model, splits.test.x, splits.test.y, device=device)
         run.append_metrics(
-            {**_row(0, initial, MetricRecord(), 0, False, 0.0, elapsed()), "store_mb": store_mb()}
+            {
+                **_row(0, initial, MetricRecord(), 0, False, 0.0, elapsed()),
+                "store_mb": store_mb(),
+                "refused": 0,
+                "check_seconds": 0.0,
+            }
         )
         log(
             f"round 0/{config.rounds}  test accuracy {initial.accuracy:.4f}  "

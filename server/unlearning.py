@@ -62,11 +62,7 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
     # Each request keeps its own outputs: unlearning.csv, then unlearning-2.csv, ...
     suffix = "" if not history else f"-{len(history) + 1}"
     excluded = sorted(set(targets) | set(already))
-    remaining_nodes = [
-        node
-        for partition, node in outcome.members.node_of_partition.items()
-        if partition not in excluded
-    ]
+    remaining_nodes = outcome.members.nodes(exclude=excluded)
     log(
         f"unlearning client(s) {targets} with {', '.join(config.methods)}; "
         f"{len(remaining_nodes)} client(s) remain"
@@ -135,6 +131,8 @@ def _federaser(grid, outcome: TrainingOutcome, excluded: list[int], log: Log):
         train_config={k: v for k, v in train_config_record(config).items() if k != "local-epochs"},
         layerwise=config.calibration_layerwise,
         calibration_order=config.calibration_order,
+        screen=outcome.screen.training if outcome.screen is not None else None,
+        is_dropped=lambda partition: partition in outcome.members.dropped,
     )
     parameters = {name for name, _ in outcome.new_model().named_parameters()}
 

@@ -52,6 +52,12 @@ class FedEraser:
         ``average``: aggregate, then calibrate the average (the paper's released code).
     timeout : float (default: 3600)
         Seconds to wait for the calibration replies of one round.
+    screen : callable, optional
+        ``screen(phase, round, sent_arrays, replies) -> valid replies``: checks every calibration
+        reply before it is used (``server.reply_screening.ReplyScreen.training``); a refused reply
+        leaves its client out of that step.
+    is_dropped : callable, optional
+        ``is_dropped(partition)``: clients dropped from the run are not asked to calibrate.
     """
 
     def __init__(
@@ -65,6 +71,8 @@ class FedEraser:
         layerwise: bool = True,
         calibration_order: str = "client",
         timeout: float = 3600.0,
+        screen: Callable[[str, int, ArrayRecord, list[Message]], list[Message]] | None = None,
+        is_dropped: Callable[[int], bool] | None = None,
     ) -> None:
         self.grid = grid
         self.node_of_partition = dict(node_of_partition)
@@ -74,6 +82,8 @@ class FedEraser:
         self.layerwise = layerwise
         self.calibration_order = calibration_order
         self.timeout = timeout
+        self.screen = screen
+        self.is_dropped = is_dropped or (lambda _partition: False)
         self._forbidden_nodes: frozenset[int] = frozenset()
 
     def unlearn(
@@ -105,6 +115,10 @@ class FedEraser:
         self, retained_round: int, model: dict[str, torch.Tensor], clients: list[int]
     ) -> dict[int, dict[str, torch.Tensor]]:
         """Send ``train.calibrate`` to ``clients`` and return their updates Û_k = M̂_k − M̃."""
+        left_out = [k for k in clients if self.is_dropped(k)]
+        if left_out:
+            logger.warning("calibration of round %d: dropped client(s) %s left out", retained_round, left_out)
+        clients = [k for k in clients if k not in left_out]
         missing = [k for k in clients if k not in self.node_of_partition]
         if missing:
             raise RuntimeError(
@@ -121,11 +135,15 @@ class FedEraser:
                 "server-round": retained_round,
             }
         )
-        content = RecordDict({"arrays": ArrayRecord(model), "config": config})
+        sent = ArrayRecord(model)
+        content = RecordDict({"arrays": sent, "config": config})
         messages = [
             Message(content=content, dst_node_id=node, message_type=CALIBRATE) for node in nodes
         ]
-        replies = self.grid.send_and_receive(messages, timeout=self.timeout)
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        if self.screen is not None:
+            failed = [r for r in replies if r.has_error()]
+            replies = failed + self.screen("calibrate", retained_round, sent, replies)
         updates: dict[int, dict[str, torch.Tensor]] = {}
         for reply in replies:
             if reply.has_error():

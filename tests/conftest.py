@@ -38,10 +38,12 @@ def simulate():
     return simulate_in_process
 
 
-def simulate_in_process(overrides: dict, num_supernodes: int, server_app=None) -> None:
-    """Run the ServerApp (or ``server_app``, a test's own) and ClientApp with ``overrides`` in a Ray
-    simulation of ``num_supernodes`` virtual clients (1 CPU each, 2 in all): the end-to-end tests'
-    harness."""
+def simulate_in_process(
+    overrides: dict, num_supernodes: int, server_app=None, client_mods=None
+) -> None:
+    """Run the ServerApp (or ``server_app``, a test's own) and ClientApp (with Flower mods
+    ``client_mods``, e.g. a test's hostile client) with ``overrides`` in a Ray simulation of
+    ``num_supernodes`` virtual clients (1 CPU each, 2 in all): the end-to-end tests' harness."""
     import warnings
 
     from flwr.simulation import run_simulation
@@ -53,7 +55,7 @@ def simulate_in_process(overrides: dict, num_supernodes: int, server_app=None) -
         warnings.simplefilter("ignore")
         run_simulation(
             server_app=server_app or create_server_app(overrides),
-            client_app=create_client_app(overrides),
+            client_app=create_client_app(overrides, mods=client_mods),
             num_supernodes=num_supernodes,
             backend_config={
                 "client_resources": {"num_cpus": 1, "num_gpus": 0.0},

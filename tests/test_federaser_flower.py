@@ -86,3 +86,22 @@ def test_calibrate_refuses_to_address_a_target_during_unlearning(tmp_path):
     eraser._forbidden_nodes = frozenset({NODES[1]})
     with pytest.raises(RuntimeError, match="refusing"):
         eraser.calibrate(3, {"w": torch.zeros(3)}, [0, 1])
+
+
+def test_with_a_screen_a_hostile_calibration_reply_is_left_out_not_fatal(tmp_path):
+    seen = []
+
+    def screen(phase, server_round, sent, replies):
+        seen.append((phase, server_round, set(sent.keys())))
+        return [r for r in replies if r.metadata.src_node_id != NODES[0]]  # refuse node 0
+
+    eraser = FedEraser(SpyGrid(impostor={NODES[0]: 2}), NODES, local_epochs=2, screen=screen)
+    updates = eraser.calibrate(3, {"w": torch.zeros(3)}, [0, 2])
+    assert sorted(updates) == [2] and seen == [("calibrate", 3, {"w"})]
+
+
+def test_a_dropped_client_is_not_asked_to_calibrate(tmp_path):
+    grid = SpyGrid()
+    eraser = FedEraser(grid, NODES, local_epochs=2, is_dropped=lambda p: p == 2)
+    updates = eraser.calibrate(3, {"w": torch.zeros(3)}, [0, 2])
+    assert sorted(updates) == [0] and {node for node, _, _ in grid.sent} == {NODES[0]}
