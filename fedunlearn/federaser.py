@@ -45,12 +45,55 @@ def calibration_epochs(local_epochs: int, calibration_ratio: float) -> int:
     return max(1, math.ceil(calibration_ratio * local_epochs - 1e-9))
 
 
+def calibration_scales(
+    retained: State,
+    calibration: State,
+    *,
+    layerwise: bool = True,
+    scaled_keys: Collection[str] | None = None,
+    retained_squares: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """The factors ‖U‖ / ‖Û‖ of eq. (2) of Liu et al., per tensor to rescale (one shared factor
+    when not ``layerwise``); 0 where ‖Û‖ is zero or not finite (no direction, no step).
+
+    ``retained_squares`` gives ‖U[tensor]‖² as the store recorded them; otherwise they are
+    computed from ``retained``. Eq. (2) reads nothing of U but these norms."""
+    keys = [
+        k
+        for k in calibration
+        if calibration[k].dtype.is_floating_point and (scaled_keys is None or k in scaled_keys)
+    ]
+    squares = dict(retained_squares) if retained_squares is not None else None
+    missing = [k for k in keys if k not in (squares if squares is not None else retained)]
+    if missing:
+        raise ValueError(f"calibrate_update: the retained update lacks tensors {missing}")
+    if squares is None:
+        squares = {k: float(retained[k].detach().double().pow(2).sum()) for k in keys}
+    if layerwise:
+        return {k: _ratio(math.sqrt(squares[k]), _norm([calibration[k]])) for k in keys}
+    ratio = _ratio(math.sqrt(sum(squares[k] for k in keys)), _norm(calibration[k] for k in keys))
+    return dict.fromkeys(keys, ratio)
+
+
+def apply_scales(calibration: State, scales: Mapping[str, float]) -> dict[str, torch.Tensor]:
+    """``calibration`` with each tensor in ``scales`` multiplied by its factor (in float64); the
+    other tensors (buffers) as they are."""
+    out = {k: v.detach().clone() for k, v in calibration.items()}
+    for k, factor in scales.items():
+        if factor == 0.0:  # no direction: no step (zeros, never -0.0 or a NaN from inf * 0)
+            out[k] = torch.zeros_like(calibration[k])
+        else:
+            out[k] = (calibration[k].double() * factor).to(calibration[k].dtype)
+    return out
+
+
 def calibrate_update(
     retained: State,
     calibration: State,
     *,
     layerwise: bool = True,
     scaled_keys: Collection[str] | None = None,
+    retained_squares: Mapping[str, float] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Eq. (2) of Liu et al.: Ũ = ‖U‖ · Û / ‖Û‖.
 
@@ -65,39 +108,31 @@ def calibrate_update(
     scaled_keys : collection of str, optional
         The tensors to rescale (the model's parameters). Others (buffers) are taken from
         ``calibration`` unchanged. Default: every floating tensor.
+    retained_squares : mapping, optional
+        ‖U[tensor]‖² as recorded by the store (see :func:`calibration_scales`).
 
     Notes
     -----
     A calibration update of norm zero carries no direction: that tensor's step is zero (never NaN).
     """
-    keys = [
-        k
-        for k in calibration
-        if calibration[k].dtype.is_floating_point and (scaled_keys is None or k in scaled_keys)
-    ]
-    missing = [k for k in keys if k not in retained]
-    if missing:
-        raise ValueError(f"calibrate_update: the retained update lacks tensors {missing}")
-    out = {k: v.detach().clone() for k, v in calibration.items()}
-    if layerwise:
-        for k in keys:
-            out[k] = _rescale(calibration[k], _norm([retained[k]]), _norm([calibration[k]]))
-    else:
-        retained_norm = _norm(retained[k] for k in keys)
-        calibration_norm = _norm(calibration[k] for k in keys)
-        for k in keys:
-            out[k] = _rescale(calibration[k], retained_norm, calibration_norm)
-    return out
+    scales = calibration_scales(
+        retained,
+        calibration,
+        layerwise=layerwise,
+        scaled_keys=scaled_keys,
+        retained_squares=retained_squares,
+    )
+    return apply_scales(calibration, scales)
 
 
 def _norm(tensors: Iterable[torch.Tensor]) -> float:
     return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in tensors))
 
 
-def _rescale(direction: torch.Tensor, target_norm: float, direction_norm: float) -> torch.Tensor:
+def _ratio(target_norm: float, direction_norm: float) -> float:
     if direction_norm == 0.0 or not math.isfinite(direction_norm):
-        return torch.zeros_like(direction)
-    return (direction.double() * (target_norm / direction_norm)).to(direction.dtype)
+        return 0.0
+    return target_norm / direction_norm
 
 
 def aggregate_updates(updates: Mapping[int, State], num_examples: Mapping[int, int]) -> dict:
@@ -163,6 +198,7 @@ def federaser(
     scaled_keys: Collection[str] | None = None,
     calibration_order: str = "client",
     progress: Callable[[ReconstructionStep], None] | None = None,
+    trajectory: UpdateStore | None = None,
 ) -> Reconstruction:
     """Algorithm 1 of Liu et al.: the global model reconstructed without ``targets``.
 
@@ -174,21 +210,24 @@ def federaser(
     calibrated model M̃^{t_j} and the remaining clients that have a retained update in t_j (never a
     target); it returns their calibration updates Û_k^{t_j}. A client missing from its reply is left
     out of that step. Reads one retained round at a time from ``store``.
+
+    ``trajectory``, an empty store, receives the reconstruction as a history of its own (the
+    design's "History after unlearning"): for each step, M̃^{t_j} and per client the update the step
+    applied: round t_1's retained U_k (computed from M^{t_1}, which never saw a target), then the
+    calibrated Ũ_k (with ``"average"``, Û_k rescaled by the average's factors), each recorded with
+    the norms of the U_k it stands for, so that a later request calibrates with the same step sizes.
     """
     if calibration_order not in ("client", "average"):
         raise ConfigError("calibration-order", calibration_order, "one of client, average")
     excluded = set(targets)
     model = _initial_model(store)
     steps: list[ReconstructionStep] = []
-    first = True
     for retained in store.iter_rounds(exclude=excluded):
         clients = _remaining(retained.updates, excluded)
         if not clients:
             continue
-        if first:
-            first = False
-            step = aggregate_updates(retained.updates, retained.num_examples)
-            record = ReconstructionStep(retained.round, clients, False, _norm(step.values()))
+        if not steps:  # the first step: no calibration
+            applied = {k: retained.updates[k] for k in clients}
         else:
             answers = calibrate(retained.round, model, clients)
             leaked = set(answers) & excluded
@@ -199,32 +238,49 @@ def federaser(
             answered = sorted(k for k in clients if k in answers)
             if not answered:
                 raise RuntimeError(f"no client answered the calibration of round {retained.round}")
-            if calibration_order == "client":
-                calibrated = {
-                    k: calibrate_update(
-                        retained.updates[k],
-                        answers[k],
-                        layerwise=layerwise,
-                        scaled_keys=scaled_keys,
-                    )
-                    for k in answered
-                }
-                step = aggregate_updates(calibrated, retained.num_examples)
-            else:
-                step = calibrate_update(
-                    aggregate_updates(
-                        {k: retained.updates[k] for k in answered}, retained.num_examples
-                    ),
-                    aggregate_updates({k: answers[k] for k in answered}, retained.num_examples),
-                    layerwise=layerwise,
-                    scaled_keys=scaled_keys,
-                )
-            calibrated = answered
-            record = ReconstructionStep(
-                retained.round, sorted(calibrated), True, _norm(step.values())
+            applied = _calibrated(
+                retained, answers, answered, layerwise, scaled_keys, calibration_order
             )
+        step = aggregate_updates(applied, retained.num_examples)
+        record = ReconstructionStep(
+            retained.round, sorted(applied), bool(steps), _norm(step.values())
+        )
+        if trajectory is not None:
+            _record_step(trajectory, retained, model, applied)
         model = state_sum(model, step)
         steps.append(record)
         if progress is not None:
             progress(record)
     return Reconstruction(model, steps)
+
+
+def _calibrated(retained, answers, answered, layerwise, scaled_keys, order) -> dict[int, State]:
+    """Ũ_k of every answering client: eq. (2) per client (``order="client"``), or Û_k rescaled by
+    the factors eq. (2) gives the averages (``"average"``, the paper's released code)."""
+    if order == "client":
+        return {
+            k: calibrate_update(
+                retained.updates[k],
+                answers[k],
+                layerwise=layerwise,
+                scaled_keys=scaled_keys,
+                retained_squares=retained.squares.get(k),
+            )
+            for k in answered
+        }
+    scales = calibration_scales(
+        aggregate_updates({k: retained.updates[k] for k in answered}, retained.num_examples),
+        aggregate_updates({k: answers[k] for k in answered}, retained.num_examples),
+        layerwise=layerwise,
+        scaled_keys=scaled_keys,
+    )
+    return {k: apply_scales(answers[k], scales) for k in answered}
+
+
+def _record_step(trajectory: UpdateStore, retained, model: State, applied: Mapping[int, State]):
+    """Round t_j of the trajectory: M̃^{t_j} and each applied update with U_k's recorded norms."""
+    with trajectory.begin_round(retained.round, model) as writer:
+        for k in sorted(applied):
+            writer.add_update(
+                k, applied[k], retained.num_examples[k], squares=retained.squares.get(k)
+            )

@@ -52,26 +52,31 @@ REQUEST_FIELDS = (
     "calibration_order",
     "device",
     "node_wait_seconds",
+    "unlearn_adopt",
+    "keep_original",
+    "max_refusals",
+    "min_reply_fraction",
 )
 
 
 def preflight(config: ExperimentConfig) -> FederatedData | None:
     """Check the run directory, then the data, for ``config``; raise :class:`ConfigError` on the
     first problem. Returns the partitioned data, or ``None`` when it cannot be checked without
-    downloading it (``download = true`` and the files are not there yet)."""
-    check_run_directory(config)
-    return check_data(config)
+    downloading it (``download = true`` and the files are not there yet). An ``unlearn-only``
+    request's data are checked with the trained run's settings, which the server uses."""
+    return check_data(check_run_directory(config))
 
 
 # ---------------------------------------------------------------------- the run directory
-def check_run_directory(config: ExperimentConfig) -> None:
+def check_run_directory(config: ExperimentConfig) -> ExperimentConfig:
     """A new run needs a free ``output-dir/run-name``; ``resume`` a directory that holds a run or
-    nothing; ``unlearn-only`` a finished run that has not forgotten the targets yet."""
+    nothing; ``unlearn-only`` a finished run that has not forgotten the targets yet. Returns the
+    configuration the server runs with (``unlearn-only``: the trained one with the request's keys)."""
     path = config.run_directory()
     _check_writable(config, path)
     if config.unlearn_only:
-        check_finished_run(config, path)
-    elif config.resume:
+        return check_finished_run(config, path)
+    if config.resume:
         if _holds_files(config, path) and not (path / "config.json").is_file():
             raise ConfigError(
                 "run-name",
@@ -88,12 +93,13 @@ def check_run_directory(config: ExperimentConfig) -> None:
             f"a new run directory, but {path} already exists and is not empty; choose another "
             "run-name or output-dir (or set resume=true to continue an interrupted run)",
         )
+    return config
 
 
 def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig:
     """``unlearn-only``: ``path`` holds a run whose training finished and which has not forgotten
-    any target yet. Returns the
-    configuration the server will unlearn with (the trained one with this request's keys)."""
+    any target yet. Returns the configuration the server will unlearn with (the trained one with
+    this request's keys)."""
     for name in FINISHED_RUN_FILES:
         if not (path / name).is_file():
             hint = (

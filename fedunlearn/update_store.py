@@ -92,6 +92,8 @@ _ROUND_DIRECTORY = re.compile(r"round_\d{6,}")
 _OWN_FILE = re.compile(
     r"(client_\d{6,}|global)\.safetensors|\.(client_\d{6,}|global)\.safetensors(\.\w+)?\.tmp"
 )
+#: Metadata key of an update blob's squared norms per tensor (JSON), covered by the blob's sha256.
+SQUARES_KEY = "squares"
 _BLOB_ADVICE = "restore it from a backup or retrain; store.verify() lists every damaged blob"
 
 
@@ -103,6 +105,10 @@ class RetainedRound:
     global_model: dict[str, torch.Tensor]
     updates: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     num_examples: dict[int, int] = field(default_factory=dict)
+    #: Per client and floating tensor, the squared norm ‖U_k^t[tensor]‖² the store recorded for the
+    #: update: computed from the stored values, or given by the writer (a rewritten history keeps
+    #: the norms of the updates it replaces, which is all FedEraser's eq. 2 reads of them).
+    squares: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def clients(self) -> list[int]:
@@ -128,8 +134,51 @@ def _non_finite(tensor: torch.Tensor) -> int:
     return int((~torch.isfinite(tensor)).sum())
 
 
+def squared_norms(tensors: State) -> dict[str, float]:
+    """``‖t‖²`` of each floating tensor, summed in float64 (the arithmetic FedEraser's eq. 2 uses)."""
+    return {
+        name: float(t.detach().double().pow(2).sum())
+        for name, t in tensors.items()
+        if t.is_floating_point()
+    }
+
+
+def _check_squares(what: str, squares: Mapping[str, float], tensors: State) -> dict[str, float]:
+    """Recorded squared norms: one finite number >= 0 per floating tensor of ``tensors``."""
+    names = {name for name, t in tensors.items() if t.is_floating_point()}
+    values = {}
+    for name, value in dict(squares).items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ConfigError(f"{what} squares[{name!r}]", value, "a number")
+        values[name] = float(value)
+    if set(values) != names or not all(v >= 0 and v < float("inf") for v in values.values()):
+        raise ConfigError(
+            f"{what} squares",
+            values,
+            f"one finite number >= 0 per floating tensor ({sorted(names)})",
+        )
+    return values
+
+
+def _blob_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file held in ``data`` (its JSON header)."""
+    size = int.from_bytes(data[:8], "little")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except ValueError:
+        return {}
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def _encode(tensors: State, store_dtype: torch.dtype, what: str, metadata: dict) -> bytes:
     """Serialize a state dict: floats cast to the store dtype, all contiguous on the CPU."""
+    return safetensors.torch.save(_prepare(tensors, store_dtype, what), metadata=metadata)
+
+
+def _prepare(tensors: State, store_dtype: torch.dtype, what: str) -> dict[str, torch.Tensor]:
+    """The tensors as they will be stored: checked finite, floats cast to the store dtype,
+    contiguous on the CPU, no two sharing memory."""
     if not isinstance(tensors, Mapping):
         raise ConfigError(what, type(tensors).__name__, "a state dict (str -> torch.Tensor)")
     prepared: dict[str, torch.Tensor] = {}
@@ -163,7 +212,18 @@ def _encode(tensors: State, store_dtype: torch.dtype, what: str, metadata: dict)
             cast = cast.clone()
         storages.add(cast.untyped_storage().data_ptr())
         prepared[name] = cast
-    return safetensors.torch.save(prepared, metadata=metadata)
+    return prepared
+
+
+def _recorded_squares(row, metadata: Mapping[str, str], update: State) -> dict[str, float]:
+    """The squared norms recorded with an update (its own values' for stores written before
+    norms were recorded); a blob whose recorded norms do not fit its tensors is corrupt."""
+    if SQUARES_KEY not in metadata:
+        return squared_norms(update)
+    try:
+        return _check_squares(row.who, json.loads(metadata[SQUARES_KEY]), update)
+    except (ValueError, ConfigError) as error:
+        raise StoreCorruptionError(f"{row.who}: its recorded norms are unreadable ({error})") from None
 
 
 def _file_sha256(path: Path) -> str:
@@ -211,8 +271,18 @@ class RoundWriter:
         self._open = True
         return self
 
-    def add_update(self, client: int, update: State, num_examples: int) -> None:
-        """Write client ``client``'s update U_k^t, computed on ``num_examples`` samples."""
+    def add_update(
+        self,
+        client: int,
+        update: State,
+        num_examples: int,
+        squares: Mapping[str, float] | None = None,
+    ) -> None:
+        """Write client ``client``'s update U_k^t, computed on ``num_examples`` samples.
+
+        ``squares`` (tensor -> ‖U_k^t[tensor]‖²) records norms other than the stored values' own:
+        a rewritten history stores the calibrated update Ũ_k with the norms of the U_k it
+        replaces. By default the norms of the stored values are recorded."""
         if not self._open:
             raise ConfigError("round-writer", self.round, "add_update inside its `with` block")
         client = _check_integer("client", client, 0)
@@ -223,7 +293,7 @@ class RoundWriter:
                 client,
                 f"each client once per round, but round {self.round} already has client {client}",
             )
-        self._write(client, update, num_examples)
+        self._write(client, update, num_examples, squares)
 
     def __exit__(self, exception_type, exception, traceback) -> None:
         if exception_type is not None or not self._open:
@@ -239,7 +309,13 @@ class RoundWriter:
         self._open = False
         self._lock.close()
 
-    def _write(self, client: int | None, tensors: State, num_examples: int | None) -> None:
+    def _write(
+        self,
+        client: int | None,
+        tensors: State,
+        num_examples: int | None,
+        squares: Mapping[str, float] | None = None,
+    ) -> None:
         kind = "global" if client is None else "update"
         what = (
             f"global model of round {self.round}"
@@ -248,7 +324,11 @@ class RoundWriter:
         )
         metadata = {"format": FORMAT_NAME, "round": str(self.round), "client": str(client)}
         dtype = self._store.dtype
-        data = _encode(tensors, STORE_DTYPES[dtype], what, metadata)
+        prepared = _prepare(tensors, STORE_DTYPES[dtype], what)
+        if client is not None:
+            squares = squared_norms(prepared) if squares is None else squares
+            metadata[SQUARES_KEY] = json.dumps(_check_squares(what, squares, prepared))
+        data = safetensors.torch.save(prepared, metadata=metadata)
         relative = blob_path(self.round, client)
         # the round's folder is fsynced once, before its rows commit (__exit__)
         atomic_write_bytes(self._store.root / relative, data, sync_directory=False)
@@ -447,8 +527,10 @@ class UpdateStore:
             if row.kind != "update" or row.client in excluded:
                 continue
             if wanted is None or row.client in wanted:
-                retained.updates[row.client] = self._read_blob(row)
+                update, metadata = self._read_blob(row, with_metadata=True)
+                retained.updates[row.client] = update
                 retained.num_examples[row.client] = row.num_examples
+                retained.squares[row.client] = _recorded_squares(row, metadata, update)
         return retained
 
     def iter_rounds(
@@ -671,7 +753,9 @@ class UpdateStore:
             self.root / _HEADER, json.dumps(header, indent=2, sort_keys=True).encode()
         )
 
-    def _read_blob(self, row: BlobRow) -> dict[str, torch.Tensor]:
+    def _read_blob(self, row: BlobRow, *, with_metadata: bool = False):
+        """The blob's tensors (floats as float32), checksum-verified; with ``with_metadata`` also
+        its safetensors metadata."""
         who = f"{row.who}: blob {self.root / row.path}"
         try:
             data = (self.root / row.path).read_bytes()
@@ -691,10 +775,11 @@ class UpdateStore:
                 raise StoreCorruptionError(
                     f"{who} holds NaN/Inf values in tensor {name!r}; {_BLOB_ADVICE}"
                 )
-        return {
+        tensors = {
             name: tensor.float() if tensor.is_floating_point() else tensor
             for name, tensor in tensors.items()
         }
+        return (tensors, _blob_metadata(data)) if with_metadata else tensors
 
     def _blob_problems(self, row: BlobRow) -> list[str]:
         who = f"{row.who}: blob {self.root / row.path}"

@@ -31,6 +31,7 @@ from fedunlearn.seeding import derive_seed
 from fedunlearn.training import EvaluationResult, evaluate, resolve_device
 from fedunlearn.update_store import UpdateStore
 from server.federation import FederationMembers, discover_clients, failure_reasons
+from server.history import finish_pending
 from server.reply_screening import ReplyScreen
 from server.run_recovery import (
     RECOVERY_LOG,
@@ -258,6 +259,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
 
     if resuming:
         run = RunDirectory.open(path)
+        finish_pending(run, log=log)  # an interrupted history rewrite, before the store opens
         if (path / "model_initial.safetensors").is_file():
             initial_state = run.load_model("model_initial")
     else:

@@ -16,6 +16,7 @@ from fedunlearn.federated_data import load_federated_data
 from fedunlearn.run_directory import RunDirectory
 from fedunlearn.update_store import UpdateStore
 from server.federated_training import TrainingOutcome, discover
+from server.history import adopt, finish_pending, pending_request
 from server.reply_screening import ReplyScreen
 
 REQUEST_KEYS = (
@@ -26,6 +27,10 @@ REQUEST_KEYS = (
     "calibration_order",
     "device",
     "node_wait_seconds",
+    "unlearn_adopt",
+    "keep_original",
+    "max_refusals",
+    "min_reply_fraction",
 )
 
 
@@ -57,6 +62,10 @@ def load_trained_run(
     data = load_federated_data(config)
     members = discover(grid, config, data, log=log)
     run = RunDirectory.open(path)
+    finish_pending(run, log=log)  # an interrupted history rewrite, before the store opens
+    if pending_request(run) is not None:
+        log("the previous request finished but its history was not adopted yet: adopting it now")
+        adopt(run, keep_original=config.keep_original, log=log)
     store = UpdateStore(run.store_path) if (run.store_path / "store.json").is_file() else None
     log(f"reopened run {path} ({len(store.rounds()) if store else 0} retained round(s))")
     return TrainingOutcome(

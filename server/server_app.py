@@ -18,6 +18,7 @@ from fedunlearn.federated_data import load_federated_data
 from fedunlearn.preflight import preflight
 from server.certified_head import run_certified_head
 from server.federated_training import dp_epsilon_of, train_federated
+from server.history import adopt, is_adopted
 from server.membership_audit import run_membership_audit
 from server.run_loading import load_trained_run
 from server.scrubbing import cohort_masks, run_scrubbing
@@ -47,9 +48,13 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
                 outcome = load_trained_run(grid, config, log=_log)
             else:
                 outcome = train_federated(grid, config, log=_log)
-            if config.resume and unlearning_done(outcome.run, config.unlearn_targets):
-                _log(f"unlearning of {config.unlearn_targets} already finished in this run; kept")
-            elif config.unlearn_targets:
+            targets = config.unlearn_targets
+            if config.resume and targets and is_adopted(outcome.run, targets):
+                _log(f"unlearning of {targets} finished and adopted in this run: nothing to do")
+                return
+            if config.resume and unlearning_done(outcome.run, targets):
+                _log(f"unlearning of {targets} already finished in this run; kept")
+            elif targets:
                 run_unlearning(grid, outcome, log=_log)
             in_memory = {}  # models audited without ever being written (the trained certified head)
             if config.certified_head:
@@ -61,6 +66,10 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
                 run_scrubbing(grid, outcome, log=_log)
             if config.mia:
                 run_membership_audit(grid, outcome, log=_log, in_memory=in_memory)
+            if targets:  # last: the request's comparisons and audit needed the old history
+                if outcome.store is not None:
+                    outcome.store.close()
+                adopt(outcome.run, keep_original=config.keep_original, log=_log)
             _log(f"results in {outcome.run.path}")
         except FedUnlearnError as error:
             _log(f"error: {error}")

@@ -34,6 +34,7 @@ from fedunlearn.unlearning_metrics import (
 )
 from server.federated_training import TrainingOutcome, fedavg_rounds, train_config_record
 from strategies.federaser import FedEraser
+from server.history import open_staging
 from strategies.retaining_fedavg import RetainingFedAvg
 
 Log = Callable[[str], None]
@@ -60,8 +61,15 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
             f"(see {outcome.run.path / LOG_NAME})",
         )
     # Each request keeps its own outputs: unlearning.csv, then unlearning-2.csv, ...
-    suffix = "" if not history else f"-{len(history) + 1}"
+    request = len(history) + 1
+    suffix = "" if not history else f"-{request}"
     excluded = sorted(set(targets) | set(already))
+    adopted = config.adopted_method
+    staging = (
+        open_staging(outcome.run, request, outcome.store, adopted)
+        if outcome.store is not None
+        else None
+    )
     remaining_nodes = outcome.members.nodes(exclude=excluded)
     log(
         f"unlearning client(s) {targets} with {', '.join(config.methods)}; "
@@ -72,17 +80,22 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
     details: dict[str, dict] = {}
     for method in config.methods:
         started = time.perf_counter()
+        trajectory = staging if method == adopted else None
         if method == "federaser":
-            models[method], details[method] = _federaser(grid, outcome, excluded, log)
+            models[method], details[method] = _federaser(grid, outcome, excluded, log, trajectory)
         elif method == "fedaccum":
             reconstruction = fedaccum(outcome.store, excluded)
             models[method] = reconstruction.model
             details[method] = {"steps": len(reconstruction.steps)}
         else:
-            models[method], details[method] = _fedretrain(grid, outcome, remaining_nodes, log)
+            models[method], details[method] = _fedretrain(
+                grid, outcome, remaining_nodes, log, trajectory
+            )
         seconds[method] = time.perf_counter() - started
         outcome.run.save_model(f"model_{method}{suffix}", models[method])
         log(f"{method}: {seconds[method]:.1f}s")
+    if staging is not None:
+        staging.close()
 
     table, angles = measure(outcome, models, seconds, targets)
     outcome.run.write_table(f"unlearning{suffix}", table)
@@ -96,9 +109,12 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
         LOG_NAME,
         {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "request": request,
+            "suffix": suffix,
             "targets": targets,
             "previously_unlearned": already,
             "methods": config.methods,
+            "adopted": adopted,
             "parameters": {
                 "calibration_ratio": config.calibration_ratio,
                 "calibration_layerwise": config.calibration_layerwise,
@@ -121,7 +137,7 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
     return table
 
 
-def _federaser(grid, outcome: TrainingOutcome, excluded: list[int], log: Log):
+def _federaser(grid, outcome: TrainingOutcome, excluded: list[int], log: Log, trajectory=None):
     config = outcome.config
     eraser = FedEraser(
         grid,
@@ -141,7 +157,7 @@ def _federaser(grid, outcome: TrainingOutcome, excluded: list[int], log: Log):
         log(f"federaser: retained round {step.retained_round}, {len(step.clients)} clients, {kind}")
 
     reconstruction = eraser.unlearn(
-        outcome.store, excluded, scaled_keys=parameters, progress=progress
+        outcome.store, excluded, scaled_keys=parameters, progress=progress, trajectory=trajectory
     )
     return reconstruction.model, {
         "steps": len(reconstruction.steps),
@@ -149,10 +165,15 @@ def _federaser(grid, outcome: TrainingOutcome, excluded: list[int], log: Log):
     }
 
 
-def _fedretrain(grid, outcome: TrainingOutcome, remaining_nodes: list[int], log: Log):
+def _fedretrain(
+    grid, outcome: TrainingOutcome, remaining_nodes: list[int], log: Log, trajectory=None
+):
+    """FedAvg from the initial model without the targets; with ``trajectory`` (a store) it retains
+    its own updates at the run's Δt (the history FedRetrain leaves when it is adopted)."""
     config = outcome.config
     strategy = RetainingFedAvg(
-        None,
+        trajectory,
+        retain_interval=config.retain_interval,
         participants=remaining_nodes,
         fraction_train=1.0,
         fraction_evaluate=0.0,

@@ -93,8 +93,10 @@ class FedEraser:
         *,
         scaled_keys: Collection[str] | None = None,
         progress: Callable[[ReconstructionStep], None] | None = None,
+        trajectory: UpdateStore | None = None,
     ) -> Reconstruction:
-        """The global model rebuilt without ``targets`` (partition ids)."""
+        """The global model rebuilt without ``targets`` (partition ids); ``trajectory`` receives
+        the reconstruction's own history (:func:`fedunlearn.federaser.federaser`)."""
         self._forbidden_nodes = frozenset(
             self.node_of_partition[t] for t in targets if t in self.node_of_partition
         )
@@ -107,6 +109,7 @@ class FedEraser:
                 scaled_keys=scaled_keys,
                 calibration_order=self.calibration_order,
                 progress=progress,
+                trajectory=trajectory,
             )
         finally:
             self._forbidden_nodes = frozenset()

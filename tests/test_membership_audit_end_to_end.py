@@ -73,9 +73,14 @@ def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path, simulat
     assert table.loc["federaser", "seconds"] > 0
     # The final certified head is read back from its file on the final model's features, the
     # trained one is handed over in memory (never written: with the data it determines b); their
-    # accuracies are the ones the plug-in measured, before and after the requests.
-    assert (run / "certified_head.safetensors").is_file()
+    # accuracies are the ones the plug-in measured, before and after the requests. The audit came
+    # before the history was rewritten: then every model computed from the pre-request model (the
+    # head, the scrubbed models, the original) was deleted.
     assert not (run / "certified_head_trained.safetensors").exists()
+    [adopted] = [json.loads(line) for line in (run / "history_log.jsonl").open()]
+    assert "certified_head.safetensors" in adopted["moved"]
+    assert {"model_scrub_newton.safetensors", "model_final.safetensors"} <= set(adopted["moved"])
+    assert not (run / "certified_head.safetensors").exists()
     certified = json.loads((run / "certified_summary.json").read_text())
     assert table.loc["certified-head-trained", "test_accuracy"] == pytest.approx(
         certified["test_accuracy_trained"]

@@ -1,0 +1,183 @@
+"""History that forgets: after an unlearning request, nothing the server keeps determines the
+forgotten clients' updates (the design's "History after unlearning").
+
+Every retained global model from round 2 on, with the remaining clients' updates, determines a
+forgotten client's updates exactly: U_k^t = (N/N_k)(M^{t+1} − M^t) − Σ_{j≠k} (N_j/N_k) U_j^t. Deleting
+its blobs is therefore not forgetting. So the request's adopted method (``unlearn-adopt``) writes its
+own trajectory into a staging store while it runs (FedEraser: M̃^{t_j} and each applied update Ũ_k;
+FedRetrain: its own global models and client updates at the same Δt), and once the request is over
+(its comparisons, certified head, scrubbing and audit included) :func:`adopt` makes that trajectory
+the run's history:
+
+* ``store/`` becomes the staging store; ``model_final`` becomes the adopted method's model;
+* every other model file in the run directory (the pre-request model, FedAccum's, the scrubbed and
+  certified models, earlier requests' models: all computed from a history that held the targets) is
+  deleted, with the pre-request store — or, with ``keep-original = true``, moved to
+  ``original-<request>/``, which then determines the targets' updates: a research setting;
+* ``history_log.jsonl`` records what was adopted, kept and deleted.
+
+The swap is journalled (``history_rewrite.json``, written first): a crash anywhere in it is rolled
+forward by :func:`finish_pending` the next time the run is opened, so the run never ends with the
+old history and the new model, or without a store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fedunlearn.durable_io import atomic_write_bytes, fsync_directory, private_directory
+from fedunlearn.errors import ConfigError
+from fedunlearn.run_directory import RunDirectory
+from fedunlearn.update_store import UpdateStore
+
+Log = Callable[[str], None]
+JOURNAL = "history_rewrite.json"
+HISTORY_LOG = "history_log.jsonl"
+UNLEARNING_LOG = "unlearning_log.jsonl"
+#: Methods whose model never saw a forgotten client's data or updates: their models stay.
+FORGETTING_METHODS = ("federaser", "fedretrain")
+
+
+def staging_path(run: RunDirectory, request: int) -> Path:
+    """Where request ``request``'s adopted method writes its trajectory."""
+    return run.path / f"store.request-{request}"
+
+
+def open_staging(run: RunDirectory, request: int, like: UpdateStore, method: str) -> UpdateStore:
+    """An empty staging store for request ``request`` (a crashed attempt's leftover is removed),
+    with ``like``'s dtype and metadata."""
+    path = staging_path(run, request)
+    if path.exists():
+        _remove_tree(path)
+    staging = UpdateStore(path, dtype=like.dtype)
+    staging.set_metadata(
+        **{**like.metadata, "history": f"{method} trajectory of request {request}"}
+    )
+    return staging
+
+
+def adopted_requests(run: RunDirectory) -> list[dict]:
+    """The requests whose trajectory became the run's history, in order."""
+    return run.read_log(HISTORY_LOG)
+
+
+def is_adopted(run: RunDirectory, targets: list[int]) -> bool:
+    """Whether a request forgetting exactly ``targets`` finished and its history was adopted."""
+    return any(sorted(e["targets"]) == sorted(targets) for e in adopted_requests(run))
+
+
+def pending_request(run: RunDirectory) -> dict | None:
+    """The last unlearning request, when it finished but its history was not adopted yet."""
+    requests = run.read_log(UNLEARNING_LOG)
+    adopted = {entry["request"] for entry in adopted_requests(run)}
+    if not requests:
+        return None
+    last = requests[-1]
+    number = last.get("request", len(requests))
+    return None if number in adopted else {**last, "request": number}
+
+
+def adopt(run: RunDirectory, *, keep_original: bool, log: Log = print) -> None:
+    """Make the last finished request's trajectory the run's history (see the module docstring).
+    Does nothing when every request is adopted already."""
+    request = pending_request(run)
+    if request is None:
+        return
+    number, suffix = request["request"], request.get("suffix", "")
+    method = request["adopted"]
+    if not (run.path / f"model_{method}{suffix}.safetensors").is_file():
+        raise ConfigError(
+            "unlearn-adopt", method, f"a method whose model request {number} saved; it is missing"
+        )
+    kept = ["model_initial.safetensors"] + [
+        f"model_{m}{suffix}.safetensors" for m in FORGETTING_METHODS if m in request["methods"]
+    ]
+    journal = {
+        "request": number,
+        "targets": request["targets"],
+        "adopted": method,
+        "model": f"model_{method}{suffix}.safetensors",
+        "staging": staging_path(run, number).name,
+        "keep_original": bool(keep_original),
+        "kept": kept,
+    }
+    run.write_json(JOURNAL, journal)
+    finish_pending(run, log=log)
+
+
+def finish_pending(run: RunDirectory, *, log: Log = print) -> bool:
+    """Roll an interrupted :func:`adopt` forward (each step is idempotent); True when there was
+    one. Called whenever a run directory is reopened, before its store is opened."""
+    path = run.path / JOURNAL
+    if not path.is_file():
+        return False
+    journal = json.loads(path.read_text(encoding="utf-8"))
+    number = journal["request"]
+    archive = run.path / (
+        f"original-{number}" if journal["keep_original"] else f".discarded-{number}"
+    )
+    private_directory(archive)
+    staging = run.path / journal["staging"]
+    if staging.exists() and run.store_path.exists():
+        os.replace(run.store_path, archive / "store")
+    moved = []
+    for file in sorted(run.path.glob("*.safetensors")):
+        if file.name not in journal["kept"]:
+            os.replace(file, archive / file.name)
+            moved.append(file.name)
+    fsync_directory(run.path)
+    if staging.exists():
+        os.replace(staging, run.store_path)
+    atomic_write_bytes(
+        run.path / "model_final.safetensors", (run.path / journal["model"]).read_bytes()
+    )
+    if not journal["keep_original"]:
+        _remove_tree(archive)
+    if number not in {entry["request"] for entry in adopted_requests(run)}:
+        run.append_log(
+            HISTORY_LOG,
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "request": number,
+                "targets": journal["targets"],
+                "adopted": journal["adopted"],
+                "kept_original": journal["keep_original"],
+                "original": archive.name if journal["keep_original"] else None,
+                "moved": moved,
+            },
+        )
+    path.unlink()
+    fsync_directory(run.path)
+    _report(journal, archive, moved, log)
+    return True
+
+
+def _report(journal: dict, archive: Path, moved: list[str], log: Log) -> None:
+    what = f"request {journal['request']}: the retained history is now {journal['adopted']}'s"
+    if journal["keep_original"]:
+        log(
+            f"{what}; keep-original = true: the previous history and {len(moved)} model file(s) "
+            f"are in {archive}, and they determine the forgotten clients' updates"
+        )
+    else:
+        log(
+            f"{what}; the previous history and {len(moved)} model file(s) computed from it were "
+            "deleted: no file left determines the forgotten clients' updates"
+        )
+
+
+def _remove_tree(path: Path) -> None:
+    """Unlink every file under ``path``, then the folders (files first: a crash leaves a tree that
+    the next attempt finishes removing)."""
+    if not path.exists():
+        return
+    for root, _directories, files in os.walk(path):
+        for name in files:
+            Path(root, name).unlink()
+    shutil.rmtree(path)
+    fsync_directory(path.parent)
