@@ -139,6 +139,13 @@ def test_no_kept_file_rebuilds_the_forgotten_clients_updates(tmp_path, simulate,
     formula, fitted = formula_error(left, rounds, kept_update), least_squares_error(left, rounds)
     print(f"rebuild errors after unlearning (dt={interval}): formula {formula:.3g}, fit {fitted:.3g}")
     assert formula > 0.1 and fitted > 0.1
+    if interval == 1:  # resuming the finished request changes nothing: it is done and adopted
+        before_resume = {p.name: p.read_bytes() for p in default.rglob("*") if p.is_file()}
+        train_and_forget(tmp_path, simulate, "default", resume=True)
+        after = {p.name: p.read_bytes() for p in default.rglob("*") if p.is_file()}
+        assert set(after) - set(before_resume) == {"recovery_log.jsonl"}  # the resume's record
+        assert set(before_resume) <= set(after)
+        assert all(after[n] == before_resume[n] for n in after if not n.endswith(".jsonl"))
     [entry] = [json.loads(line) for line in (default / "history_log.jsonl").open()]
     assert entry["adopted"] == "federaser" and not entry["kept_original"]
     assert sorted(p.name for p in default.glob("*.safetensors")) == [
