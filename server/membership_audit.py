@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedunlearn.config import UNLEARNING_METHODS
 from fedunlearn.head_features import head_features
 from fedunlearn.linear_losses import class_probabilities
 from fedunlearn.lira import logit_confidence
@@ -174,7 +175,13 @@ def _audited_states(run, in_memory: Mapping[str, Mapping[str, torch.Tensor]]):
     """Method name -> a loader of its state dict, in :data:`AUDITED`'s order, for the methods whose
     model was handed over in memory or saved in the run directory."""
     states: dict[str, Callable[[], Mapping[str, torch.Tensor]]] = {}
+    # This request's unlearned models: a later request's files end in -<request>, and an earlier
+    # request's models (still on disk) must not stand in for them.
+    requests = run.read_log("unlearning_log.jsonl")
+    suffix = requests[-1].get("suffix", "") if requests else ""
     for name, filename in AUDITED.items():
+        if filename is not None and name in UNLEARNING_METHODS:
+            filename += suffix
         if name in in_memory:
             states[name] = lambda state=in_memory[name]: state
         elif filename is not None and (run.path / f"{filename}.safetensors").is_file():

@@ -60,6 +60,14 @@ from fedunlearn.scrubbing import (
     kl_over_lambda,
     reference_fisher_variance,
 )
+from fedunlearn.reply_checks import (
+    RefusedReply,
+    check_array_specs,
+    check_count,
+    check_finite_arrays,
+    check_metrics,
+    check_partition,
+)
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import resolve_device
 from server.federated_training import TrainingOutcome, participant_rounds
@@ -95,13 +103,30 @@ ENTROPY_SAMPLES = 2000
 
 
 class ScrubStatistics:
-    """Asks clients for sums over their D_r / D_f at a model and adds them up."""
+    """Asks clients for sums over their D_r / D_f at a model, checks every reply, adds them up.
 
-    def __init__(self, grid: Grid, outcome: TrainingOutcome, forget: ForgetSet) -> None:
+    A reply is refused (the query fails, naming the node and the reason; nothing is summed) unless
+    it holds exactly the sums asked for, with the shapes the model implies, finite, and counts
+    equal to the sizes of the client's D_r / D_f that the server computes from the run config
+    (``masks``; capped at ``max-samples`` for the Fisher).
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        outcome: TrainingOutcome,
+        forget: ForgetSet,
+        masks: Mapping[int, np.ndarray],
+    ) -> None:
         self.grid = grid
+        self.members = outcome.members
         self.node_of = dict(outcome.members.node_of_partition)
         self.forget = forget
+        self.masks = masks
         self.settings = run_settings(outcome.config)
+        self.parameters = {
+            name: tuple(tensor.shape) for name, tensor in outcome.new_model().named_parameters()
+        }
         self.messages = 0
 
     def ask(
@@ -113,19 +138,12 @@ class ScrubStatistics:
         **config,
     ) -> dict[str, dict]:
         """``{part: {"count": n, name: summed array}}`` over ``partitions``."""
+        record = {"op": op, "parts": list(parts), "forget": str(self.forget), **config}
         messages = [
             Message(
                 content=RecordDict(
                     {
-                        "config": ConfigRecord(
-                            {
-                                "op": op,
-                                "parts": list(parts),
-                                "forget": str(self.forget),
-                                **config,
-                                **self.settings,
-                            }
-                        ),
+                        "config": ConfigRecord({**record, **self.settings}),
                         "model": ArrayRecord(dict(state)),
                     }
                 ),
@@ -140,17 +158,74 @@ class ScrubStatistics:
         if failed or len(replies) != len(messages):
             reasons = failure_reasons(failed) if failed else "no reply before the timeout"
             raise RuntimeError(f"scrubbing: {op} failed on some clients: {reasons}")
+        asked = {self.node_of[p]: p for p in partitions}
         totals: dict[str, dict] = {part: {"count": 0} for part in parts}
         for reply in replies:
-            metrics = reply.content["metrics"]
-            stats = reply.content["stats"]
+            counts, arrays = self._checked(reply, asked, op, parts, state, config)
             for part in parts:
-                totals[part]["count"] += int(metrics[f"{part}.count"])
-            for key, array in stats.items():
+                totals[part]["count"] += counts[part]
+            for key, value in arrays.items():
                 part, name = key.split(".", 1)
-                value = array.numpy().astype(np.float64)
                 totals[part][name] = totals[part].get(name, 0.0) + value
         return totals
+
+    def _checked(self, reply, asked, op, parts, state, config):
+        """(counts per part, arrays as float64) of one reply, or a RuntimeError naming its node."""
+        node = reply.metadata.src_node_id
+        try:
+            if node not in asked:
+                raise RefusedReply("the server did not ask this node")
+            partition = asked[node]
+            content = reply.content
+            if set(content.keys()) != {"stats", "metrics"}:
+                raise RefusedReply(f"records {sorted(content.keys())}, expected stats and metrics")
+            counts = self._expected_counts(partition, parts, op, config)
+            metrics = check_metrics(
+                content["metrics"], {"partition-id", *(f"{part}.count" for part in parts)}
+            )
+            check_partition(metrics["partition-id"], partition)
+            for part in parts:
+                got = check_count(f"{part}.count", metrics[f"{part}.count"], 0, 2**62)
+                if got != counts[part]:
+                    raise RefusedReply(f"{part}.count = {got}, its {part} part has {counts[part]}")
+            specs = self._expected_arrays(op, parts, counts, state, config)
+            stats = content["stats"]
+            check_array_specs(specs, {k: (tuple(a.shape), a.dtype) for k, a in stats.items()})
+            arrays = {k: a.numpy() for k, a in stats.items()}
+            check_finite_arrays(arrays.items())
+            sums = list(arrays) if op == "fisher" else [k for k in arrays if k.endswith(".loss")]
+            negative = [k for k in sums if (arrays[k] < 0).any()]  # losses and Fishers are >= 0
+            if negative:
+                raise RefusedReply(f"negative sums in {negative[:3]}")
+        except RefusedReply as refused:
+            raise RuntimeError(
+                f"scrubbing: {op} reply of node {node} (client {asked.get(node)}) refused: "
+                f"{refused.reason}"
+            ) from None
+        return counts, {k: a.astype(np.float64) for k, a in arrays.items()}
+
+    def _expected_counts(self, partition, parts, op, config) -> dict[str, int]:
+        mask = self.masks[partition]
+        sizes = {"forgotten": int(mask.sum()), "retained": int((~mask).sum())}
+        if op == "fisher":
+            limit = int(config["max-samples"])
+            sizes = {part: min(size, limit) for part, size in sizes.items()}
+        return {part: sizes[part] for part in parts}
+
+    def _expected_arrays(self, op, parts, counts, state, config) -> dict[str, tuple]:
+        """(shape, dtype) of every array a reply must hold."""
+        if op == "head":
+            k, d = head_matrix(state).shape
+            shapes = {"loss": ((1,), "float64"), "gradient": ((k, d), "float64")}
+            if bool(config.get("hessian", False)):
+                shapes["blocks"] = ((k * (k + 1) // 2, d * (d + 1) // 2), "float32")
+            return {f"{part}.{n}": spec for part in parts for n, spec in shapes.items()}
+        return {
+            f"{part}.{name}": (shape, "float64")
+            for part in parts
+            if counts[part] > 0
+            for name, shape in self.parameters.items()
+        }
 
 
 def cohort_masks(config, data) -> dict[int, np.ndarray]:
@@ -184,7 +259,7 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
     log(
         f"scrubbing {forget} ({n_forget} samples on {len(holders)} client(s)): {', '.join(methods)}"
     )
-    stats = ScrubStatistics(grid, outcome, forget)
+    stats = ScrubStatistics(grid, outcome, forget, masks)
     original = outcome.final_state
     models: dict[str, State] = {"original": original}
     seconds: dict[str, float] = {}
@@ -197,16 +272,19 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
         outcome.run.save_model(f"model_scrub_{name}", models[name])
         log(f"scrub {name}: {seconds[name]:.1f}s")
 
-    fedretrain = outcome.run.path / "model_fedretrain.safetensors"
+    requests = outcome.run.read_log("unlearning_log.jsonl")
+    reusable = f"model_fedretrain{requests[-1].get('suffix', '')}" if len(requests) == 1 else None
     if (
-        forget.kind == "client"
+        reusable is not None
+        and forget.kind == "client"
         and config.unlearn_targets == [forget.client]
-        and fedretrain.is_file()
+        and (outcome.run.path / f"{reusable}.safetensors").is_file()
     ):
-        # The unlearning step already retrained without this client, from the same initial weights
-        # and seeds: the same model, so it is reused rather than trained twice.
-        timed("retrain", lambda: outcome.run.load_model("model_fedretrain"))
-        details["retrain_reused"] = "model_fedretrain"
+        # The unlearning step already retrained without this client (and no one else: the run's
+        # first request), from the same initial weights and seeds: the same model, so it is
+        # reused rather than trained twice.
+        timed("retrain", lambda: outcome.run.load_model(reusable))
+        details["retrain_reused"] = reusable
     else:
         timed(
             "retrain",
