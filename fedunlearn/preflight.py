@@ -43,7 +43,7 @@ FINISHED_RUN_FILES = (
     "summary.json",
 )
 #: The request's fields an ``unlearn-only`` run takes over the trained run's configuration; the
-#: same list as ``server.run_loading.REQUEST_KEYS`` (a test keeps them equal).
+#: list ``server.run_loading`` applies.
 REQUEST_FIELDS = (
     "unlearn_clients",
     "unlearn_methods",
@@ -112,13 +112,7 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
                 config.run_name,
                 f"a finished run under {config.output_path}; {path / name} is missing{hint}",
             )
-    saved = _read_json_object(config, path / "config.json")
-    try:
-        trained = ExperimentConfig.from_run_config(saved, strict=False)
-    except ConfigError as error:
-        raise ConfigError(
-            "run-name", config.run_name, f"a run whose config.json is still valid ({error})"
-        ) from None
+    trained = trained_config(config, path)
     effective = trained.replace(
         **{field: getattr(config, field) for field in REQUEST_FIELDS}, unlearn_only=True
     )
@@ -165,6 +159,18 @@ def forgotten_clients(config: ExperimentConfig, path: Path) -> set[int]:
     return forgotten
 
 
+def trained_config(config: ExperimentConfig, path: Path) -> ExperimentConfig:
+    """The configuration ``path`` was trained with (its ``config.json``), or a ConfigError on
+    run-name when it is unreadable or no longer valid."""
+    saved = _read_json_object(config, path / "config.json")
+    try:
+        return ExperimentConfig.from_run_config(saved, strict=False)
+    except ConfigError as error:
+        raise ConfigError(
+            "run-name", config.run_name, f"a run whose config.json is still valid ({error})"
+        ) from None
+
+
 def complete_unlearn_request(values: dict[str, Any], config: ExperimentConfig) -> dict[str, Any]:
     """An ``unlearn-only`` request's run config with the trained run's data settings
     (:data:`fedunlearn.federated_data.DATA_KEYS`) filled in where the request leaves them out, so
@@ -174,13 +180,7 @@ def complete_unlearn_request(values: dict[str, Any], config: ExperimentConfig) -
     path = config.run_directory()
     if not config.unlearn_only or not (path / "config.json").is_file():
         return values  # check_finished_run says what is missing
-    saved = _read_json_object(config, path / "config.json")
-    try:
-        trained = ExperimentConfig.from_run_config(saved, strict=False)
-    except ConfigError as error:
-        raise ConfigError(
-            "run-name", config.run_name, f"a run whose config.json is still valid ({error})"
-        ) from None
+    trained = trained_config(config, path)
     completed = dict(values)
     for key in DATA_KEYS:
         field = key.replace("-", "_")

@@ -47,13 +47,7 @@ class RefusedReply(FedUnlearnError, ValueError):
 
 def check_array_specs(sent: Mapping[str, ArraySpec], received: Mapping[str, ArraySpec]) -> None:
     """The reply's arrays have exactly the sent keys, and each the sent shape and dtype."""
-    missing = sorted(set(sent) - set(received))
-    extra = sorted(set(received) - set(sent))
-    if missing or extra:
-        parts = ([f"missing {_listed(missing)}"] if missing else []) + (
-            [f"unexpected {_listed(extra)}"] if extra else []
-        )
-        raise RefusedReply("arrays " + " and ".join(parts))
+    _same_names("arrays", sent, received)
     for name, (shape, dtype) in sent.items():
         got_shape, got_dtype = received[name]
         if tuple(got_shape) != tuple(shape):
@@ -74,13 +68,7 @@ def check_finite_arrays(arrays: Iterable[tuple[str, np.ndarray]]) -> None:
 
 def check_metrics(metrics: Mapping[str, object], expected: Collection[str]) -> dict[str, float]:
     """Exactly the ``expected`` metric names, each a finite int or float (not a bool or a list)."""
-    missing = sorted(set(expected) - set(metrics))
-    extra = sorted(set(metrics) - set(expected))
-    if missing or extra:
-        parts = ([f"missing {_listed(missing)}"] if missing else []) + (
-            [f"unexpected {_listed(extra)}"] if extra else []
-        )
-        raise RefusedReply("metrics " + " and ".join(parts))
+    _same_names("metrics", expected, metrics)
     values: dict[str, float] = {}
     for name, value in metrics.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -143,6 +131,15 @@ def check_evaluate_reply(
     if float(values["eval-loss"]) < 0.0:
         raise RefusedReply(f"eval-loss = {values['eval-loss']} is negative")
     return values
+
+
+def _same_names(what: str, expected: Collection[str], found: Collection[str]) -> None:
+    missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    if missing or extra:
+        parts = ([f"missing {_listed(missing)}"] if missing else []) + (
+            [f"unexpected {_listed(extra)}"] if extra else []
+        )
+        raise RefusedReply(f"{what} " + " and ".join(parts))
 
 
 def _listed(names: list[str]) -> str:

@@ -79,55 +79,50 @@ class ReplyScreen:
     ) -> list[Message]:
         """The replies (``train`` or ``train.calibrate``) that pass every check; error replies
         (a failed client, not a hostile one) are left out without counting as refusals."""
-        started = time.perf_counter()
         spec = {name: (tuple(array.shape), array.dtype) for name, array in sent.items()}
+
+        def check(reply: Message, partition: int) -> None:
+            arrays = self._records(reply, arrays=True)
+            check_training_reply(
+                spec,
+                {name: (tuple(a.shape), a.dtype) for name, a in arrays.items()},
+                reply.content["metrics"],
+                partition=partition,
+                declared_examples=self.members.num_examples[partition],
+                arrays=_decoded(arrays),
+            )
+
+        return self._screen(phase, server_round, replies, check)
+
+    def evaluation(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """The ``evaluate`` replies that pass every check."""
+
+        def check(reply: Message, partition: int) -> None:
+            self._records(reply, arrays=False)
+            check_evaluate_reply(
+                reply.content["metrics"],
+                partition=partition,
+                declared_examples=self.members.num_examples[partition],
+            )
+
+        return self._screen("evaluate", server_round, replies, check)
+
+    def _screen(self, phase, server_round, replies, check) -> list[Message]:
+        """The non-error replies ``check(reply, partition)`` accepts; the others are refused."""
+        started = time.perf_counter()
         kept, refused = [], set()
         for reply in replies:
             if reply.has_error():
                 continue
             node = reply.metadata.src_node_id
             try:
-                partition = self._partition(node)
-                arrays = self._records(reply, arrays=True)
-                check_training_reply(
-                    spec,
-                    {name: (tuple(a.shape), a.dtype) for name, a in arrays.items()},
-                    reply.content["metrics"],
-                    partition=partition,
-                    declared_examples=self.members.num_examples[partition],
-                    arrays=_decoded(arrays),
-                )
+                check(reply, self._partition(node))
             except RefusedReply as refusal:
                 self._refuse(phase, server_round, node, refusal.reason)
                 refused.add(node)
                 continue
             kept.append(reply)
         self._account(phase, server_round, {r.metadata.src_node_id for r in kept}, refused)
-        self.seconds += time.perf_counter() - started
-        return kept
-
-    def evaluation(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
-        """The ``evaluate`` replies that pass every check."""
-        started = time.perf_counter()
-        kept, refused = [], set()
-        for reply in replies:
-            if reply.has_error():
-                continue
-            node = reply.metadata.src_node_id
-            try:
-                partition = self._partition(node)
-                self._records(reply, arrays=False)
-                check_evaluate_reply(
-                    reply.content["metrics"],
-                    partition=partition,
-                    declared_examples=self.members.num_examples[partition],
-                )
-            except RefusedReply as refusal:
-                self._refuse("evaluate", server_round, node, refusal.reason)
-                refused.add(node)
-                continue
-            kept.append(reply)
-        self._account("evaluate", server_round, {r.metadata.src_node_id for r in kept}, refused)
         self.seconds += time.perf_counter() - started
         return kept
 
@@ -162,18 +157,7 @@ class ReplyScreen:
             f"refused the {phase} reply of node {node} (client {partition}) in round "
             f"{server_round}: {reason}"
         )
-        if self.run is not None:
-            self.run.append_log(
-                REFUSALS_LOG,
-                {
-                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "phase": phase,
-                    "round": server_round,
-                    "node": node,
-                    "client": partition,
-                    "reason": reason,
-                },
-            )
+        self._record(phase, server_round, node, reason=reason)
 
     def _account(self, phase: str, server_round: int, answered: set[int], refused: set[int]):
         """Count refusals in a row per node; drop a node that reached ``max_refusals``."""
@@ -193,15 +177,19 @@ class ReplyScreen:
                 )
                 self.members.dropped[partition] = reason
                 self.log(f"dropped node {node} (client {partition}) from the run: {reason}")
-                if self.run is not None:
-                    self.run.append_log(
-                        REFUSALS_LOG,
-                        {
-                            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                            "phase": phase,
-                            "round": server_round,
-                            "node": node,
-                            "client": partition,
-                            "dropped": reason,
-                        },
-                    )
+                self._record(phase, server_round, node, dropped=reason)
+
+    def _record(self, phase: str, server_round: int, node: int, **what: str) -> None:
+        """One line of ``refused_replies.jsonl``: a refusal (``reason``) or a drop (``dropped``)."""
+        if self.run is not None:
+            self.run.append_log(
+                REFUSALS_LOG,
+                {
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "phase": phase,
+                    "round": server_round,
+                    "node": node,
+                    "client": self.members.partition_of(node),
+                    **what,
+                },
+            )

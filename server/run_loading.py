@@ -13,25 +13,13 @@ from collections.abc import Callable
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
 from fedunlearn.federated_data import load_federated_data
+from fedunlearn.preflight import REQUEST_FIELDS
 from fedunlearn.run_directory import RunDirectory
 from fedunlearn.update_store import UpdateStore
 from server.federated_training import TrainingOutcome, discover
 from server.history import adopt, finish_pending, pending_request
 from server.reply_screening import ReplyScreen
 
-REQUEST_KEYS = (
-    "unlearn_clients",
-    "unlearn_methods",
-    "calibration_ratio",
-    "calibration_layerwise",
-    "calibration_order",
-    "device",
-    "node_wait_seconds",
-    "unlearn_adopt",
-    "keep_original",
-    "max_refusals",
-    "min_reply_fraction",
-)
 
 
 def load_trained_run(
@@ -57,7 +45,7 @@ def load_trained_run(
             )
     trained = ExperimentConfig.from_run_config(json.loads((path / "config.json").read_text()))
     config = trained.replace(
-        **{key: getattr(request, key) for key in REQUEST_KEYS}, unlearn_only=True
+        **{key: getattr(request, key) for key in REQUEST_FIELDS}, unlearn_only=True
     )
     data = load_federated_data(config)
     members = discover(grid, config, data, log=log)

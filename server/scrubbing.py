@@ -43,6 +43,7 @@ from flwr.serverapp import Grid
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.federated_data import run_settings
+from fedunlearn.preflight import cohort_masks
 from fedunlearn.forget_sets import ForgetSet
 from fedunlearn.forgetting_baselines import hide_class
 from fedunlearn.head_curvature import assemble_hessian, head_matrix, with_head
@@ -226,21 +227,6 @@ class ScrubStatistics:
             if counts[part] > 0
             for name, shape in self.parameters.items()
         }
-
-
-def cohort_masks(config, data) -> dict[int, np.ndarray]:
-    """Every client's D_f mask for ``scrub-forget``; a cohort that cannot be drawn from this
-    federation (too few samples, or none at all) is a :class:`ConfigError`, raised before training."""
-    forget = ForgetSet.parse(
-        config.scrub_forget, num_clients=config.num_clients, num_classes=data.splits.num_classes
-    )
-    masks = {
-        p: forget.mask(data.client_split(p).y.numpy(), p, config.seed)
-        for p in range(config.num_clients)
-    }
-    if not any(m.any() for m in masks.values()):
-        raise ConfigError("scrub-forget", config.scrub_forget, "a cohort with at least one sample")
-    return masks
 
 
 def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:

@@ -14,14 +14,13 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import FedUnlearnError
-from fedunlearn.federated_data import load_federated_data
 from fedunlearn.preflight import preflight
 from server.certified_head import run_certified_head
 from server.federated_training import dp_epsilon_of, train_federated
 from server.history import adopt, is_adopted
 from server.membership_audit import run_membership_audit
 from server.run_loading import load_trained_run
-from server.scrubbing import cohort_masks, run_scrubbing
+from server.scrubbing import run_scrubbing
 from server.unlearning import run_unlearning, unlearning_done
 
 
@@ -42,8 +41,6 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         try:
             config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
             preflight(config)  # the data and the run directory, before anything is written
-            if config.scrub:
-                cohort_masks(config, load_federated_data(config))  # a bad cohort stops us now
             if config.unlearn_only:
                 outcome = load_trained_run(grid, config, log=_log)
             else:
