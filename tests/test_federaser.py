@@ -252,3 +252,40 @@ def test_several_targets_at_once_are_all_left_out(tmp_path):
     assert set(asked) == {1, 3}
     assert [s.clients for s in result.steps] == [[1, 3]] * 3
     assert [s.clients for s in fedaccum(store, targets=[0, 2]).steps] == [[1, 3]] * 3
+
+
+@pytest.mark.parametrize("order", ["client", "average"])
+def test_the_trajectory_is_the_reconstruction_and_keeps_each_clients_step_size(tmp_path, order):
+    """The adopted history: its global models are the reconstruction's M~, its updates add up to
+    the steps taken, and each records the norm of the update it replaces (eq. 2's step size)."""
+    store = _handmade_store(tmp_path)
+    trajectory = UpdateStore(tmp_path / "trajectory")
+    g = torch.Generator().manual_seed(1)
+    answers = {t: {k: {"w": torch.randn(4, generator=g)} for k in (0, 2)} for t in (3, 5)}
+    result = federaser(
+        store, [1], lambda t, m, c: answers[t], trajectory=trajectory, calibration_order=order
+    )
+    assert trajectory.rounds() == [1, 3, 5] and trajectory.clients() == [0, 2]
+    model = trajectory.read_global(1)
+    for t in (1, 3, 5):
+        retained, original = trajectory.read_round(t), store.read_round(t)
+        assert torch.equal(retained.global_model["w"], model["w"])
+        assert retained.squares == {k: original.squares[k] for k in (0, 2)}
+        model = state_sum(model, weighted_average(
+            [retained.updates[k] for k in (0, 2)], [retained.num_examples[k] for k in (0, 2)]))  # fmt: skip
+    assert torch.allclose(model["w"], result.model["w"], atol=1e-6)
+    assert torch.equal(trajectory.read_update(1, 0)["w"], store.read_update(1, 0)["w"])
+
+
+def test_recorded_norms_set_the_step_size_not_the_stored_values(tmp_path):
+    """A rewritten history stores U~ with the norms of the U it replaced: eq. 2 reads those."""
+    store = UpdateStore(tmp_path / "store")
+    update = {"w": torch.tensor([3.0, 4.0])}  # norm 5
+    store.write_round(1, {"w": torch.zeros(2)}, {0: (update, 1)})
+    with store.begin_round(2, {"w": torch.zeros(2)}) as writer:
+        writer.add_update(0, update, 1, squares={"w": 100.0})  # records norm 10
+    result = federaser(store, [], lambda t, m, c: {0: {"w": torch.tensor([0.0, 1.0])}})
+    assert torch.allclose(result.model["w"], torch.tensor([3.0, 14.0]))
+    with pytest.raises(ConfigError, match="squares"):
+        with store.begin_round(3, {"w": torch.zeros(2)}) as writer:
+            writer.add_update(0, update, 1, squares={"w": float("nan")})

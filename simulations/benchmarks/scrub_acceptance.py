@@ -26,6 +26,7 @@ from fedunlearn.federated_data import load_federated_data
 from fedunlearn.models import build_dataset_model
 from fedunlearn.scrub_readouts import relearn_time
 from fedunlearn.seeding import derive_seed
+from fedunlearn.run_directory import RunDirectory
 
 
 def main(argv=None) -> int:
@@ -105,8 +106,7 @@ def main(argv=None) -> int:
         closest_baseline = min(gap[m] for m in ("finetune", "negative-gradient") if m in gap.index)
         out[f"relearn_closer_than_baselines@{threshold:g}"] = gap < closest_baseline
     out = out.reset_index()
-    out.to_csv(run / "scrub_acceptance.csv", index=False)
-    (run / "scrub_acceptance.md").write_text(out.to_markdown(index=False, floatfmt=".4g") + "\n")
+    RunDirectory(run).write_table("scrub_acceptance", out, floatfmt=".4g")  # 0600, atomic
     print(out.to_markdown(index=False, floatfmt=".4g"))
     return 0
 
