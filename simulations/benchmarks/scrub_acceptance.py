@@ -24,9 +24,9 @@ from safetensors.torch import load_file
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.federated_data import load_federated_data
 from fedunlearn.models import build_dataset_model
+from fedunlearn.run_directory import RunDirectory
 from fedunlearn.scrub_readouts import relearn_time
 from fedunlearn.seeding import derive_seed
-from fedunlearn.run_directory import RunDirectory
 
 
 def main(argv=None) -> int:
