@@ -28,20 +28,16 @@ import torch
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
+from fedunlearn.federated_data import DATA_KEYS
 from fedunlearn.run_directory import RunDirectory
 from fedunlearn.update_store import UpdateStore
 
 RECOVERY_LOG = "recovery_log.jsonl"
 
-#: Run-config keys that decide what training computes: a resumed run must keep them all.
+#: Run-config keys that decide what training computes: a resumed run must keep them all (the data
+#: settings but where the data lie, and the training's).
 TRAINING_KEYS = (
-    "dataset",
-    "model",
-    "num-clients",
-    "train-samples",
-    "partitioning",
-    "alpha",
-    "shards-per-client",
+    *(key for key in DATA_KEYS if key != "data-root"),
     "rounds",
     "local-epochs",
     "lr",
@@ -51,7 +47,6 @@ TRAINING_KEYS = (
     "retain",
     "retain-interval",
     "store-dtype",
-    "seed",
     "dp-noise-multiplier",
     "dp-clipping-norm",
     "dp-delta",
