@@ -15,7 +15,8 @@ nothing (or fail far from its cause). Every reply is checked before anything is 
 * sums of squares and losses are not negative (``loss``, ``point``, ``xv_squared``, the diagonals
   of the packed Gram and Hessian matrices).
 
-A bad reply raises :class:`BadReplyError` naming the node, its partition and the reason.
+A bad reply raises :class:`BadReplyError` naming the node, its partition and the reason
+(:func:`check_sources` refuses a reply from a node not asked, and fails the query on a missing one).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedunlearn.errors import FedUnlearnError
+# The errors and the source check live in server.reply_screening, shared with the scrubbing
+# plug-in's queries; re-exported here for the certified head's callers.
+from server.reply_screening import BadReplyError, QueryFailedError, check_sources  # noqa: F401
 
 #: Arrays holding integers (a count, a width); every other array must be floating point.
 INTEGER_ARRAYS = ("count", "dim")
@@ -33,19 +36,6 @@ INTEGER_ARRAYS = ("count", "dim")
 NON_NEGATIVE = ("loss", "point", "xv_squared")
 #: Packed symmetric matrices (``pack_symmetric``) whose diagonal is a sum of squares.
 PACKED = ("gram", "hessian")
-
-
-class BadReplyError(FedUnlearnError, RuntimeError):
-    """A client's reply to a certified-head query was refused (see the module docstring)."""
-
-    def __init__(self, node: int, partition: int | None, op: str, reason: str) -> None:
-        self.node, self.partition, self.op, self.reason = node, partition, op, reason
-        where = f"node {node}" + ("" if partition is None else f" (partition {partition})")
-        super().__init__(f"certified head: {where} sent a bad {op!r} reply, refused: {reason}")
-
-
-class QueryFailedError(FedUnlearnError, RuntimeError):
-    """A certified-head query failed on a client or got no reply in time (nodes named)."""
 
 
 def packed_size(dim: int) -> int:
@@ -177,27 +167,3 @@ def _check_signs(arrays: dict[str, np.ndarray], fail) -> None:
             rows, cols = np.triu_indices(dim)
             if np.any(packed[..., rows == cols] < 0):
                 fail(f"array {name!r} has a negative diagonal entry (a sum of squares)")
-
-
-def check_sources(replies, asked: Mapping[int, int], op: str) -> dict[int, object]:
-    """Replies keyed by partition, refused unless each comes from a node that was asked (node ->
-    partition in ``asked``), once; errors and missing replies are named by node and partition."""
-    by_partition: dict[int, object] = {}
-    errors = []
-    for reply in replies:
-        node = reply.metadata.src_node_id
-        if node not in asked:
-            raise BadReplyError(node, None, op, "this node was not asked")
-        partition = asked[node]
-        if partition in by_partition:
-            raise BadReplyError(node, partition, op, "it replied twice")
-        by_partition[partition] = reply
-        if reply.has_error():
-            reason = reply.error.reason.strip().splitlines()
-            errors.append(f"node {node} (partition {partition}): {reason[-1] if reason else '?'}")
-    missing = [f"node {n} (partition {p})" for n, p in asked.items() if p not in by_partition]
-    if missing:
-        errors.append(f"no reply before the timeout from {', '.join(missing)}")
-    if errors:
-        raise QueryFailedError(f"certified head: {op} failed: {'; '.join(errors)}")
-    return by_partition

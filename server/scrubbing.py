@@ -72,7 +72,7 @@ from fedunlearn.reply_checks import (
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import resolve_device
 from server.federated_training import TrainingOutcome, participant_rounds
-from server.federation import failure_reasons
+from server.reply_screening import check_sources
 
 SCRUB_QUERY = "query.scrub_stats"
 Log = Callable[[str], None]
@@ -155,14 +155,10 @@ class ScrubStatistics:
         ]
         replies = list(self.grid.send_and_receive(messages, timeout=3600))
         self.messages += len(messages)
-        failed = [r for r in replies if r.has_error()]
-        if failed or len(replies) != len(messages):
-            reasons = failure_reasons(failed) if failed else "no reply before the timeout"
-            raise RuntimeError(f"scrubbing: {op} failed on some clients: {reasons}")
         asked = {self.node_of[p]: p for p in partitions}
         totals: dict[str, dict] = {part: {"count": 0} for part in parts}
-        for reply in replies:
-            counts, arrays = self._checked(reply, asked, op, parts, state, config)
+        for partition, reply in check_sources(replies, asked, op, who="scrubbing").items():
+            counts, arrays = self._checked(reply, partition, op, parts, state, config)
             for part in parts:
                 totals[part]["count"] += counts[part]
             for key, value in arrays.items():
@@ -170,13 +166,10 @@ class ScrubStatistics:
                 totals[part][name] = totals[part].get(name, 0.0) + value
         return totals
 
-    def _checked(self, reply, asked, op, parts, state, config):
+    def _checked(self, reply, partition, op, parts, state, config):
         """(counts per part, arrays as float64) of one reply, or a RuntimeError naming its node."""
         node = reply.metadata.src_node_id
         try:
-            if node not in asked:
-                raise RefusedReply("the server did not ask this node")
-            partition = asked[node]
             content = reply.content
             if set(content.keys()) != {"stats", "metrics"}:
                 raise RefusedReply(f"records {sorted(content.keys())}, expected stats and metrics")
@@ -200,7 +193,7 @@ class ScrubStatistics:
                 raise RefusedReply(f"negative sums in {negative[:3]}")
         except RefusedReply as refused:
             raise RuntimeError(
-                f"scrubbing: {op} reply of node {node} (client {asked.get(node)}) refused: "
+                f"scrubbing: {op} reply of node {node} (client {partition}) refused: "
                 f"{refused.reason}"
             ) from None
         return counts, {k: a.astype(np.float64) for k, a in arrays.items()}

@@ -127,3 +127,15 @@ def test_a_hostile_fisher_reply_is_refused(scrub):
     stats, state = _stats(scrub, _set_array("retained.head.weight", lambda a: -a - 1))
     with pytest.raises(RuntimeError, match="node 12 .*negative"):
         stats.ask("fisher", state, ("retained",), [0, 1, 2], **{"max-samples": 20})
+
+
+def test_a_failed_or_missing_scrub_reply_fails_the_query_naming_the_node(scrub):
+    config, data, outcome, state, forget, masks = scrub
+
+    class Silent(ClientGrid):
+        def send_and_receive(self, messages, timeout=None):
+            return super().send_and_receive(messages)[:2]  # node 13 never answers
+
+    stats = ScrubStatistics(Silent(config, data), outcome, forget, masks)
+    with pytest.raises(RuntimeError, match="scrubbing: head failed: .*node 13 \\(partition 2\\)"):
+        stats.ask("head", state, ("retained",), [0, 1, 2], hessian=False)
