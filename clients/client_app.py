@@ -19,11 +19,11 @@ from clients.client_state import ClientSetup, client_config, client_setup, node_
 from clients.head_queries import answer_head_query
 from clients.scrub_queries import answer_scrub_query, forget_mask
 from fedunlearn.errors import ConfigError
-from fedunlearn.federated_data import settings_in
-from fedunlearn.forgetting_baselines import negative_gradient_epochs, random_label_epochs
+from fedunlearn.data.federated_data import settings_in
+from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_label_epochs
 from fedunlearn.seeding import derive_seed
-from fedunlearn.training import evaluate as evaluate_model
-from fedunlearn.training import train_epochs
+from fedunlearn.training.local import evaluate as evaluate_model
+from fedunlearn.training.local import train_epochs
 
 
 def create_client_app(

@@ -15,11 +15,11 @@ import torch
 from flwr.app import Context, Message
 
 from fedunlearn.config import ExperimentConfig
-from fedunlearn.datasets import TensorSplit
+from fedunlearn.data.datasets import TensorSplit
 from fedunlearn.errors import ConfigError
-from fedunlearn.federated_data import load_federated_data, settings_in
-from fedunlearn.models import BodyHeadNet, build_dataset_model
-from fedunlearn.training import resolve_device
+from fedunlearn.data.federated_data import load_federated_data, settings_in
+from fedunlearn.training.models import BodyHeadNet, build_dataset_model
+from fedunlearn.training.local import resolve_device
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def client_setup(
     """The client's setup from Flower's context (run config, then ``overrides``, + node config).
 
     ``msg``'s config record may carry the trained run's data settings
-    (:data:`fedunlearn.federated_data.DATA_KEYS`, sent by the server with every message): they
+    (:data:`fedunlearn.data.federated_data.DATA_KEYS`, sent by the server with every message): they
     replace the run config's, so that a short ``unlearn-only`` or ``resume`` request, whose run config
     lacks them, still builds the partitions and the model the run was trained with.
     A SuperNode started with ``--node-config "... data-root=/its/data"`` reads its partition from

@@ -25,8 +25,8 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.client_state import ClientSetup
 from fedunlearn.errors import ConfigError
-from fedunlearn.head_features import head_features
-from fedunlearn.head_statistics import (
+from fedunlearn.certified.features import head_features
+from fedunlearn.certified.statistics import (
     head_sums,
     is_integer_id,
     pack_symmetric,
@@ -34,7 +34,7 @@ from fedunlearn.head_statistics import (
     step_sums,
     weighted_grams,
 )
-from fedunlearn.linear_losses import check_loss, one_vs_rest_targets
+from fedunlearn.certified.losses import check_loss, one_vs_rest_targets
 
 OPS = ("prepare", "sums", "gram", "removed", "step")
 

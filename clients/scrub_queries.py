@@ -2,11 +2,11 @@
 
 The server (``server/scrubbing.py``) holds the model and applies the scrub; a client holds its samples
 and answers, at the model the server sends, with sums over its part of D_r (``retained``) or of D_f
-(``forgotten``), D_f being the cohort named by ``forget`` (:class:`fedunlearn.forget_sets.ForgetSet`),
+(``forgotten``), D_f being the cohort named by ``forget`` (:class:`fedunlearn.data.forget_sets.ForgetSet`),
 which every party resolves the same way from the run seed:
 
 * ``head``: the softmax head's summed loss, gradient and exact Hessian blocks
-  (:func:`fedunlearn.head_curvature.head_sums`);
+  (:func:`fedunlearn.certified.curvature.head_sums`);
 * ``fisher``: the summed diagonal Fisher of every parameter (eq. 8, labels sampled from the model),
   on at most ``max-samples`` samples per part, drawn with a seed derived from the run seed.
 
@@ -21,9 +21,9 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.client_state import ClientSetup
 from fedunlearn.errors import ConfigError
-from fedunlearn.forget_sets import ForgetSet
-from fedunlearn.head_curvature import head_inputs, head_matrix, head_sums
-from fedunlearn.scrubbing import diagonal_fisher
+from fedunlearn.data.forget_sets import ForgetSet
+from fedunlearn.certified.curvature import head_inputs, head_matrix, head_sums
+from fedunlearn.scrubbing.scrubbers import diagonal_fisher
 from fedunlearn.seeding import derive_seed
 
 OPS = ("head", "fisher")

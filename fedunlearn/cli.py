@@ -33,7 +33,7 @@ _LEDGER_FIELDS = (
 
 def _open_store(path: Path):
     """The store of a run directory or a store directory, opened read-only (writes nothing)."""
-    from fedunlearn.update_store import UpdateStore
+    from fedunlearn.store.update_store import UpdateStore
 
     for candidate in (path, path / "store"):
         if (candidate / "store.json").is_file():
@@ -81,8 +81,8 @@ def _store_verify(args: argparse.Namespace) -> int:
 
 def _read_ledger_for_display(path: Path) -> list[dict]:
     """The ledger's records; a torn last line is reported on stderr, the rest still shown."""
-    from fedunlearn.certified_removal import read_ledger
-    from fedunlearn.durable_io import TornLineWarning
+    from fedunlearn.certified.removal import read_ledger
+    from fedunlearn.store.durable_io import TornLineWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TornLineWarning)
@@ -148,7 +148,7 @@ def _certificates(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from fedunlearn.datasets import load_dataset
+    from fedunlearn.data.datasets import load_dataset
 
     splits = load_dataset(args.name, args.root, download=args.command == "download")
     print(

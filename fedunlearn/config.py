@@ -331,8 +331,8 @@ class ExperimentConfig:
 
     def _validate_certified(self) -> None:
         # Imported here: the certified-removal module pulls in SciPy, which plain runs do not need.
-        from fedunlearn.certified_removal import BOUNDS, GAMMAS, MODES, NOISES
-        from fedunlearn.linear_losses import LOSSES
+        from fedunlearn.certified.removal import BOUNDS, GAMMAS, MODES, NOISES
+        from fedunlearn.certified.losses import LOSSES
 
         _one_of("certified-loss", self.certified_loss, LOSSES)
         _one_of("certified-noise", self.certified_noise, NOISES)
@@ -482,8 +482,8 @@ class ExperimentConfig:
 
     @property
     def forget_set(self):
-        """The cohort D_f named by ``scrub-forget`` (:class:`fedunlearn.forget_sets.ForgetSet`)."""
-        from fedunlearn.forget_sets import ForgetSet
+        """The cohort D_f named by ``scrub-forget`` (:class:`fedunlearn.data.forget_sets.ForgetSet`)."""
+        from fedunlearn.data.forget_sets import ForgetSet
 
         if not self.scrub_forget.strip():
             raise ConfigError(
@@ -645,7 +645,7 @@ def model_problem(model: str, sample_shape: tuple[int, ...]) -> str:
     """Why ``model`` cannot classify samples of ``sample_shape`` ("" when it can)."""
     import torch
 
-    from fedunlearn.models import build_model
+    from fedunlearn.training.models import build_model
 
     try:
         with torch.device("meta"):

@@ -1,6 +1,6 @@
 """Resident memory (RSS) of this process, recorded with every round's metrics.
 
-The server keeps FedEraser's retained history on disk (:mod:`fedunlearn.update_store`), so its
+The server keeps FedEraser's retained history on disk (:mod:`fedunlearn.store.update_store`), so its
 memory must not grow with the number of retained rounds; ``metrics.csv`` shows it round by round.
 """
 

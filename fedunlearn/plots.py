@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fedunlearn.durable_io import atomic_write_bytes  # noqa: E402
+from fedunlearn.store.durable_io import atomic_write_bytes  # noqa: E402
 
 
 def save_figure(fig, path: Path) -> Path:

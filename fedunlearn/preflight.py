@@ -27,9 +27,9 @@ import numpy as np
 
 from fedunlearn.config import ExperimentConfig, model_problem
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
-from fedunlearn.federated_data import DATA_KEYS, FederatedData, load_federated_data
-from fedunlearn.forget_sets import ForgetSet
-from fedunlearn.models import resolve_model_name
+from fedunlearn.data.federated_data import DATA_KEYS, FederatedData, load_federated_data
+from fedunlearn.data.forget_sets import ForgetSet
+from fedunlearn.training.models import resolve_model_name
 
 #: The append-only log of a run's finished unlearning requests (one JSON object per line, with the
 #: forgotten partition ids under ``targets``), written by :mod:`server.unlearning`.
@@ -173,7 +173,7 @@ def trained_config(config: ExperimentConfig, path: Path) -> ExperimentConfig:
 
 def complete_unlearn_request(values: dict[str, Any], config: ExperimentConfig) -> dict[str, Any]:
     """An ``unlearn-only`` request's run config with the trained run's data settings
-    (:data:`fedunlearn.federated_data.DATA_KEYS`) filled in where the request leaves them out, so
+    (:data:`fedunlearn.data.federated_data.DATA_KEYS`) filled in where the request leaves them out, so
     that the short recipe (run-name, unlearn-only, unlearn-clients) sizes the federation and builds
     the partitions the run was trained with. A key the request sets to another value than the
     trained run's is refused: the run is unlearned with the settings it was trained with."""

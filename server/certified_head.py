@@ -3,8 +3,8 @@
 The body of the trained federated model is the feature extractor. The server holds the head, the
 perturbation b and the list of removed samples; the clients return sums over their features
 (``query.certified_head``, see ``clients/head_queries.py``). :class:`FederatedHeadData` turns those
-messages into the :class:`fedunlearn.head_statistics.HeadData` interface, so the same engine
-(:class:`fedunlearn.certified_removal.CertifiedHead`) trains and unlearns centrally and federated.
+messages into the :class:`fedunlearn.certified.statistics.HeadData` interface, so the same engine
+(:class:`fedunlearn.certified.removal.CertifiedHead`) trains and unlearns centrally and federated.
 
 A sample is named ``(partition id, local index)``, two integers (nothing is coerced). A removal
 request names samples of one or more clients, or a whole client; only the clients holding removed
@@ -30,12 +30,12 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedunlearn.certified_removal import CertifiedHead, CertifiedRemovalParams
+from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
-from fedunlearn.federated_data import run_settings
-from fedunlearn.head_features import head_features
-from fedunlearn.head_statistics import (
+from fedunlearn.data.federated_data import run_settings
+from fedunlearn.certified.features import head_features
+from fedunlearn.certified.statistics import (
     HEAD_QUERY,
     CentralHeadData,
     HeadSums,
@@ -45,7 +45,7 @@ from fedunlearn.head_statistics import (
     is_integer_id,
     unpack_symmetric,
 )
-from fedunlearn.linear_losses import one_vs_rest_targets, predict_labels
+from fedunlearn.certified.losses import one_vs_rest_targets, predict_labels
 from fedunlearn.plots import save_figure
 from fedunlearn.seeding import derive_seed
 from server.certified_head_replies import (
@@ -73,7 +73,7 @@ def model_digest(state: Mapping[str, torch.Tensor]) -> str:
 
 
 class FederatedHeadData:
-    """:class:`fedunlearn.head_statistics.HeadData` over a federation's clients.
+    """:class:`fedunlearn.certified.statistics.HeadData` over a federation's clients.
 
     Every reply is validated before it is used (:mod:`server.certified_head_replies`): from the node
     asked, the op's arrays with their exact shapes, finite floating values, and counts equal to the
@@ -93,7 +93,7 @@ class FederatedHeadData:
     partitions : iterable of int, optional
         The clients whose data forms D (default: every client still taking part).
     settings : mapping, optional
-        The run's data settings (:func:`fedunlearn.federated_data.run_settings`), sent with every
+        The run's data settings (:func:`fedunlearn.data.federated_data.run_settings`), sent with every
         query so that clients compute on the partitions the run was trained with.
     """
 
@@ -335,7 +335,7 @@ def _sample_id(sample: object) -> SampleId:
 
 
 #: The one tensor of a saved certified head (``certified_head*.safetensors``): the (K, d) weights on
-#: :func:`fedunlearn.head_features.head_features` of the run's final model.
+#: :func:`fedunlearn.certified.features.head_features` of the run's final model.
 HEAD_WEIGHTS = "certified_head.weights"
 
 

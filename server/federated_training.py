@@ -21,15 +21,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
 from fedunlearn.config import ExperimentConfig
-from fedunlearn.dp_accounting import dp_fedavg_epsilon
-from fedunlearn.federated_data import FederatedData, load_federated_data, run_settings
+from fedunlearn.certified.dp_accounting import dp_fedavg_epsilon
+from fedunlearn.data.federated_data import FederatedData, load_federated_data, run_settings
 from fedunlearn.memory import current_rss_bytes, megabytes, peak_rss_bytes
-from fedunlearn.models import BodyHeadNet, build_dataset_model, resolve_model_name
+from fedunlearn.training.models import BodyHeadNet, build_dataset_model, resolve_model_name
 from fedunlearn.plots import plot_training_curves
-from fedunlearn.run_directory import RunDirectory
+from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.seeding import derive_seed
-from fedunlearn.training import EvaluationResult, evaluate, resolve_device
-from fedunlearn.update_store import UpdateStore
+from fedunlearn.training.local import EvaluationResult, evaluate, resolve_device
+from fedunlearn.store.update_store import UpdateStore
 from server.federation import FederationMembers, discover_clients, failure_reasons
 from server.history import finish_pending
 from server.reply_screening import ReplyScreen
@@ -89,7 +89,7 @@ def dp_epsilon_of(config: ExperimentConfig) -> float:
 
 def train_config_record(config: ExperimentConfig) -> dict[str, int | float | str]:
     """The client SGD settings sent with every training (and calibration) message, and the run's
-    data settings (:func:`fedunlearn.federated_data.run_settings`)."""
+    data settings (:func:`fedunlearn.data.federated_data.run_settings`)."""
     return {
         "local-epochs": config.local_epochs,
         "lr": config.lr,

@@ -63,7 +63,7 @@ def discover_clients(
 ) -> FederationMembers:
     """Wait for ``num_clients`` nodes and ask each for its partition (``query.describe``).
 
-    ``settings`` (the run's data settings, :func:`fedunlearn.federated_data.run_settings`) go with
+    ``settings`` (the run's data settings, :func:`fedunlearn.data.federated_data.run_settings`) go with
     the question, so every node describes the partition of the run's data. ``partition_sizes``, the
     sizes the server computes from the same settings, bound what a node may declare: the reply of a
     node claiming another size is refused.

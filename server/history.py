@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedunlearn.durable_io import atomic_write_bytes, fsync_directory, private_directory
+from fedunlearn.store.durable_io import atomic_write_bytes, fsync_directory, private_directory
 from fedunlearn.errors import ConfigError
-from fedunlearn.run_directory import RunDirectory
-from fedunlearn.update_store import UpdateStore
+from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.store.update_store import UpdateStore
 
 Log = Callable[[str], None]
 JOURNAL = "history_rewrite.json"

@@ -1,6 +1,6 @@
 """The platform's verdict on unlearning: every model a run produced, attacked by every membership-
 inference attack, in one table judged against FedRetrain (issue 6; math in
-:mod:`fedunlearn.mia_evaluation`).
+:mod:`fedunlearn.membership.evaluation`).
 
 With ``mia = true`` the ServerApp, after training, unlearning (``unlearn-clients``: one target) and
 scrubbing (``scrub-forget = client:<target>``), collects the models in :data:`AUDITED` (one line per
@@ -28,14 +28,14 @@ import pandas as pd
 import torch
 
 from fedunlearn.config import UNLEARNING_METHODS
-from fedunlearn.head_features import head_features
-from fedunlearn.linear_losses import class_probabilities
-from fedunlearn.lira import logit_confidence
-from fedunlearn.mia_attacks import disjoint_indices, split_held_out
-from fedunlearn.mia_evaluation import MembershipAudit, ModelOutputs, softmax_outputs
+from fedunlearn.certified.features import head_features
+from fedunlearn.certified.losses import class_probabilities
+from fedunlearn.membership.lira import logit_confidence
+from fedunlearn.membership.attacks import disjoint_indices, split_held_out
+from fedunlearn.membership.evaluation import MembershipAudit, ModelOutputs, softmax_outputs
 from fedunlearn.plots import plot_roc_curves
 from fedunlearn.seeding import derive_seed
-from fedunlearn.training import resolve_device
+from fedunlearn.training.local import resolve_device
 from server.certified_head import HEAD_WEIGHTS
 from server.federated_training import TrainingOutcome, participant_rounds
 

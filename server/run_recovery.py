@@ -28,9 +28,9 @@ import torch
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
-from fedunlearn.federated_data import DATA_KEYS
-from fedunlearn.run_directory import RunDirectory
-from fedunlearn.update_store import UpdateStore
+from fedunlearn.data.federated_data import DATA_KEYS
+from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.store.update_store import UpdateStore
 
 RECOVERY_LOG = "recovery_log.jsonl"
 

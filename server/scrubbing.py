@@ -10,13 +10,13 @@ scrub needs at the model the server sends (``query.scrub_stats``, ``clients/scru
 * ``newton-forget-only``: Section 3.2, ``B = H_D - H_Df`` and ``grad L_Dr = -grad L_Df`` (valid at a
   minimum of L_D); H_D is the cache of the head's Hessian at the end of training (both parts, one
   query) and, at forgetting time, only the clients holding D_f compute anything new.
-* ``newton-finite``: eq. 6 (:func:`fedunlearn.scrubbing.finite_time_scrub`), time ``scrub-time``
+* ``newton-finite``: eq. 6 (:func:`fedunlearn.scrubbing.scrubbers.finite_time_scrub`), time ``scrub-time``
   (eta t; 0 = lr times the local SGD steps a client took in training).
 * ``fisher`` / ``fisher-sqrt``: Fisher forgetting of the whole network with the diagonal Fisher of
   D_r (eq. 8), std ``(lambda sigma_h^2)^{1/4} F^{-1/4}`` or the appendix's ``F^{-1/2}``; F is floored
   at ``scrub-fisher-floor`` (caps the noise of parameters D_r does not use).
 * ``fisher-reference``: the authors' released recipe
-  (:func:`fedunlearn.scrubbing.reference_fisher_variance`): ``F^{-1/2}`` with capped variances
+  (:func:`fedunlearn.scrubbing.scrubbers.reference_fisher_variance`): ``F^{-1/2}`` with capped variances
   averaged per output unit, and a forgotten class's last-layer row reset to the prior mean.
 * Baselines (Section 5.2), as federated rounds with the same clients: ``finetune`` (D_r),
   ``negative-gradient`` and ``random-labels`` (the clients holding D_f), ``hiding`` (server only: the
@@ -42,12 +42,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.federated_data import run_settings
+from fedunlearn.data.federated_data import run_settings
 from fedunlearn.preflight import cohort_masks
-from fedunlearn.forget_sets import ForgetSet
-from fedunlearn.forgetting_baselines import hide_class
-from fedunlearn.head_curvature import assemble_hessian, head_matrix, with_head
-from fedunlearn.scrub_readouts import (
+from fedunlearn.data.forget_sets import ForgetSet
+from fedunlearn.scrubbing.baselines import hide_class
+from fedunlearn.certified.curvature import assemble_hessian, head_matrix, with_head
+from fedunlearn.scrubbing.readouts import (
     error_rate,
     output_entropy,
     plot_entropy_histograms,
@@ -55,7 +55,7 @@ from fedunlearn.scrub_readouts import (
     plot_relearn_times,
     relearn_time,
 )
-from fedunlearn.scrubbing import (
+from fedunlearn.scrubbing.scrubbers import (
     NewtonScrubber,
     finite_time_scrub,
     kl_over_lambda,
@@ -70,7 +70,7 @@ from fedunlearn.reply_checks import (
     check_partition,
 )
 from fedunlearn.seeding import derive_seed
-from fedunlearn.training import resolve_device
+from fedunlearn.training.local import resolve_device
 from server.federated_training import TrainingOutcome, participant_rounds
 from server.reply_screening import check_sources
 
@@ -80,7 +80,7 @@ State = dict[str, torch.Tensor]
 #: Fisher forgetting variants: method -> power of F in the noise's standard deviation.
 FISHER_POWERS = {"fisher": -0.25, "fisher-sqrt": -0.5}
 #: Every Fisher scrub: eq. 8's two powers, and the authors' released recipe
-#: (:func:`fedunlearn.scrubbing.reference_fisher_variance`).
+#: (:func:`fedunlearn.scrubbing.scrubbers.reference_fisher_variance`).
 FISHER_VARIANTS = ("fisher", "fisher-sqrt", "fisher-reference")
 
 

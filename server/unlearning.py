@@ -22,11 +22,11 @@ import pandas as pd
 import torch
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.federaser import fedaccum
-from fedunlearn.model_state import State
+from fedunlearn.unlearning.federaser import fedaccum
+from fedunlearn.training.model_state import State
 from fedunlearn.plots import plot_neuron_angles, plot_unlearning_comparison
-from fedunlearn.training import evaluate, resolve_device
-from fedunlearn.unlearning_metrics import (
+from fedunlearn.training.local import evaluate, resolve_device
+from fedunlearn.unlearning.metrics import (
     angle_degrees,
     l2_distance,
     per_neuron_angles,

@@ -1,6 +1,6 @@
 """FedEraser on Flower: the remaining clients calibrate, the server rescales retained updates.
 
-Liu et al., *FedEraser* (IWQoS 2021), Algorithm 1. The math is :func:`fedunlearn.federaser.federaser`;
+Liu et al., *FedEraser* (IWQoS 2021), Algorithm 1. The math is :func:`fedunlearn.unlearning.federaser.federaser`;
 this module only moves records: for each retained round t_j after the first it sends the calibrated
 model M̃^{t_j} to the remaining clients' nodes as ``train.calibrate`` messages with
 ``local-epochs`` = E_cali = ⌈r·E_loc⌉ and ``server-round`` = t_j, and turns each reply M̂_k into the
@@ -16,14 +16,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedunlearn.federaser import (
+from fedunlearn.unlearning.federaser import (
     Reconstruction,
     ReconstructionStep,
     calibration_epochs,
     federaser,
 )
-from fedunlearn.model_state import state_difference
-from fedunlearn.update_store import UpdateStore
+from fedunlearn.training.model_state import state_difference
+from fedunlearn.store.update_store import UpdateStore
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class FedEraser:
         trajectory: UpdateStore | None = None,
     ) -> Reconstruction:
         """The global model rebuilt without ``targets`` (partition ids); ``trajectory`` receives
-        the reconstruction's own history (:func:`fedunlearn.federaser.federaser`)."""
+        the reconstruction's own history (:func:`fedunlearn.unlearning.federaser.federaser`)."""
         self._forbidden_nodes = frozenset(
             self.node_of_partition[t] for t in targets if t in self.node_of_partition
         )

@@ -15,8 +15,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedunlearn.model_state import state_difference
-from fedunlearn.update_store import UpdateStore
+from fedunlearn.training.model_state import state_difference
+from fedunlearn.store.update_store import UpdateStore
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+#: A local copy of the benchmark datasets (MNIST, Fashion-MNIST, Adult); `.ci/run` sets it.
+DATA_ROOT = Path(os.environ.get("FEDUNLEARN_DATA_ROOT", "")).expanduser()
 
 # Keep the suite reproducible and light on a 2-core CI machine.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -16,9 +17,9 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 @pytest.fixture
 def shared_data() -> Path:
-    if not (SHARED_DATA / "MNIST" / "raw").is_dir():
-        pytest.skip(f"benchmark data not present at {SHARED_DATA}")
-    return SHARED_DATA
+    if not os.environ.get("FEDUNLEARN_DATA_ROOT") or not (DATA_ROOT / "MNIST" / "raw").is_dir():
+        pytest.skip("benchmark data not found: set FEDUNLEARN_DATA_ROOT to a folder holding MNIST/")
+    return DATA_ROOT
 
 
 @pytest.fixture

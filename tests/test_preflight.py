@@ -12,8 +12,8 @@ import torch
 from fedunlearn import preflight as pf
 from fedunlearn.config import MODELS, SAMPLE_SHAPES, ExperimentConfig, model_problem
 from fedunlearn.errors import ConfigError
-from fedunlearn.federated_data import load_federated_data
-from fedunlearn.models import DEFAULT_MODEL, build_model
+from fedunlearn.data.federated_data import load_federated_data
+from fedunlearn.training.models import DEFAULT_MODEL, build_model
 
 
 def _config(tmp_path, **values) -> ExperimentConfig:

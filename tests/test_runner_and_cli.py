@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fedunlearn import cli
 from fedunlearn.config import check_path_text
 from fedunlearn.errors import ConfigError
-from fedunlearn.update_store import UpdateStore
+from fedunlearn.store.update_store import UpdateStore
 from simulations import run as runner
 
 
@@ -148,9 +148,9 @@ def test_store_verify_on_a_garbage_index_exits_1(tmp_path, capsys, garbage):
 
 
 def test_certificates_with_a_torn_last_line_prints_the_table_and_a_warning(tmp_path, capsys):
-    from fedunlearn.certified_removal import CertifiedHead, CertifiedRemovalParams
-    from fedunlearn.head_statistics import CentralHeadData
-    from fedunlearn.linear_losses import normalize_features, one_vs_rest_targets
+    from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
+    from fedunlearn.certified.statistics import CentralHeadData
+    from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
 
     rng = np.random.default_rng(1)
     x = normalize_features(rng.normal(size=(30, 3)) + 0.3)
@@ -169,7 +169,7 @@ def test_certificates_with_a_torn_last_line_prints_the_table_and_a_warning(tmp_p
     captured = capsys.readouterr()
     assert "2 certificate(s)" in captured.out and "| remove |" in captured.out.replace("  ", " ")
     assert f"fedunlearn: warning: {ledger}: skipped a torn last line" in captured.err
-    from fedunlearn.durable_io import TornLineWarning
+    from fedunlearn.store.durable_io import TornLineWarning
 
     with pytest.warns(TornLineWarning, match=f"{ledger}: cut off a torn last line"):
         head.remove([4])  # the next append cuts the torn line off: the ledger reads whole again

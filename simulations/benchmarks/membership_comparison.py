@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedunlearn.mia_evaluation import mean_std
+from fedunlearn.membership.evaluation import mean_std
 from simulations import run as runner
 
 

@@ -30,7 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fedunlearn.update_store import UpdateStore  # noqa: E402
+from fedunlearn.store.update_store import UpdateStore  # noqa: E402
 from simulations import run as runner  # noqa: E402
 
 # Training only (no unlearning phase): the benchmark measures what retention costs during training.

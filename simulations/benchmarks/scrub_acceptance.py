@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import load_file
 
 from fedunlearn.config import ExperimentConfig
-from fedunlearn.federated_data import load_federated_data
-from fedunlearn.models import build_dataset_model
-from fedunlearn.run_directory import RunDirectory
-from fedunlearn.scrub_readouts import relearn_time
+from fedunlearn.data.federated_data import load_federated_data
+from fedunlearn.training.models import build_dataset_model
+from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.scrubbing.readouts import relearn_time
 from fedunlearn.seeding import derive_seed
 
 

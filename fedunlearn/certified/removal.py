@@ -1,0 +1,847 @@
+"""Certified removal on a linear head (Guo, Goldstein, Hannun, van der Maaten, ICML 2020).
+
+Training (Algorithm 1) minimises the perturbed, L2-regularised loss
+
+    L_b(w; D) = sum_i l(w^T x_i, y_i) + (lambda n / 2) ||w||^2 + b^T w            (Sec. 3, eq. 2)
+
+to its exact minimiser (Newton, gradient norm <= ``tol`` relative to its value at w = 0), with ``b``
+Gaussian N(0, sigma^2)^d for (epsilon, delta)-certified removal or with density
+``~ exp(-epsilon ||b|| / epsilon')`` for epsilon-CR (Theorem 3; here ``sigma = epsilon'/epsilon``,
+the norm is Gamma(d, sigma) and the direction uniform).
+
+Removing a batch B of m samples (Algorithm 2) takes one Newton step
+
+    Delta = m lambda w + sum_{i in B} grad l(w^T x_i, y_i),   w <- w + H^{-1} Delta,
+
+with H the Hessian of L on the remaining data D' (n - m samples, regularisation lambda (n - m)).
+The gradient residual ``||grad L_b(w; D')||`` is bounded after every step and the bounds add up in
+``beta``; while ``beta <= epsilon' = sigma epsilon / c``, ``c = sqrt(2 log(1.5 / delta))`` (Gaussian;
+``sigma epsilon`` for the Gamma density), the model is certified. A request that would exceed the
+budget retrains on D' with a fresh ``b`` instead: no model with ``beta`` over budget is returned.
+
+The residual after a step v from w, with the step's Hessian taken at an anchor w0, is exactly
+
+    grad L'(w + v) = r_prev + [H'(w0) v - Delta] + int_0^1 (H'(w + t v) - H'(w0)) v dt,
+
+where r_prev is the residual before the request. The bracket is the linear solve's own error; this
+module measures its norm in float64 and adds it to the bound (zero up to rounding in exact arithmetic),
+so a rounding or a stale factor can never make the certificate lie. The integral is
+``X'^T diag(e) X' v`` with ``|e_i| <= gamma (|a_i| + |b_i| / 2)``, ``a_i = x_i^T (w - w0)``,
+``b_i = x_i^T v`` (``gamma`` the Lipschitz constant of l''). Hence two bounds (``bound=``):
+
+* ``"corollary"``: ``gamma ||X'||_2 (||w - w0|| + ||v||) ||X' v||`` -- Guo et al.'s Corollary 1
+  (``gamma ||X'|| ||v|| ||X'v||``) when w0 = w, widened for a stale anchor; O(d^2) from K = X'^T X'.
+* ``"per-point"``: ``gamma ||X'||_2 sqrt(sum_i (|a_i| + |b_i|/2)^2 b_i^2)``; with w0 = w it is
+  ``gamma ||X'|| sqrt(sum b_i^4) / 2``, never more than half of Corollary 1's since ``|b_i| <= ||v||``.
+  O(nd) per request (one scalar sum per client in a federation). The default, with the exact
+  ``gamma = 1/(6 sqrt 3)`` of the logistic l''.
+
+Both assume ``l'' = sigma(1 - sigma)``, i.e. logistic targets in {-1, +1}, and ``||x|| <= 1``: the
+data classes refuse anything else (:func:`fedunlearn.certified.losses.check_targets`).
+
+Two modes (``mode=``): ``"exact"`` builds the Hessian at the current w for every request and solves
+by Cholesky (never an explicit inverse); ``"fast"`` keeps the eigendecomposition of the data part of
+the Hessian at an anchor w0, ``A = Q Lambda Q^T``, so that ``A + lambda m I`` is solved for any count
+m in O(d^2) (a Cholesky factor could not absorb the shift lambda I that each removal brings), and the
+removed samples' parts ``U U^T`` by the Woodbury identity; it refreshes the anchor when the drift
+``||w - w0||`` exceeds ``refresh_ratio`` times the step or the downdate rank exceeds ``max_rank``.
+``||X'||_2^2 = lambda_max(K')`` is computed at training and refreshes and is an upper bound in between,
+because ``K' = K - sum x x^T <= K``.
+
+Multiclass heads are one-vs-rest: K independent binary problems sharing X, one joint ``b`` (K x d);
+the joint residual's norm is bounded by the root of the sum of the heads' squared bounds.
+
+Randomness. b comes from the operating system (:mod:`fedunlearn.certified.perturbation`), never from a seed,
+and is never written: the trained head together with the data determines it exactly
+(``b = -grad L(w; D) - lambda n w`` at the minimiser), so the engine publishes no weights itself
+and a caller should write only the final head. A head rebuilt after a restart is retrained with a
+fresh b.
+
+Transactions. :meth:`CertifiedHead.fit` and :meth:`CertifiedHead.remove` compute the new state aside
+and commit it only after the certificate is in the ledger: when any step fails (a data query, the
+linear algebra, a retrain, the ledger append) the weights, b, the data's removal mask, beta, the
+bounds, the request counter, every cache and the ledger's bytes are exactly as before, and the
+request can be retried. The ``progress`` callback runs after the commit; if it raises, the request
+stays done and :class:`ProgressCallbackError` (carrying the certificate) tells the caller not to
+retry it.
+
+Ledger. Each certificate records its UTC time and ``weights_sha256``, the SHA-256 of the certified
+(K, d) weights as float64, little-endian, C order (:func:`weights_sha256`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.certified.statistics import HeadData, HeadSums, id_list
+from fedunlearn.certified.losses import LOGISTIC_GAMMA, check_loss, lipschitz_gamma
+from fedunlearn.certified.perturbation import NOISES, check_generator, sample_perturbation
+
+__all__ = ["NOISES", "sample_perturbation"]  # re-exported: b's densities live in perturbation.py
+
+MODES = ("exact", "fast")
+BOUNDS = ("per-point", "corollary")
+GAMMAS = tuple(LOGISTIC_GAMMA)
+
+#: The engine's state that a request moves, all or nothing (see the module docstring).
+_STATE = (
+    "weights",
+    "perturbation",
+    "beta",
+    "worst_case",
+    "tracked",
+    "requests",
+    "trained",
+    "_gram",
+    "_spectral_sq",
+    "_since_spectral",
+    "_anchor",
+    "_factors",
+)
+
+
+class NotConvergedError(FedUnlearnError, RuntimeError):
+    """Newton's method did not reach the requested gradient tolerance."""
+
+
+class NonFiniteSumsError(FedUnlearnError, ArithmeticError):
+    """The data returned NaN or infinite sums: no certificate can be computed from them."""
+
+
+class ProgressCallbackError(FedUnlearnError, RuntimeError):
+    """The ``progress`` callback raised after a request was committed (certificate in the ledger).
+
+    ``certificate`` is the committed request's certificate: the request is done; do not retry it.
+    """
+
+    def __init__(self, certificate: Certificate) -> None:
+        self.certificate = certificate
+        super().__init__(
+            f"request {certificate.request} ({certificate.kind}) was committed and its certificate "
+            "recorded, but the progress callback failed (see the cause); do not retry the request"
+        )
+
+
+def gaussian_c(delta: float) -> float:
+    """``c = sqrt(2 log(1.5 / delta))`` of Theorem 3 (delta = 1.5 exp(-c^2 / 2))."""
+    return math.sqrt(2.0 * math.log(1.5 / delta))
+
+
+def removal_budget(noise: str, sigma: float, epsilon: float, delta: float) -> float:
+    """epsilon', the largest certified gradient residual: ``sigma epsilon / c`` (Gaussian b),
+    ``sigma epsilon`` (Gamma-norm b, epsilon-CR), 0 without perturbation."""
+    if noise == "gaussian":
+        return sigma * epsilon / gaussian_c(delta)
+    if noise == "gamma":
+        return sigma * epsilon
+    return 0.0
+
+
+def corollary_bound(
+    gamma: float, spectral_norm: float, step_norm: float, xv_norm: float, drift_norm: float = 0.0
+) -> float:
+    """``gamma ||X'||_2 (||w - w0|| + ||v||) ||X'v||`` (Guo et al. Corollary 1 when w0 = w)."""
+    return gamma * spectral_norm * (drift_norm + step_norm) * xv_norm
+
+
+def per_point_bound(gamma: float, spectral_norm: float, point_sum: float) -> float:
+    """``gamma ||X'||_2 sqrt(sum_i (|a_i| + |b_i|/2)^2 b_i^2)`` (module docstring)."""
+    return gamma * spectral_norm * math.sqrt(max(point_sum, 0.0))
+
+
+def worst_case_bound(lam: float, n_before: int, m: int, *, gamma: float, c: float = 1.0) -> float:
+    """Data-independent bound of one request removing m of n samples: ``4 gamma m^2 C^2 /
+    (lambda^2 (n - m))`` (Theorem 4; Theorem 1 for m = 1), with ``gamma`` the Lipschitz constant
+    of l'' in use and ``C`` the bound on ``||grad l||`` (1 for the logistic loss, ``||x|| <= 1``)."""
+    return 4.0 * gamma * m * m * c * c / (lam * lam * (n_before - m))
+
+
+def weights_sha256(weights: np.ndarray) -> str:
+    """SHA-256 (hex) of the weights' canonical bytes: float64, little-endian, C order, shape (K, d).
+
+    From a saved head (``server/certified_head.py``'s file):
+    ``weights_sha256(safetensors.numpy.load_file(path)["certified_head.weights"])``.
+    """
+    canonical = np.ascontiguousarray(np.asarray(weights, dtype="<f8"))
+    return hashlib.sha256(canonical.tobytes()).hexdigest()
+
+
+def utc_timestamp() -> str:
+    """Now, in UTC, ISO 8601 with a ``Z`` (microseconds)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _joint(per_head: np.ndarray) -> float:
+    return float(np.sqrt(np.sum(np.square(per_head))))
+
+
+def _finite(what: str, *arrays: np.ndarray | None) -> None:
+    for array in arrays:
+        if array is not None and not np.all(np.isfinite(array)):
+            raise NonFiniteSumsError(
+                f"{what} contain NaN or infinite values; no certificate can rest on them (check "
+                "the features, the targets' scale and the clients)"
+            )
+
+
+def cholesky_solve(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """``matrix^{-1} rhs`` for a symmetric positive definite matrix, by Cholesky (no inverse formed).
+
+    The factor comes from NumPy's LAPACK, the two triangular solves (O(d^2)) from SciPy: keeping the
+    O(d^3) work in the BLAS that also forms the Hessians avoids two BLAS thread pools fighting over
+    the cores (SciPy and NumPy each ship an OpenBLAS).
+    """
+    lower = np.linalg.cholesky(matrix)
+    return scipy.linalg.solve_triangular(
+        lower.T,
+        scipy.linalg.solve_triangular(lower, rhs, lower=True, check_finite=False),
+        lower=False,
+        check_finite=False,
+    )
+
+
+def _top_eigenvalue(matrix: np.ndarray) -> float:
+    return max(float(np.linalg.eigvalsh(matrix)[-1]), 0.0)
+
+
+@dataclass(frozen=True)
+class CertifiedRemovalParams:
+    """Settings of a certified head. ``sigma`` is b's standard deviation (Gaussian) or its norm's
+    Gamma scale epsilon'/epsilon; ``lam`` the lambda of ``(lambda n / 2) ||w||^2``.
+
+    ``refresh_ratio`` (fast mode): refresh the cached Hessian when ``||w - w0|| > ratio ||v||``. On
+    MNIST 3 vs 8 (100 removals) ratio 2 refreshed 35 times and ended with beta 1.3x exact mode's,
+    ratio 5 refreshed 18 times at 1.6x, ratio 20 four times at 2.9x; 5 is the default.
+    ``single_precision_hessian`` (exact mode): form the per-request Hessian in float32 (twice as
+    fast); the solve's residual is measured in float64 and added to beta, so the certificate holds.
+    Least squares always uses float64 (its step is exact).
+    """
+
+    loss: str = "logistic"
+    lam: float = 1e-3
+    sigma: float = 10.0
+    epsilon: float = 1.0
+    delta: float = 1e-4
+    noise: str = "gaussian"
+    mode: str = "exact"
+    bound: str = "per-point"
+    gamma: str = "exact"
+    refresh_ratio: float = 5.0
+    max_rank: int = 64
+    spectral_every: int = 100
+    tol: float = 1e-10
+    max_newton: int = 100
+    track_bounds: bool = False
+    single_precision_hessian: bool = True
+
+    def validate(self) -> None:
+        check_loss(self.loss)
+        for name, allowed in (
+            ("noise", NOISES),
+            ("mode", MODES),
+            ("bound", BOUNDS),
+            ("gamma", GAMMAS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(name, getattr(self, name), f"one of {', '.join(allowed)}")
+        if not self.lam > 0:
+            raise ConfigError(
+                "lam", self.lam, "a number > 0 (the regulariser makes L strongly convex)"
+            )
+        if self.noise == "none":
+            if self.loss != "least-squares":
+                raise ConfigError(
+                    "noise",
+                    self.noise,
+                    "gaussian or gamma for the logistic loss (only least squares "
+                    "removes exactly without a perturbation)",
+                )
+        elif not self.sigma > 0:
+            raise ConfigError("sigma", self.sigma, "a number > 0 (the perturbation's scale)")
+        if not self.epsilon > 0:
+            raise ConfigError("epsilon", self.epsilon, "a number > 0")
+        if self.noise == "gaussian" and not 0 < self.delta < 1.5:
+            raise ConfigError("delta", self.delta, "a number in (0, 1.5)")
+        if not self.refresh_ratio > 0:
+            raise ConfigError("refresh_ratio", self.refresh_ratio, "a number > 0")
+        for name in ("max_rank", "spectral_every", "max_newton"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(name, getattr(self, name), "an integer >= 1")
+        if not 0 < self.tol < 1:
+            raise ConfigError("tol", self.tol, "a number in (0, 1)")
+
+    @property
+    def budget(self) -> float:
+        return removal_budget(self.noise, self.sigma, self.epsilon, self.delta)
+
+    @property
+    def worst_case_applies(self) -> bool:
+        """Theorems 1/4 hold for the logistic loss with the Hessian at the current w (exact mode);
+        least squares needs no bound (its step is exact) and the fast mode's Hessian is stale."""
+        return self.loss == "logistic" and self.mode == "exact"
+
+
+@dataclass
+class Certificate:
+    """What one training or removal request certifies; one line of the ledger.
+
+    ``timestamp``: when it was issued (UTC, ISO 8601, ``Z``); ``weights_sha256``: the certified
+    weights (:func:`weights_sha256`) of shape ``weights_shape``; ``worst_case``: the accumulated
+    data-independent bound of Theorems 1/4 since the last training, ``None`` where they do not
+    apply (:attr:`CertifiedRemovalParams.worst_case_applies`).
+    """
+
+    request: int
+    kind: str  # "train" or "remove"
+    ids: list[Any]
+    removed: int
+    n_before: int
+    n_after: int
+    loss: str
+    lam: float
+    sigma: float
+    epsilon: float
+    delta: float
+    noise: str
+    mode: str
+    bound: str
+    gamma: float
+    budget: float
+    beta_before: float
+    beta_after: float
+    step_bound: float
+    solve_residual: float
+    spectral_norm: float
+    worst_case: float | None
+    retrained: bool
+    refreshed: bool
+    certified: bool
+    seconds: float
+    timestamp: str
+    weights_sha256: str
+    weights_shape: list[int]
+    dp_epsilon: float = 0.0
+    dp_delta: float = 0.0
+    total_epsilon: float = 0.0
+    total_delta: float = 0.0
+    tracked: dict[str, float] = field(default_factory=dict)
+
+    def to_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _FastFactor:
+    """Eigendecomposition ``A = Q diag(eig) Q^T`` of one head's data Hessian at the anchor, and
+    ``P = Q^T U`` for the removed samples' factor rows U since then. Immutable: a request builds
+    new factors, so a failed request leaves the cached ones untouched."""
+
+    q: np.ndarray
+    eig: np.ndarray
+    p: np.ndarray
+
+    def with_rows(self, rows: np.ndarray) -> _FastFactor:
+        """The factor after removing samples whose Hessian factor rows are ``rows`` (m, d)."""
+        return _FastFactor(self.q, self.eig, np.concatenate([self.p, self.q.T @ rows.T], axis=1))
+
+    def solve(self, rhs: np.ndarray, mu: float) -> tuple[np.ndarray, float]:
+        """v with ``(A + mu I - U U^T) v = rhs`` (Woodbury) and the solve's residual norm."""
+        y = self.q.T @ rhs
+        inv = 1.0 / (self.eig + mu)
+        if self.p.shape[1]:
+            small = np.eye(self.p.shape[1]) - self.p.T @ (inv[:, None] * self.p)
+            z = np.linalg.solve(small, self.p.T @ (inv * y))
+            coef = inv * (y + self.p @ z)
+        else:
+            coef = inv * y
+        residual = (self.eig + mu) * coef - self.p @ (self.p.T @ coef) - y
+        return self.q @ coef, float(np.linalg.norm(residual))
+
+
+def _factorise(sums: HeadSums, dim: int) -> tuple[_FastFactor, ...]:
+    factors = []
+    for hessian in sums.hessian:
+        eig, q = np.linalg.eigh(hessian)
+        factors.append(_FastFactor(q, eig, np.zeros((dim, 0))))
+    return tuple(factors)
+
+
+def _fast_solve(factors, delta: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
+    solved = [factor.solve(delta[k], mu) for k, factor in enumerate(factors)]
+    return np.stack([v for v, _ in solved]), np.asarray([r for _, r in solved])
+
+
+def _ledger_mark(path: Path | None) -> int | None:
+    """The ledger's size before a request (-1: absent), to undo a failed append."""
+    if path is None:
+        return None
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
+
+
+def _rollback_ledger(path: Path | None, mark: int | None) -> None:
+    """Give the ledger back the bytes it had at :func:`_ledger_mark` (it is append-only, so cutting
+    it to its old length does)."""
+    if path is None or mark is None:
+        return
+    if mark < 0:
+        path.unlink(missing_ok=True)
+        return
+    if path.is_file() and path.stat().st_size > mark:
+        with open(path, "r+b") as handle:
+            handle.truncate(mark)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+class CertifiedHead:
+    """A linear head trained and unlearned with certificates; the same engine centrally and federated.
+
+    Parameters
+    ----------
+    data : HeadData
+        The training set (:class:`fedunlearn.certified.statistics.CentralHeadData`, or the federation).
+    params : CertifiedRemovalParams
+    rng : numpy.random.Generator, optional
+        Source of b for tests only. ``None`` (the default, and the only choice of the run config)
+        draws every b -- at training and at each retrain -- from the operating system's
+        cryptographic randomness (:mod:`fedunlearn.certified.perturbation`). There is no seed.
+    ledger : path, optional
+        Every certificate is appended to it as one JSON line.
+    dp_epsilon, dp_delta : float
+        The (epsilon, delta) of a differentially private feature extractor; certificates report the
+        composition epsilon_DP + epsilon, delta_DP + delta (Guo et al. Theorem 5).
+    progress : callable, optional
+        Called with each certificate after its request committed; if it raises, the request stays
+        done and :class:`ProgressCallbackError` is raised from the callback's error.
+    """
+
+    def __init__(
+        self,
+        data: HeadData,
+        params: CertifiedRemovalParams | None = None,
+        *,
+        rng: np.random.Generator | None = None,
+        ledger: str | Path | None = None,
+        dp_epsilon: float = 0.0,
+        dp_delta: float = 0.0,
+        progress: Callable[[Certificate], Any] | None = None,
+    ) -> None:
+        self.params = params or CertifiedRemovalParams()
+        self.params.validate()
+        if data.loss != self.params.loss:
+            raise ConfigError("loss", self.params.loss, f"the data's loss {data.loss!r}")
+        if dp_epsilon < 0 or dp_delta < 0:
+            raise ConfigError("dp_epsilon/dp_delta", (dp_epsilon, dp_delta), "numbers >= 0")
+        self.data = data
+        self._rng = check_generator(rng)
+        self.ledger = Path(ledger) if ledger is not None else None
+        self.dp_epsilon = float(dp_epsilon)
+        self.dp_delta = float(dp_delta)
+        self.progress = progress
+        self.gamma = lipschitz_gamma(self.params.loss, self.params.gamma)
+        shape = (data.num_heads, data.dim)
+        self.weights = np.zeros(shape)
+        self.perturbation = np.zeros(shape)
+        self.beta = 0.0
+        self.worst_case: float | None = 0.0 if self.params.worst_case_applies else None
+        self.tracked: dict[str, float] = {}
+        self.requests = 0
+        self.trained = False
+        self._gram = np.zeros((data.dim, data.dim))
+        self._spectral_sq = 0.0
+        self._since_spectral = 0
+        self._anchor = np.zeros(shape)
+        self._factors: tuple[_FastFactor, ...] = ()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def budget(self) -> float:
+        return self.params.budget
+
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        return features @ self.weights.T
+
+    def residual(self) -> float:
+        """The true ``||grad L_b(w; D')||`` on the current data (one pass; for tests and readouts)."""
+        sums = self.data.sums(self.weights, hessian=False)
+        return float(np.linalg.norm(self._gradient(sums, self.weights, self.perturbation)))
+
+    def _gradient(self, sums: HeadSums, weights: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return sums.gradient + self.params.lam * sums.count * weights + b
+
+    # ------------------------------------------------------------------ transactions
+    def _capture(self) -> dict[str, Any]:
+        state = {name: getattr(self, name) for name in _STATE}
+        state["tracked"] = dict(self.tracked)
+        return state
+
+    def _reinstate(self, state: dict[str, Any]) -> None:
+        for name in _STATE:
+            setattr(self, name, state[name])
+
+    def _transaction(self, work: Callable[[], tuple[dict[str, Any], dict[str, Any]]]):
+        """Run ``work`` (which returns the new state and the certificate's fields without changing
+        the engine), append its certificate, then commit; on any failure undo the data's changes
+        and the ledger's bytes and re-raise (module docstring, "Transactions")."""
+        saved = self._capture()
+        data_state = self.data.snapshot()
+        mark = _ledger_mark(self.ledger)
+        try:
+            updates, record = work()
+            certificate = self._certificate({**saved, **updates}, record)
+            if self.ledger is not None:
+                append_certificate(self.ledger, certificate)
+        except BaseException:
+            self.data.restore(data_state)
+            self._reinstate(saved)
+            _rollback_ledger(self.ledger, mark)
+            raise
+        self._reinstate({**saved, **updates, "requests": certificate.request})
+        if self.progress is not None:
+            try:
+                self.progress(certificate)
+            except Exception as error:
+                raise ProgressCallbackError(certificate) from error
+        return certificate
+
+    # ------------------------------------------------------------------ Algorithm 1
+    def fit(self, perturbation: np.ndarray | None = None) -> Certificate:
+        """Train on the current data to the exact minimiser of L_b (Algorithm 1) with a fresh b.
+
+        ``perturbation``: use this b instead of a fresh draw -- only to rebuild, in memory, a head
+        whose b is held in memory (the federated-vs-central check); never a b read from anywhere.
+        """
+        if perturbation is None:
+            b = self._draw()
+        else:
+            b = np.array(perturbation, dtype=np.float64, copy=True)
+            if b.shape != self.weights.shape or not np.all(np.isfinite(b)):
+                raise ConfigError(
+                    "perturbation",
+                    f"array of shape {b.shape}",
+                    f"a finite array of shape {self.weights.shape}",
+                )
+
+        def work():
+            start = time.perf_counter()
+            n = self.data.count()
+            updates = self._trained_state(b, self.tracked)
+            record = {
+                "kind": "train",
+                "ids": [],
+                "removed": 0,
+                "n_before": n,
+                "beta_before": self.beta,
+                "step_bound": 0.0,
+                "solve_residual": 0.0,
+                "retrained": True,
+                "refreshed": True,
+                "start": start,
+            }
+            return updates, record
+
+        return self._transaction(work)
+
+    def _draw(self) -> np.ndarray:
+        return sample_perturbation(
+            self.params.noise, self.params.sigma, self.weights.shape, self._rng
+        )
+
+    def _trained_state(self, b: np.ndarray, tracked: dict[str, float]) -> dict[str, Any]:
+        """The engine's state after training on the current data with perturbation ``b``."""
+        weights, sums = self._newton(b)
+        beta = float(np.linalg.norm(self._gradient(sums, weights, b)))
+        gram = self.data.gram()
+        _finite("the Gram matrix X'^T X'", gram)
+        state = {
+            "weights": weights,
+            "perturbation": b,
+            "beta": beta,
+            "worst_case": 0.0 if self.params.worst_case_applies else None,
+            "tracked": dict.fromkeys(tracked, beta),
+            "trained": True,
+            "_gram": gram,
+            "_spectral_sq": _top_eigenvalue(gram),
+            "_since_spectral": 0,
+        }
+        if self.params.mode == "fast":
+            state["_anchor"] = weights.copy()
+            state["_factors"] = _factorise(sums, self.data.dim)
+        return state
+
+    def _sums(self, weights: np.ndarray, **options) -> HeadSums:
+        sums = self.data.sums(weights, **options)
+        _finite("the loss/gradient/Hessian sums", sums.loss, sums.gradient, sums.hessian)
+        return sums
+
+    def _newton(self, b: np.ndarray) -> tuple[np.ndarray, HeadSums]:
+        lam = self.params.lam
+        weights = np.zeros_like(b)
+        reference = None
+        for _ in range(self.params.max_newton + 1):
+            sums = self._sums(weights, hessian=True)
+            n = sums.count
+            grad = sums.gradient + lam * n * weights + b
+            norm = float(np.linalg.norm(grad))
+            if reference is None:
+                reference = max(norm, 1e-300)
+            if norm <= self.params.tol * reference:
+                return weights, sums
+            objective = (
+                sums.loss + 0.5 * lam * n * np.sum(weights**2, axis=1) + np.sum(b * weights, axis=1)
+            )
+            direction = np.stack(
+                [
+                    cholesky_solve(sums.hessian[k] + lam * n * np.eye(len(grad[k])), grad[k])
+                    for k in range(len(grad))
+                ]
+            )
+            decrement = np.sum(grad * direction, axis=1)
+            t = np.ones(len(grad))
+            for _ in range(60):
+                trial = weights - t[:, None] * direction
+                trial_loss = self._sums(trial, hessian=False).loss
+                trial_obj = (
+                    trial_loss
+                    + 0.5 * lam * n * np.sum(trial**2, axis=1)
+                    + np.sum(b * trial, axis=1)
+                )
+                # Armijo, per head; a decrement below rounding of the objective is accepted as is.
+                ok = (trial_obj <= objective - 1e-4 * t * decrement) | (
+                    decrement <= 1e-12 * np.maximum(np.abs(objective), 1.0)
+                )
+                if ok.all():
+                    break
+                t = np.where(ok, t, 0.5 * t)
+            weights = trial
+        raise NotConvergedError(
+            f"Newton stopped after {self.params.max_newton} iterations with gradient norm "
+            f"{norm:.3g} > tol * {reference:.3g}; raise max_newton or tol, or check the features"
+        )
+
+    # ------------------------------------------------------------------ Algorithm 2
+    def remove(self, ids: Sequence[Hashable]) -> Certificate:
+        """Remove samples ``ids`` with one Newton step and certify it, or retrain (Algorithm 2).
+
+        ``ids``: a list of integer ids (row indices centrally; (partition id, local index) pairs in
+        a federation); bool, float and str are refused, never coerced. The request is a
+        transaction (module docstring): if it fails, nothing changed and it can be retried.
+        """
+        if not self.trained:
+            raise FedUnlearnError("fit() the certified head before removing samples")
+        ids = id_list(ids)
+        return self._transaction(lambda: self._removal(ids))
+
+    def _removal(self, ids: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        start = time.perf_counter()
+        p = self.params
+        weights = self.weights
+        n_before = self.data.count()
+        # Only the fast mode downdates a cached factor; the exact mode needs no factor shipped.
+        parts = self.data.removed(ids, weights, self._anchor if p.mode == "fast" else None)
+        _finite("the removed samples' parts", parts.gradient, parts.factor, parts.gram)
+        m = parts.count
+        if m != len(ids):
+            raise FedUnlearnError(f"the data returned the parts of {m} samples for {len(ids)} ids")
+        if m >= n_before:
+            raise ConfigError("ids", f"{m} samples", f"fewer than all {n_before} training samples")
+        delta = p.lam * m * weights + parts.gradient
+        self.data.drop(ids)
+        n = n_before - m
+        if self.data.count() != n:
+            raise FedUnlearnError(f"dropping {m} of {n_before} samples left {self.data.count()}")
+        state: dict[str, Any] = {"_gram": self._gram - parts.gram}
+        state["_since_spectral"] = self._since_spectral + m
+        if state["_since_spectral"] >= p.spectral_every:
+            state["_spectral_sq"] = _top_eigenvalue(state["_gram"])
+            state["_since_spectral"] = 0
+        spectral = math.sqrt(state.get("_spectral_sq", self._spectral_sq))
+        if p.mode == "exact":
+            step, solve, drift, terms = self._exact_step(weights, delta, p.lam * n)
+            refreshed = False
+        else:
+            step, solve, drift, terms, refreshed = self._fast_step(
+                weights, delta, p.lam * n, parts.factor, state
+            )
+        bounds = self._bounds(spectral, state["_gram"], step, drift, terms, solve)
+        chosen = bounds[(p.bound, "chosen")]
+        tracked = dict(self.tracked)
+        if p.track_bounds:
+            for name in ("corollary-1", "per-point-paper-gamma", "per-point-exact-gamma"):
+                tracked[name] = tracked.get(name, self.beta) + bounds[name]
+        candidate = self.beta + chosen
+        retrained = p.noise != "none" and candidate > self.budget
+        if retrained:
+            # No model over budget is ever returned: retrain on D' with a fresh b instead.
+            state = self._trained_state(self._draw(), tracked)
+        else:
+            state["weights"] = weights + step
+            state["beta"] = candidate
+            state["tracked"] = tracked
+            if self.worst_case is not None:
+                worst = worst_case_bound(p.lam, n_before, m, gamma=self.gamma)
+                state["worst_case"] = self.worst_case + math.sqrt(len(step)) * worst
+        record = {
+            "kind": "remove",
+            "ids": ids,
+            "removed": m,
+            "n_before": n_before,
+            "beta_before": self.beta,
+            "step_bound": chosen,
+            "solve_residual": _joint(solve),
+            "retrained": retrained,
+            "refreshed": refreshed or retrained,
+            "start": start,
+        }
+        return state, record
+
+    def _exact_step(self, weights: np.ndarray, delta: np.ndarray, mu: float):
+        """Newton step with the Hessian at w (Cholesky) and the step's per-sample terms."""
+        p = self.params
+        # The step's own error H'(w) v - Delta is measured in float64 below, so a float32
+        # Hessian (single_precision_hessian) is safe here; the fast mode's factor must be exact.
+        # Least squares keeps float64: its Newton step is exact and should stay so.
+        single = p.single_precision_hessian and p.loss == "logistic"
+        sums = self._sums(weights, hessian=True, single_precision=single)
+        step = np.stack(
+            [
+                cholesky_solve(sums.hessian[k] + mu * np.eye(self.data.dim), delta[k])
+                for k in range(len(delta))
+            ]
+        )
+        terms = self.data.step(weights, weights, step, hessian_vector=True)
+        _finite("the step's sums", terms.point, terms.xv_squared, terms.hessian_vector)
+        solve = np.linalg.norm(terms.hessian_vector + mu * step - delta, axis=1)
+        return step, solve, np.zeros(len(delta)), terms
+
+    def _fast_step(self, weights, delta, mu: float, rows: np.ndarray, state: dict[str, Any]):
+        """Newton step with the cached factor, downdated by ``rows`` (the removed samples' factor
+        rows) and refreshed at w when stale; the new factors and anchor go into ``state``."""
+        p = self.params
+        factors = tuple(f.with_rows(rows[k]) for k, f in enumerate(self._factors))
+        anchor = self._anchor
+        step, solve = _fast_solve(factors, delta, mu)
+        drift = np.linalg.norm(weights - anchor, axis=1)
+        too_stale = np.any(drift > p.refresh_ratio * np.linalg.norm(step, axis=1))
+        refreshed = bool(too_stale or factors[0].p.shape[1] > p.max_rank)
+        if refreshed:
+            factors = _factorise(self._sums(weights, hessian=True), self.data.dim)
+            anchor = weights.copy()
+            step, solve = _fast_solve(factors, delta, mu)
+            drift = np.zeros(len(delta))
+        state["_factors"], state["_anchor"] = factors, anchor
+        terms = None
+        if p.bound == "per-point" or p.track_bounds:
+            terms = self.data.step(weights, anchor, step, hessian_vector=False)
+            _finite("the step's sums", terms.point, terms.xv_squared)
+        return step, solve, drift, terms, refreshed
+
+    def _bounds(self, spectral, gram, step, drift, terms, solve) -> dict[Any, float]:
+        """Each bound of the step's residual (joint over heads, plus the solve's residual): the
+        chosen one under ``(bound, "chosen")``, and the tracked ones by name. ``gram`` is
+        ``X'^T X'`` on D' (for ``||X'v||`` when no per-sample terms were asked)."""
+        p = self.params
+        step_norms = np.linalg.norm(step, axis=1)
+        if terms is not None:
+            xv = np.sqrt(np.maximum(terms.xv_squared, 0.0))
+        else:
+            xv = np.sqrt(np.maximum(np.einsum("kd,de,ke->k", step, gram, step), 0.0))
+
+        def joint(bound: str, gamma: float) -> float:
+            if bound == "corollary":
+                per_head = [
+                    corollary_bound(gamma, spectral, step_norms[k], xv[k], drift[k])
+                    for k in range(len(step))
+                ]
+            else:
+                per_head = [
+                    per_point_bound(gamma, spectral, terms.point[k]) for k in range(len(step))
+                ]
+            return _joint(np.asarray(per_head) + solve)
+
+        out: dict[Any, float] = {(p.bound, "chosen"): joint(p.bound, self.gamma)}
+        if p.track_bounds:
+            paper, exact = (lipschitz_gamma(p.loss, g) for g in ("paper", "exact"))
+            out["corollary-1"] = joint("corollary", paper)
+            out["per-point-paper-gamma"] = joint("per-point", paper)
+            out["per-point-exact-gamma"] = joint("per-point", exact)
+        return out
+
+    # ------------------------------------------------------------------ ledger
+    def _certificate(self, state: dict[str, Any], record: dict[str, Any]) -> Certificate:
+        """The certificate of a request whose new engine state is ``state``."""
+        p = self.params
+        start = record.pop("start")
+        beta = state["beta"]
+        return Certificate(
+            request=state["requests"] + 1,
+            ids=[_jsonable(i) for i in record.pop("ids")],
+            n_after=self.data.count(),
+            loss=p.loss,
+            lam=p.lam,
+            sigma=p.sigma,
+            epsilon=p.epsilon,
+            delta=p.delta if p.noise == "gaussian" else 0.0,
+            noise=p.noise,
+            mode=p.mode,
+            bound=p.bound,
+            gamma=self.gamma,
+            budget=self.budget,
+            beta_after=beta,
+            spectral_norm=math.sqrt(state["_spectral_sq"]),
+            worst_case=state["worst_case"],
+            certified=p.noise == "none" or beta <= self.budget,
+            seconds=time.perf_counter() - start,
+            timestamp=utc_timestamp(),
+            weights_sha256=weights_sha256(state["weights"]),
+            weights_shape=list(state["weights"].shape),
+            dp_epsilon=self.dp_epsilon,
+            dp_delta=self.dp_delta,
+            total_epsilon=self.dp_epsilon + (0.0 if p.noise == "none" else p.epsilon),
+            total_delta=self.dp_delta + (p.delta if p.noise == "gaussian" else 0.0),
+            tracked=dict(state["tracked"]),
+            **record,
+        )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (tuple, list, np.ndarray)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def append_certificate(path: str | Path, certificate: Certificate) -> None:
+    """Append one certificate as a JSON line (file 0600) and make it durable (the ledger is
+    append-only; a torn last line left by a crash is cut off first, see
+    :func:`fedunlearn.store.durable_io.append_jsonl`)."""
+    from fedunlearn.store.durable_io import append_jsonl
+
+    append_jsonl(path, certificate.to_record())
+
+
+def read_ledger(path: str | Path) -> list[dict[str, Any]]:
+    """The ledger's certificates, in order ([] if absent); a torn last line is skipped with a
+    :class:`fedunlearn.store.durable_io.TornLineWarning`, a damaged earlier one raises
+    :class:`fedunlearn.store.durable_io.LogCorruptionError` naming the file and line."""
+    from fedunlearn.store.durable_io import read_jsonl
+
+    return read_jsonl(path)

@@ -1,0 +1,49 @@
+"""Datasets, partitions across clients and forget sets (what each client holds).
+
+Each module is importable by its own path; this package re-exports their public names
+(as torchvision's ``datasets/__init__.py`` does).
+"""
+
+from fedunlearn.data.datasets import (
+    DATASET_NAMES,
+    TensorSplit,
+    DatasetSplits,
+    load_dataset,
+)
+from fedunlearn.data.federated_data import (
+    DATA_KEYS,
+    RUN_SETTING_PREFIX,
+    run_settings,
+    settings_in,
+    FederatedData,
+    load_federated_data,
+    training_pool,
+)
+from fedunlearn.data.forget_sets import (
+    KINDS,
+    ForgetSet,
+)
+from fedunlearn.data.partitioning import (
+    PARTITIONINGS,
+    partition_indices,
+    label_distribution,
+)
+
+__all__ = [
+    "DATASET_NAMES",
+    "TensorSplit",
+    "DatasetSplits",
+    "load_dataset",
+    "DATA_KEYS",
+    "RUN_SETTING_PREFIX",
+    "run_settings",
+    "settings_in",
+    "FederatedData",
+    "load_federated_data",
+    "training_pool",
+    "KINDS",
+    "ForgetSet",
+    "PARTITIONINGS",
+    "partition_indices",
+    "label_distribution",
+]

@@ -1,0 +1,149 @@
+"""The federation's view of a dataset: the training set split over K clients, the test set kept by
+the server. Every party computes the same split from the same run configuration.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.data.datasets import DatasetSplits, TensorSplit, load_dataset
+from fedunlearn.errors import ConfigError
+from fedunlearn.data.partitioning import partition_indices
+from fedunlearn.seeding import derive_seed
+
+
+#: Run-config keys that decide which samples a client holds and which model it builds. A run's
+#: clients must use the values the run was trained with, also when a later request (``unlearn-only``,
+#: ``resume``) brings a shorter run config: the server sends them with every message.
+DATA_KEYS = (
+    "dataset",
+    "data-root",
+    "model",
+    "num-clients",
+    "train-samples",
+    "partitioning",
+    "alpha",
+    "shards-per-client",
+    "seed",
+)
+#: Prefix of those keys in a message's config record.
+RUN_SETTING_PREFIX = "run."
+
+
+def run_settings(config: ExperimentConfig) -> dict[str, Any]:
+    """The trained run's :data:`DATA_KEYS` with their values, prefixed for a message's config."""
+    values = config.to_run_config()
+    return {RUN_SETTING_PREFIX + key: values[key] for key in DATA_KEYS}
+
+
+def settings_in(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`DATA_KEYS` a message's config record carries (un-prefixed); unknown
+    ``run.*`` keys are refused, since a client must not take other settings from a message."""
+    found = {k[len(RUN_SETTING_PREFIX) :]: v for k, v in record.items() if k.startswith(RUN_SETTING_PREFIX)}
+    unknown = sorted(set(found) - set(DATA_KEYS))
+    if unknown:
+        raise ConfigError(
+            "message config", RUN_SETTING_PREFIX + unknown[0], f"run settings among {', '.join(DATA_KEYS)}"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    """A dataset with its training set partitioned over ``num_clients`` clients.
+
+    Attributes
+    ----------
+    splits : DatasetSplits
+        The whole dataset; ``splits.test`` is the server's test set.
+    partitions : tuple of np.ndarray
+        Indices into ``splits.train`` of each client (partition id = position).
+    """
+
+    splits: DatasetSplits
+    partitions: tuple[np.ndarray, ...]
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.partitions)
+
+    def client_split(self, partition_id: int) -> TensorSplit:
+        """Client ``partition_id``'s training data."""
+        if not 0 <= partition_id < self.num_clients:
+            raise ConfigError(
+                "partition-id",
+                partition_id,
+                f"an integer in [0, {self.num_clients - 1}] (num-clients={self.num_clients})",
+            )
+        index = torch.as_tensor(self.partitions[partition_id], dtype=torch.long)
+        return TensorSplit(self.splits.train.x[index], self.splits.train.y[index])
+
+
+def load_federated_data(config: ExperimentConfig) -> FederatedData:
+    """Load and partition the dataset named by ``config`` (cached per process).
+
+    With ``train-samples = N`` only a seeded subset of N training samples is partitioned; the
+    partitions still index ``splits.train``.
+    """
+    return _load_cached(
+        config.dataset,
+        str(config.data_root_path) if config.data_root else "",
+        config.download,
+        config.num_clients,
+        config.train_samples,
+        config.partitioning,
+        config.alpha,
+        config.shards_per_client,
+        config.seed,
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(
+    dataset: str,
+    data_root: str,
+    download: bool,
+    num_clients: int,
+    train_samples: int,
+    partitioning: str,
+    alpha: float,
+    shards_per_client: int,
+    seed: int,
+) -> FederatedData:
+    splits = load_dataset(dataset, data_root or None, download=download, seed=seed)
+    pool = training_pool(len(splits.train), train_samples, seed)
+    labels = splits.train.y[torch.as_tensor(pool, dtype=torch.long)]
+    parts = partition_indices(
+        labels,
+        num_clients,
+        partitioning,
+        alpha=alpha,
+        shards_per_partition=shards_per_client,
+        seed=seed,
+    )
+    return FederatedData(splits=splits, partitions=tuple(pool[part] for part in parts))
+
+
+def training_pool(num_train: int, train_samples: int, seed: int) -> np.ndarray:
+    """The sorted indices of the training samples the federation shares out (``train-samples``).
+
+    ``0`` keeps all ``num_train``; ``N`` draws N of them without replacement from ``seed`` (a small
+    federation overfits its clients' data: the regime where membership inference has a signal).
+    """
+    if train_samples < 0 or train_samples > num_train:
+        raise ConfigError(
+            "train-samples",
+            train_samples,
+            f"0 (all) or an integer in [1, {num_train}] (the training set's size)",
+        )
+    if train_samples == 0:
+        return np.arange(num_train)
+    rng = np.random.default_rng(derive_seed(seed, "train-samples"))
+    return np.sort(rng.choice(num_train, size=train_samples, replace=False))

@@ -1,0 +1,71 @@
+"""Scrubbing (Golatkar et al. 2020): Newton/Fisher scrubbers, forgetting baselines, readouts.
+
+Each module is importable by its own path; this package re-exports their public names
+(as torchvision's ``datasets/__init__.py`` does).
+"""
+
+from fedunlearn.scrubbing.baselines import (
+    chance_clamped_cross_entropy,
+    negative_gradient_epochs,
+    random_labels,
+    random_label_epochs,
+    final_linear,
+    hide_class,
+)
+from fedunlearn.scrubbing.readouts import (
+    ENTROPY_BINS,
+    error_rate,
+    output_entropy,
+    RelearnResult,
+    relearn_time,
+    plot_entropy_histograms,
+    plot_relearn_times,
+    plot_information_tradeoff,
+)
+from fedunlearn.scrubbing.scrubbers import (
+    EIGEN_FLOOR,
+    psd_power,
+    Scrubbed,
+    newton_scrub,
+    forget_only_curvature,
+    fisher_forgetting,
+    gaussian_kl,
+    softmax_head_sums,
+    diagonal_fisher,
+    variational_forgetting,
+    finite_time_scrub,
+    kl_over_lambda,
+    NewtonScrubber,
+    reference_fisher_variance,
+)
+
+__all__ = [
+    "chance_clamped_cross_entropy",
+    "negative_gradient_epochs",
+    "random_labels",
+    "random_label_epochs",
+    "final_linear",
+    "hide_class",
+    "ENTROPY_BINS",
+    "error_rate",
+    "output_entropy",
+    "RelearnResult",
+    "relearn_time",
+    "plot_entropy_histograms",
+    "plot_relearn_times",
+    "plot_information_tradeoff",
+    "EIGEN_FLOOR",
+    "psd_power",
+    "Scrubbed",
+    "newton_scrub",
+    "forget_only_curvature",
+    "fisher_forgetting",
+    "gaussian_kl",
+    "softmax_head_sums",
+    "diagonal_fisher",
+    "variational_forgetting",
+    "finite_time_scrub",
+    "kl_over_lambda",
+    "NewtonScrubber",
+    "reference_fisher_variance",
+]

@@ -1,0 +1,73 @@
+"""Durable storage: the retained-update store, its index, run directories and atomic I/O.
+
+Each module is importable by its own path; this package re-exports their public names
+(as torchvision's ``datasets/__init__.py`` does).
+"""
+
+from fedunlearn.store.durable_io import (
+    PRIVATE_FILE_MODE,
+    PRIVATE_DIRECTORY_MODE,
+    LogCorruptionError,
+    TornLineWarning,
+    fsync_directory,
+    private_directory,
+    open_private_file,
+    atomic_write_bytes,
+    append_jsonl,
+    read_jsonl,
+)
+from fedunlearn.store.index import (
+    INDEX_VERSION,
+    COLUMNS,
+    StoreBusyError,
+    StoreReadOnlyError,
+    blob_path,
+    describe,
+    BlobRow,
+    StoreIndex,
+)
+from fedunlearn.store.run_directory import (
+    CHECKPOINT,
+    RunDirectory,
+)
+from fedunlearn.store.update_store import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    STORE_DTYPES,
+    SQUARES_KEY,
+    RetainedRound,
+    squared_norms,
+    RoundWriter,
+    UpdateStore,
+)
+
+__all__ = [
+    "PRIVATE_FILE_MODE",
+    "PRIVATE_DIRECTORY_MODE",
+    "LogCorruptionError",
+    "TornLineWarning",
+    "fsync_directory",
+    "private_directory",
+    "open_private_file",
+    "atomic_write_bytes",
+    "append_jsonl",
+    "read_jsonl",
+    "INDEX_VERSION",
+    "COLUMNS",
+    "StoreBusyError",
+    "StoreReadOnlyError",
+    "blob_path",
+    "describe",
+    "BlobRow",
+    "StoreIndex",
+    "CHECKPOINT",
+    "RunDirectory",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "STORE_DTYPES",
+    "SQUARES_KEY",
+    "RetainedRound",
+    "squared_norms",
+    "RoundWriter",
+    "UpdateStore",
+]

@@ -1,0 +1,161 @@
+"""A run's output directory: configuration, per-round metrics, models, tables, figures and the store.
+
+Every file is written atomically (temporary file, fsync, rename), so a reader never sees half a file;
+logs are append-only JSON lines that survive a crash mid-append (:mod:`fedunlearn.store.durable_io`). An
+existing run directory is never overwritten. The directory is 0700 and every file in it 0600, whatever
+the umask: models, updates and logs reveal the clients' data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save
+
+from fedunlearn.store.durable_io import (
+    PRIVATE_DIRECTORY_MODE,
+    append_jsonl,
+    atomic_write_bytes,
+    private_directory,
+    read_jsonl,
+)
+from fedunlearn.errors import ConfigError
+
+__all__ = ["CHECKPOINT", "RunDirectory", "atomic_write_bytes"]  # atomic_write_bytes: re-exported
+
+CHECKPOINT = "checkpoint"
+
+
+class RunDirectory:
+    """Files of one training run under ``path``.
+
+    Layout: ``config.json``, ``metrics.csv`` (one row per round), ``model_initial.safetensors``,
+    ``checkpoint.safetensors`` (the global model after the last completed round, while training),
+    ``model_final.safetensors``, ``summary.json``, figures (``*.png``), tables (``*.csv`` + ``*.md``)
+    and ``store/`` (the retained updates, see :class:`fedunlearn.store.update_store.UpdateStore`).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._metrics: list[dict[str, Any]] = []
+
+    @classmethod
+    def create(cls, path: Path, config: Mapping[str, Any]) -> RunDirectory:
+        """Create a new run directory and write ``config.json``; refuse one that already holds files."""
+        path = Path(path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise ConfigError(
+                "run-name",
+                path.name,
+                f"a new run directory, but {path} already exists and is not empty; choose another "
+                "run-name or output-dir (or set resume=true to continue an interrupted run)",
+            )
+        private_directory(path)
+        os.chmod(path, PRIVATE_DIRECTORY_MODE)  # also when it existed, empty
+        run = cls(path)
+        run.write_json("config.json", dict(config))
+        return run
+
+    @classmethod
+    def open(cls, path: Path) -> RunDirectory:
+        """An existing run directory, its per-round metrics read back from ``metrics.csv``."""
+        run = cls(path)
+        metrics = run.path / "metrics.csv"
+        if metrics.is_file():
+            run._metrics = pd.read_csv(metrics).to_dict("records")
+        return run
+
+    @property
+    def store_path(self) -> Path:
+        return self.path / "store"
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        target = self.path / name
+        atomic_write_bytes(
+            target, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+        )
+        return target
+
+    def save_model(self, name: str, state: Mapping[str, torch.Tensor]) -> Path:
+        """Save a state dict as ``<name>.safetensors``."""
+        target = self.path / f"{name}.safetensors"
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        atomic_write_bytes(target, save(tensors))
+        return target
+
+    def load_model(self, name: str) -> dict[str, torch.Tensor]:
+        return load_file(str(self.path / f"{name}.safetensors"))
+
+    def save_checkpoint(self, round_number: int, state: Mapping[str, torch.Tensor]) -> Path:
+        """Record ``state`` as the global model after round ``round_number``, in one atomic file
+        (the round is in the file's metadata, so model and round can never disagree)."""
+        target = self.path / f"{CHECKPOINT}.safetensors"
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        atomic_write_bytes(target, save(tensors, metadata={"round": str(int(round_number))}))
+        return target
+
+    def load_checkpoint(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """(round, global model) of the last checkpoint, or ``None`` when there is none."""
+        target = self.path / f"{CHECKPOINT}.safetensors"
+        if not target.is_file():
+            return None
+        with safe_open(str(target), framework="pt") as handle:
+            round_number = int((handle.metadata() or {}).get("round", -1))
+        if round_number < 0:
+            raise ConfigError(
+                "resume", True, f"a run whose {target} records its round; it does not (remove it)"
+            )
+        return round_number, load_file(str(target))
+
+    def remove_checkpoint(self) -> None:
+        """Drop the checkpoint once training wrote its final model and summary."""
+        (self.path / f"{CHECKPOINT}.safetensors").unlink(missing_ok=True)
+
+    def truncate_metrics(self, last_round: int) -> int:
+        """Keep the metrics rows of rounds <= ``last_round``; return how many were dropped."""
+        kept = [row for row in self._metrics if int(row["round"]) <= last_round]
+        dropped = len(self._metrics) - len(kept)
+        self._metrics = kept
+        if dropped:
+            self.write_table("metrics", pd.DataFrame(self._metrics), markdown=False)
+        return dropped
+
+    def append_metrics(self, row: Mapping[str, Any]) -> Path:
+        """Add one round's metrics and rewrite ``metrics.csv`` (small; rewritten whole, atomically)."""
+        self._metrics.append(dict(row))
+        return self.write_table("metrics", pd.DataFrame(self._metrics), markdown=False)
+
+    @property
+    def metrics(self) -> pd.DataFrame:
+        return pd.DataFrame(self._metrics)
+
+    def append_log(self, name: str, record: Mapping[str, Any]) -> Path:
+        """Append one JSON line to ``name`` (an append-only log, 0600) and make it durable; a torn
+        last line left by a crash is cut off first (:func:`fedunlearn.store.durable_io.append_jsonl`)."""
+        return append_jsonl(self.path / name, record)
+
+    def read_log(self, name: str) -> list[dict[str, Any]]:
+        """The records of log ``name`` ([] if absent); a torn last line is skipped with a warning,
+        a damaged earlier line raises :class:`fedunlearn.store.durable_io.LogCorruptionError`."""
+        return read_jsonl(self.path / name)
+
+    def write_table(
+        self, name: str, table: pd.DataFrame, *, markdown: bool = True, floatfmt: str = ".4f"
+    ) -> Path:
+        """Write ``<name>.csv`` and, unless ``markdown`` is false, ``<name>.md`` (numbers formatted
+        with ``floatfmt``)."""
+        target = self.path / f"{name}.csv"
+        atomic_write_bytes(target, table.to_csv(index=False).encode())
+        if markdown:
+            atomic_write_bytes(
+                self.path / f"{name}.md",
+                (table.to_markdown(index=False, floatfmt=floatfmt) + "\n").encode(),
+            )
+        return target

@@ -1,0 +1,43 @@
+"""Models, local SGD training and evaluation, and model-state helpers.
+
+Each module is importable by its own path; this package re-exports their public names
+(as torchvision's ``datasets/__init__.py`` does).
+"""
+
+from fedunlearn.training.local import (
+    resolve_device,
+    EvaluationResult,
+    train_epochs,
+    evaluate,
+)
+from fedunlearn.training.model_state import (
+    state_difference,
+    state_sum,
+    weighted_average,
+    state_norm,
+)
+from fedunlearn.training.models import (
+    DEFAULT_MODEL,
+    BodyHeadNet,
+    MODEL_NAMES,
+    build_model,
+    resolve_model_name,
+    build_dataset_model,
+)
+
+__all__ = [
+    "resolve_device",
+    "EvaluationResult",
+    "train_epochs",
+    "evaluate",
+    "state_difference",
+    "state_sum",
+    "weighted_average",
+    "state_norm",
+    "DEFAULT_MODEL",
+    "BodyHeadNet",
+    "MODEL_NAMES",
+    "build_model",
+    "resolve_model_name",
+    "build_dataset_model",
+]

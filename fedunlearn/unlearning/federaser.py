@@ -1,0 +1,286 @@
+"""FedEraser: reconstruct the global model without target clients from retained updates.
+
+Liu et al., *FedEraser: Enabling Efficient Client-Level Data Removal from Federated Learning Models*
+(IWQoS 2021), Section IV and Algorithm 1. The server retained, at rounds t_1 = 1, t_{j+1} = t_j + Δt,
+each client's update U_k^{t_j} and the global model M^{t_j} (:mod:`fedunlearn.store.update_store`).
+To forget the targets:
+
+* start from the initial model M̃^{t_1} = M^{t_1}, which has never seen a target;
+* first step, no calibration: M̃^{t_2} = M̃^{t_1} + Σ_k w_k U_k^{t_1} over the remaining clients;
+* each later retained round t_j: the remaining clients train E_cali = r·E_loc epochs from M̃^{t_j}
+  and return Û_k^{t_j}; the server calibrates (eq. 2) Ũ_k = ‖U_k^{t_j}‖ · Û_k / ‖Û_k‖, aggregates
+  (eq. 3) Ũ = Σ_k N_k Ũ_k / Σ_k N_k, and steps M̃^{t_{j+1}} = M̃^{t_j} + Ũ.
+
+The norm is taken per parameter tensor (layer-wise, as eq. 2 is applied in the paper's code) or over
+the whole parameter vector (``layerwise=False``). The paper's own code averages first and calibrates
+the average; we calibrate each client's update, as the paper's equation reads.
+
+Buffers that are not trained (BatchNorm running statistics and counters) have no retained "step size"
+worth keeping: the reconstruction takes the calibrating clients' buffer updates as they are (no
+rescaling), i.e. the buffers follow the remaining clients' data seen through the calibrated model.
+In the first, uncalibrated step they come from the retained updates like everything else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from fedunlearn.errors import ConfigError
+from fedunlearn.training.model_state import State, state_sum, weighted_average
+from fedunlearn.store.update_store import UpdateStore
+
+#: ``calibrate(retained_round, model, clients) -> {client: Û_k}``: the remaining clients' updates
+#: after E_cali epochs of training from ``model`` (Û_k = M̂_k − M̃).
+CalibrateFn = Callable[[int, dict[str, torch.Tensor], list[int]], Mapping[int, State]]
+
+
+def calibration_epochs(local_epochs: int, calibration_ratio: float) -> int:
+    """E_cali = ⌈r · E_loc⌉, at least one epoch (the paper's code rounds up)."""
+    if not 0 < calibration_ratio <= 1:
+        raise ConfigError("calibration-ratio", calibration_ratio, "a number in (0, 1]")
+    return max(1, math.ceil(calibration_ratio * local_epochs - 1e-9))
+
+
+def calibration_scales(
+    retained: State,
+    calibration: State,
+    *,
+    layerwise: bool = True,
+    scaled_keys: Collection[str] | None = None,
+    retained_squares: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """The factors ‖U‖ / ‖Û‖ of eq. (2) of Liu et al., per tensor to rescale (one shared factor
+    when not ``layerwise``); 0 where ‖Û‖ is zero or not finite (no direction, no step).
+
+    ``retained_squares`` gives ‖U[tensor]‖² as the store recorded them; otherwise they are
+    computed from ``retained``. Eq. (2) reads nothing of U but these norms."""
+    keys = [
+        k
+        for k in calibration
+        if calibration[k].dtype.is_floating_point and (scaled_keys is None or k in scaled_keys)
+    ]
+    squares = dict(retained_squares) if retained_squares is not None else None
+    missing = [k for k in keys if k not in (squares if squares is not None else retained)]
+    if missing:
+        raise ValueError(f"calibrate_update: the retained update lacks tensors {missing}")
+    if squares is None:
+        squares = {k: float(retained[k].detach().double().pow(2).sum()) for k in keys}
+    if layerwise:
+        return {k: _ratio(math.sqrt(squares[k]), _norm([calibration[k]])) for k in keys}
+    ratio = _ratio(math.sqrt(sum(squares[k] for k in keys)), _norm(calibration[k] for k in keys))
+    return dict.fromkeys(keys, ratio)
+
+
+def apply_scales(calibration: State, scales: Mapping[str, float]) -> dict[str, torch.Tensor]:
+    """``calibration`` with each tensor in ``scales`` multiplied by its factor (in float64); the
+    other tensors (buffers) as they are."""
+    out = {k: v.detach().clone() for k, v in calibration.items()}
+    for k, factor in scales.items():
+        if factor == 0.0:  # no direction: no step (zeros, never -0.0 or a NaN from inf * 0)
+            out[k] = torch.zeros_like(calibration[k])
+        else:
+            out[k] = (calibration[k].double() * factor).to(calibration[k].dtype)
+    return out
+
+
+def calibrate_update(
+    retained: State,
+    calibration: State,
+    *,
+    layerwise: bool = True,
+    scaled_keys: Collection[str] | None = None,
+    retained_squares: Mapping[str, float] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Eq. (2) of Liu et al.: Ũ = ‖U‖ · Û / ‖Û‖.
+
+    Parameters
+    ----------
+    retained : State
+        U_k^{t_j}, the client's retained update (its norm is the step size).
+    calibration : State
+        Û_k^{t_j}, the calibration update (its direction is the step's direction).
+    layerwise : bool, default True
+        Take norms per tensor; otherwise over all scaled tensors as one vector.
+    scaled_keys : collection of str, optional
+        The tensors to rescale (the model's parameters). Others (buffers) are taken from
+        ``calibration`` unchanged. Default: every floating tensor.
+    retained_squares : mapping, optional
+        ‖U[tensor]‖² as recorded by the store (see :func:`calibration_scales`).
+
+    Notes
+    -----
+    A calibration update of norm zero carries no direction: that tensor's step is zero (never NaN).
+    """
+    scales = calibration_scales(
+        retained,
+        calibration,
+        layerwise=layerwise,
+        scaled_keys=scaled_keys,
+        retained_squares=retained_squares,
+    )
+    return apply_scales(calibration, scales)
+
+
+def _norm(tensors: Iterable[torch.Tensor]) -> float:
+    return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in tensors))
+
+
+def _ratio(target_norm: float, direction_norm: float) -> float:
+    if direction_norm == 0.0 or not math.isfinite(direction_norm):
+        return 0.0
+    return target_norm / direction_norm
+
+
+def aggregate_updates(updates: Mapping[int, State], num_examples: Mapping[int, int]) -> dict:
+    """Eq. (3): Σ_k N_k U_k / Σ_k N_k over the clients in ``updates``."""
+    if not updates:
+        raise ValueError("aggregate_updates: no client updates to aggregate")
+    clients = sorted(updates)  # a fixed order: the sum is reproducible bit for bit
+    return weighted_average([updates[k] for k in clients], [num_examples[k] for k in clients])
+
+
+def _initial_model(store: UpdateStore) -> dict[str, torch.Tensor]:
+    """M^{t_1}, the global model of the first retained round: it has never seen any client."""
+    rounds = store.rounds()
+    if not rounds:
+        raise ConfigError("store", str(store.root), "a store with at least one retained round")
+    return store.read_global(rounds[0])
+
+
+def _remaining(store_clients: Iterable[int], excluded: set[int]) -> list[int]:
+    return sorted(set(store_clients) - excluded)
+
+
+@dataclass
+class ReconstructionStep:
+    """What one step of the reconstruction used."""
+
+    retained_round: int
+    clients: list[int]
+    calibrated: bool
+    update_norm: float
+
+
+@dataclass
+class Reconstruction:
+    """The unlearned model and how it was made."""
+
+    model: dict[str, torch.Tensor]
+    steps: list[ReconstructionStep] = field(default_factory=list)
+
+
+def fedaccum(store: UpdateStore, targets: Collection[int]) -> Reconstruction:
+    """FedAccum (eq. 5 of Liu et al.): M^{t_1} plus every retained round's aggregate of the remaining
+    clients' updates, without calibration. The baseline that shows why calibration is needed."""
+    excluded = set(targets)
+    model = _initial_model(store)
+    steps = []
+    for retained in store.iter_rounds(exclude=excluded):
+        clients = _remaining(retained.updates, excluded)
+        if not clients:
+            continue
+        step = aggregate_updates(retained.updates, retained.num_examples)
+        model = state_sum(model, step)
+        steps.append(ReconstructionStep(retained.round, clients, False, _norm(step.values())))
+    return Reconstruction(model, steps)
+
+
+def federaser(
+    store: UpdateStore,
+    targets: Collection[int],
+    calibrate: CalibrateFn,
+    *,
+    layerwise: bool = True,
+    scaled_keys: Collection[str] | None = None,
+    calibration_order: str = "client",
+    progress: Callable[[ReconstructionStep], None] | None = None,
+    trajectory: UpdateStore | None = None,
+) -> Reconstruction:
+    """Algorithm 1 of Liu et al.: the global model reconstructed without ``targets``.
+
+    ``calibration_order="client"`` applies eq. (2) to each client's update, then aggregates (the
+    paper's equations); ``"average"`` aggregates the retained and the calibration updates first and
+    calibrates the averages (what the paper's released code does).
+
+    ``calibrate`` is called once per retained round after the first, with the round t_j, the current
+    calibrated model M̃^{t_j} and the remaining clients that have a retained update in t_j (never a
+    target); it returns their calibration updates Û_k^{t_j}. A client missing from its reply is left
+    out of that step. Reads one retained round at a time from ``store``.
+
+    ``trajectory``, an empty store, receives the reconstruction as a history of its own (the
+    design's "History after unlearning"): for each step, M̃^{t_j} and per client the update the step
+    applied: round t_1's retained U_k (computed from M^{t_1}, which never saw a target), then the
+    calibrated Ũ_k (with ``"average"``, Û_k rescaled by the average's factors), each recorded with
+    the norms of the U_k it stands for, so that a later request calibrates with the same step sizes.
+    """
+    if calibration_order not in ("client", "average"):
+        raise ConfigError("calibration-order", calibration_order, "one of client, average")
+    excluded = set(targets)
+    model = _initial_model(store)
+    steps: list[ReconstructionStep] = []
+    for retained in store.iter_rounds(exclude=excluded):
+        clients = _remaining(retained.updates, excluded)
+        if not clients:
+            continue
+        if not steps:  # the first step: no calibration
+            applied = {k: retained.updates[k] for k in clients}
+        else:
+            answers = calibrate(retained.round, model, clients)
+            leaked = set(answers) & excluded
+            if leaked:
+                raise RuntimeError(
+                    f"calibration returned updates of target clients {sorted(leaked)}"
+                )
+            answered = sorted(k for k in clients if k in answers)
+            if not answered:
+                raise RuntimeError(f"no client answered the calibration of round {retained.round}")
+            applied = _calibrated(
+                retained, answers, answered, layerwise, scaled_keys, calibration_order
+            )
+        step = aggregate_updates(applied, retained.num_examples)
+        record = ReconstructionStep(
+            retained.round, sorted(applied), bool(steps), _norm(step.values())
+        )
+        if trajectory is not None:
+            _record_step(trajectory, retained, model, applied)
+        model = state_sum(model, step)
+        steps.append(record)
+        if progress is not None:
+            progress(record)
+    return Reconstruction(model, steps)
+
+
+def _calibrated(retained, answers, answered, layerwise, scaled_keys, order) -> dict[int, State]:
+    """Ũ_k of every answering client: eq. (2) per client (``order="client"``), or Û_k rescaled by
+    the factors eq. (2) gives the averages (``"average"``, the paper's released code)."""
+    if order == "client":
+        return {
+            k: calibrate_update(
+                retained.updates[k],
+                answers[k],
+                layerwise=layerwise,
+                scaled_keys=scaled_keys,
+                retained_squares=retained.squares.get(k),
+            )
+            for k in answered
+        }
+    scales = calibration_scales(
+        aggregate_updates({k: retained.updates[k] for k in answered}, retained.num_examples),
+        aggregate_updates({k: answers[k] for k in answered}, retained.num_examples),
+        layerwise=layerwise,
+        scaled_keys=scaled_keys,
+    )
+    return {k: apply_scales(answers[k], scales) for k in answered}
+
+
+def _record_step(trajectory: UpdateStore, retained, model: State, applied: Mapping[int, State]):
+    """Round t_j of the trajectory: M̃^{t_j} and each applied update with U_k's recorded norms."""
+    with trajectory.begin_round(retained.round, model) as writer:
+        for k in sorted(applied):
+            writer.add_update(
+                k, applied[k], retained.num_examples[k], squares=retained.squares.get(k)
+            )

@@ -1,0 +1,112 @@
+"""End to end (in-process simulation, digits): four hostile clients, one refusal each.
+
+One node replies NaN weights, one a wrong shape, one claims 1e12 examples, one spoofs another
+partition id. The run finishes with a finite model equal, bit for bit, to a run in which those nodes
+simply failed in those rounds; the store holds no non-finite tensor; ``metrics.csv`` counts the
+refusals and the log names each node.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from flwr.app import ArrayRecord, MetricRecord
+from safetensors.torch import load_file
+
+from fedunlearn.store.update_store import UpdateStore
+
+pytestmark = pytest.mark.slow
+
+#: partition -> (round it misbehaves in, what it does)
+HOSTILE = {0: (2, "nan"), 1: (2, "wrong-shape"), 2: (3, "huge-examples"), 3: (3, "spoof")}
+
+
+def tamper(reply, kind: str, partition: int) -> None:
+    content = reply.content
+    if kind in ("nan", "wrong-shape"):
+        state = content["arrays"].to_torch_state_dict()
+        name = next(iter(state))
+        if kind == "nan":
+            state[name].view(-1)[0] = float("nan")
+        else:
+            state[name] = torch.zeros(3, 1)
+        content["arrays"] = ArrayRecord(state)
+    else:
+        metrics = dict(content["metrics"])
+        if kind == "huge-examples":
+            metrics["num-examples"] = 10**12
+        else:
+            metrics["partition-id"] = (partition + 1) % 6
+        content["metrics"] = MetricRecord(metrics)
+
+
+def misbehave(how: str):
+    """A Flower mod: in its round, a hostile partition tampers with its training reply
+    (``how="tamper"``) or fails instead (``how="fail"``: the reference run)."""
+
+    def mod(msg, context, call_next):
+        partition = int(context.node_config["partition-id"])
+        if msg.metadata.message_type != "train" or partition not in HOSTILE:
+            return call_next(msg, context)
+        when, kind = HOSTILE[partition]
+        if int(msg.content["config"]["server-round"]) != when:
+            return call_next(msg, context)
+        if how == "fail":
+            raise RuntimeError("this node fails in this round")
+        reply = call_next(msg, context)
+        tamper(reply, kind, partition)
+        return reply
+
+    return mod
+
+
+def overrides(tmp_path, name: str) -> dict:
+    return {
+        "num-clients": 6,
+        "rounds": 4,
+        "local-epochs": 1,
+        "retain-interval": 1,
+        "output-dir": str(tmp_path),
+        "run-name": name,
+        "node-wait-seconds": 60,
+        "unlearn-clients": "",
+    }
+
+
+def test_hostile_replies_are_refused_and_the_run_equals_one_without_them(tmp_path, simulate, capfd):
+    simulate(overrides(tmp_path, "hostile"), num_supernodes=6, client_mods=[misbehave("tamper")])
+    console = capfd.readouterr().out
+    simulate(overrides(tmp_path, "reference"), num_supernodes=6, client_mods=[misbehave("fail")])
+
+    hostile, reference = tmp_path / "hostile", tmp_path / "reference"
+    final = load_file(str(hostile / "model_final.safetensors"))
+    expected = load_file(str(reference / "model_final.safetensors"))
+    assert all(torch.isfinite(v).all() for v in final.values())
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+    metrics = pd.read_csv(hostile / "metrics.csv").set_index("round")
+    assert list(metrics.loc[[1, 2, 3, 4], "refused"]) == [0, 2, 2, 0]
+    assert list(metrics.loc[[1, 2, 3, 4], "clients_replied"]) == [6, 4, 4, 6]
+    assert (metrics["check_seconds"] >= 0).all()
+
+    refusals = [json.loads(line) for line in (hostile / "refused_replies.jsonl").open()]
+    assert sorted((r["client"], r["round"]) for r in refusals) == sorted(
+        (p, when) for p, (when, _) in HOSTILE.items()
+    )
+    for record in refusals:
+        assert f"node {record['node']} (client {record['client']})" in console
+    reasons = " ".join(r["reason"] for r in refusals)
+    assert "non-finite" in reasons and "shape" in reasons
+    assert "num-examples = 1000000000000" in reasons and "partition-id" in reasons
+
+    store = UpdateStore(hostile / "store", readonly=True)
+    for server_round in store.rounds():
+        retained = store.read_round(server_round)
+        tensors = [retained.global_model, *retained.updates.values()]
+        assert all(torch.isfinite(t).all() for state in tensors for t in state.values())
+    assert store.clients(2) == [2, 3, 4, 5] and store.clients(3) == [0, 1, 4, 5]
+    summary = json.loads((hostile / "summary.json").read_text())
+    assert summary["refused_replies"] == 4 and summary["dropped_clients"] == {}

@@ -1,0 +1,259 @@
+"""A hostile reply is refused: never aggregated, never retained, named, counted; a node refused
+``max-refusals`` rounds in a row is dropped from the run."""
+
+from __future__ import annotations
+
+import math
+from unittest.mock import Mock
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedunlearn.reply_checks import (
+    RefusedReply,
+    check_evaluate_reply,
+    check_training_reply,
+)
+from fedunlearn.store.update_store import UpdateStore
+from server.federation import FederationMembers
+from server.reply_screening import ReplyScreen
+from strategies.retaining_fedavg import RetainingFedAvg
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
+
+NODES = {0: 101, 1: 102, 2: 103}
+SIZES = {0: 40, 1: 50, 2: 60}
+MODEL = {"w": torch.zeros(2, 3), "b": torch.zeros(3)}
+
+
+def members() -> FederationMembers:
+    return FederationMembers(dict(NODES), dict(SIZES), 0)
+
+
+def honest_content(partition: int, step: float = 0.1) -> dict:
+    return {
+        "arrays": {k: v + step * (partition + 1) for k, v in MODEL.items()},
+        "metrics": {
+            "num-examples": SIZES[partition],
+            "partition-id": partition,
+            "train-loss": 0.5,
+            "calibration": 0,
+        },
+    }
+
+
+def reply(node: int, content: dict, *, error: bool = False) -> Message:
+    message = Mock(spec=Message)
+    message.has_error.return_value = error
+    message.metadata.src_node_id = node
+    records = {}
+    if "arrays" in content:
+        arrays = content["arrays"]
+        records["arrays"] = (
+            arrays
+            if isinstance(arrays, ArrayRecord)
+            else ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()})
+        )
+    if "metrics" in content:
+        records["metrics"] = MetricRecord(content["metrics"])
+    records.update(content.get("other", {}))
+    message.content = RecordDict(records)
+    return message
+
+
+def hostile(kind: str, partition: int = 1) -> dict:
+    content = honest_content(partition)
+    arrays, metrics = content["arrays"], content["metrics"]
+    if kind == "nan":
+        arrays["w"][0, 0] = float("nan")
+    elif kind == "inf":
+        arrays["b"][1] = float("-inf")
+    elif kind == "broadcastable":
+        arrays["b"] = torch.zeros(1, 3)
+    elif kind == "scalar":
+        arrays["b"] = torch.tensor(0.5)
+    elif kind == "wrong-shape":
+        arrays["w"] = torch.zeros(3, 2)
+    elif kind == "float64":
+        arrays["w"] = arrays["w"].double()
+    elif kind == "missing-array":
+        del arrays["b"]
+    elif kind == "extra-array":
+        arrays["c"] = torch.zeros(1)
+    elif kind == "missing-key":
+        del metrics["num-examples"]
+    elif kind == "extra-metric":
+        metrics["evil"] = 1.0
+    elif kind == "zero-examples":
+        metrics["num-examples"] = 0
+    elif kind == "negative-examples":
+        metrics["num-examples"] = -5
+    elif kind == "nan-examples":
+        metrics["num-examples"] = float("nan")
+    elif kind == "float-examples":
+        metrics["num-examples"] = 12.0
+    elif kind == "huge-examples":
+        metrics["num-examples"] = 10**12
+    elif kind == "above-declared":
+        metrics["num-examples"] = SIZES[partition] + 1
+    elif kind == "spoofed-partition":
+        metrics["partition-id"] = 2
+    elif kind == "nan-loss":
+        metrics["train-loss"] = float("nan")
+    elif kind == "list-metric":
+        metrics["train-loss"] = [1.0, 2.0]
+    elif kind == "no-arrays":
+        del content["arrays"]
+    elif kind == "extra-record":
+        content["other"] = {"config": ConfigRecord({"x": 1})}
+    else:
+        raise AssertionError(kind)
+    return content
+
+
+HOSTILE = [
+    "nan", "inf", "broadcastable", "scalar", "wrong-shape", "float64", "missing-array",
+    "extra-array", "missing-key", "extra-metric", "zero-examples", "negative-examples",
+    "nan-examples", "float-examples", "huge-examples", "above-declared", "spoofed-partition",
+    "nan-loss", "list-metric", "no-arrays", "extra-record",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_every_hostile_training_reply_is_refused_with_its_node_named(kind, tmp_path):
+    lines: list[str] = []
+    screen = ReplyScreen(members(), max_refusals=3, log=lines.append)
+    sent = ArrayRecord(MODEL)
+    replies = [reply(101, honest_content(0)), reply(102, hostile(kind)), reply(103, honest_content(2))]
+    kept = screen.training("train", 4, sent, replies)
+    assert [r.metadata.src_node_id for r in kept] == [101, 103]
+    assert screen.refused == 1
+    assert len(lines) == 1 and "node 102 (client 1)" in lines[0] and "round 4" in lines[0]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_refused_reply_is_neither_aggregated_nor_retained(kind, tmp_path):
+    store = UpdateStore(tmp_path / "store")
+    strategy = RetainingFedAvg(store, retain_interval=1)
+    screen = ReplyScreen(members(), max_refusals=3, log=lambda _: None)
+    sent = ArrayRecord(MODEL)
+    strategy._sent_arrays = {1: sent}
+    honest = [reply(101, honest_content(0)), reply(103, honest_content(2))]
+    kept = screen.training("train", 1, sent, [honest[0], reply(102, hostile(kind)), honest[1]])
+    arrays, _ = strategy.aggregate_train(1, kept)
+    expected = {k: (v + 0.1 * 40 / 100 + 0.3 * 60 / 100) for k, v in MODEL.items()}
+    got = arrays.to_torch_state_dict()
+    assert all(torch.allclose(got[k], expected[k]) for k in MODEL)
+    assert store.clients(1) == [0, 2]
+    for client in (0, 2):
+        assert all(torch.isfinite(v).all() for v in store.read_update(1, client).values())
+
+
+def test_error_replies_pass_as_failures_not_refusals():
+    screen = ReplyScreen(members(), max_refusals=1, log=lambda _: None)
+    kept = screen.training("train", 1, ArrayRecord(MODEL), [reply(102, {}, error=True)])
+    assert kept == [] and screen.refused == 0 and not screen.members.dropped
+
+
+def test_a_stranger_and_a_dropped_node_are_refused():
+    fed = members()
+    screen = ReplyScreen(fed, max_refusals=3, log=lambda _: None)
+    assert screen.training("train", 1, ArrayRecord(MODEL), [reply(999, honest_content(0))]) == []
+    fed.dropped[1] = "test"
+    assert screen.training("train", 1, ArrayRecord(MODEL), [reply(102, honest_content(1))]) == []
+    assert screen.refused == 2
+
+
+def test_a_node_refused_max_refusals_rounds_in_a_row_is_dropped_and_gets_no_message():
+    lines: list[str] = []
+    fed = members()
+    screen = ReplyScreen(fed, max_refusals=2, log=lines.append)
+    sent = ArrayRecord(MODEL)
+    screen.training("train", 1, sent, [reply(102, hostile("nan"))])
+    screen.training("train", 2, sent, [reply(102, honest_content(1))])  # a good round resets
+    screen.training("train", 3, sent, [reply(102, hostile("nan"))])
+    assert not fed.dropped
+    screen.training("calibrate", 4, sent, [reply(102, hostile("spoofed-partition"))])
+    assert list(fed.dropped) == [1] and "max-refusals=2" in fed.dropped[1]
+    assert any("dropped node 102 (client 1)" in line for line in lines)
+    assert fed.partition_ids == [0, 2] and fed.nodes() == [101, 103]
+    outgoing = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in NODES.values()]
+    assert [m.metadata.dst_node_id for m in screen.active(outgoing)] == [101, 103]
+
+
+def test_refusals_are_logged_in_the_run_directory(tmp_path):
+    from fedunlearn.store.run_directory import RunDirectory
+
+    run = RunDirectory.create(tmp_path / "run", {})
+    screen = ReplyScreen(members(), max_refusals=1, log=lambda _: None, run=run)
+    screen.training("train", 7, ArrayRecord(MODEL), [reply(102, hostile("huge-examples"))])
+    [refusal, drop] = run.read_log("refused_replies.jsonl")
+    assert refusal["node"] == 102 and refusal["client"] == 1 and refusal["round"] == 7
+    assert "num-examples" in refusal["reason"] and "dropped" in drop
+
+
+@pytest.mark.parametrize(
+    "metrics, fragment",
+    [
+        ({"eval-accuracy": 1.5}, "eval-accuracy"),
+        ({"eval-loss": float("nan")}, "not finite"),
+        ({"eval-loss": -1.0}, "negative"),
+        ({"num-examples": 10**9}, "num-examples"),
+        ({"partition-id": 0}, "partition-id"),
+    ],
+)
+def test_hostile_evaluation_metrics_are_refused(metrics, fragment):
+    good = {"num-examples": 50, "partition-id": 1, "eval-loss": 0.3, "eval-accuracy": 0.9}
+    check_evaluate_reply(good, partition=1, declared_examples=50)
+    with pytest.raises(RefusedReply, match=fragment):
+        check_evaluate_reply({**good, **metrics}, partition=1, declared_examples=50)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    value=st.one_of(
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.booleans(),
+        st.text(max_size=3),
+        st.none(),
+        st.lists(st.integers(), max_size=2),
+    )
+)
+def test_num_examples_is_accepted_only_as_an_integer_in_1_to_declared(value):
+    spec = {"w": ((2,), "float32")}
+    metrics = {"num-examples": value, "partition-id": 0, "train-loss": 0.1, "calibration": 0}
+    accepted = (
+        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= SIZES[0]
+    )
+    try:
+        check_training_reply(spec, spec, metrics, partition=0, declared_examples=SIZES[0])
+    except RefusedReply:
+        assert not accepted
+    else:
+        assert accepted
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(
+        st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=1, max_size=8
+    )
+)
+def test_arrays_are_accepted_only_when_every_value_is_finite(values):
+    array = np.asarray(values, dtype=np.float32)
+    spec = {"w": ((len(values),), "float32")}
+    metrics = {"num-examples": 1, "partition-id": 0, "train-loss": 0.1, "calibration": 1}
+    finite = all(math.isfinite(v) for v in values)
+    try:
+        check_training_reply(
+            spec, spec, metrics, partition=0, declared_examples=1, arrays=[("w", array)]
+        )
+    except RefusedReply:
+        assert not finite
+    else:
+        assert finite

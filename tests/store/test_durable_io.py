@@ -1,0 +1,174 @@
+"""Durable I/O: atomic private files, and JSON-lines logs that survive a crash mid-append."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import warnings
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedunlearn.store.durable_io import (
+    LogCorruptionError,
+    TornLineWarning,
+    append_jsonl,
+    atomic_write_bytes,
+    private_directory,
+    read_jsonl,
+)
+from fedunlearn.errors import FedUnlearnError
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture(params=[0o000, 0o022, 0o277])
+def umask(request):
+    """The widest umask, the usual one, and one that would leave a folder unwritable to its owner."""
+    previous = os.umask(request.param)
+    yield request.param
+    os.umask(previous)
+
+
+def write_log(path, records) -> None:
+    for record in records:
+        append_jsonl(path, record)
+
+
+# ---------------------------------------------------------------- modes
+def test_files_are_0600_and_new_folders_0700_whatever_the_umask(tmp_path, umask):
+    target = tmp_path / "a" / "b" / "file.bin"
+    atomic_write_bytes(target, b"one")
+    atomic_write_bytes(target, b"two")  # replaced whole
+    log = tmp_path / "a" / "c" / "log.jsonl"
+    append_jsonl(log, {"k": 1})
+    assert target.read_bytes() == b"two" and read_jsonl(log) == [{"k": 1}]
+    assert [mode(p) for p in (target, log)] == [0o600, 0o600]
+    assert [mode(tmp_path / p) for p in ("a", "a/b", "a/c")] == [0o700] * 3
+    assert sorted(p.name for p in target.parent.iterdir()) == ["file.bin"]  # no temporary left
+
+
+def test_an_existing_log_is_tightened_and_an_existing_folder_left_alone(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    log = shared / "old.jsonl"
+    log.write_text('{"k": 0}\n')
+    os.chmod(log, 0o644)
+    append_jsonl(log, {"k": 1})
+    assert mode(log) == 0o600 and mode(shared) == 0o755
+    assert private_directory(shared) == shared and mode(shared) == 0o755
+
+
+def test_atomic_write_keeps_the_old_bytes_when_the_write_fails(tmp_path, monkeypatch):
+    target = tmp_path / "f"
+    atomic_write_bytes(target, b"old")
+
+    def failing_replace(source, destination):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_bytes(target, b"new")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["f"]
+
+
+# ---------------------------------------------------------------- JSON lines
+def test_a_torn_last_line_is_skipped_with_a_warning_naming_the_file(tmp_path):
+    log = tmp_path / "log.jsonl"
+    write_log(log, [{"request": 1}, {"request": 2}])
+    with open(log, "ab") as handle:
+        handle.write(b'{"request": 3, "par')  # a crash mid-append
+    with pytest.warns(TornLineWarning, match=rf"{log}: skipped a torn last line \(19 byte"):
+        assert read_jsonl(log) == [{"request": 1}, {"request": 2}]
+    assert log.read_bytes().endswith(b'"par')  # reading never writes
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b'{"request": 3}', b"\x00\x00\x00\x00\n", b'{"request": 3, "x"\n', b"[1, 2]\n", b"\xff\xfe\n"],
+    ids=["complete-but-no-newline", "zeros", "half-a-record", "not-an-object", "not-utf8"],
+)
+def test_what_a_crash_can_leave_at_the_end_is_skipped_and_cut_off_by_the_next_append(
+    tmp_path, tail
+):
+    log = tmp_path / "log.jsonl"
+    write_log(log, [{"request": 1}])
+    with open(log, "ab") as handle:
+        handle.write(tail)
+    with pytest.warns(TornLineWarning, match=str(log)):
+        assert read_jsonl(log) == [{"request": 1}]
+    with pytest.warns(TornLineWarning, match=rf"{log}: cut off a torn last line"):
+        append_jsonl(log, {"request": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the log is whole again: no warning any more
+        assert read_jsonl(log) == [{"request": 1}, {"request": 2}]
+    assert log.read_bytes() == b'{"request": 1}\n{"request": 2}\n'
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [(b"{not json}\n", "Expecting property name"), (b'"a string"\n', "JSON str")],
+)
+def test_a_damaged_earlier_line_raises_naming_the_file_and_the_line(tmp_path, damage, reason):
+    log = tmp_path / "log.jsonl"
+    # a blank line 2 (ignored), then the damage on line 3, then a good last line
+    log.write_bytes(b'{"request": 1}\n\n' + damage + b'{"request": 4}\n')
+    with pytest.raises(LogCorruptionError, match=rf"{log}, line 3: not a JSON record") as info:
+        read_jsonl(log)
+    assert isinstance(info.value, FedUnlearnError) and info.value.line == 3
+    assert reason in str(info.value)
+
+
+def test_an_empty_or_missing_log_has_no_records(tmp_path):
+    assert read_jsonl(tmp_path / "absent.jsonl") == []
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert read_jsonl(tmp_path / "empty.jsonl") == []
+    append_jsonl(tmp_path / "empty.jsonl", {"first": True})
+    assert read_jsonl(tmp_path / "empty.jsonl") == [{"first": True}]
+
+
+def test_values_json_cannot_encode_are_written_as_text_and_newlines_never_split_a_record(
+    tmp_path,
+):
+    log = tmp_path / "log.jsonl"
+    append_jsonl(log, {"path": tmp_path, "text": "two\nlines"})
+    assert read_jsonl(log) == [{"path": str(tmp_path), "text": "two\nlines"}]
+    assert log.read_bytes().count(b"\n") == 1
+
+
+records = st.lists(
+    st.dictionaries(
+        st.text(min_size=1, max_size=5),
+        st.one_of(st.integers(), st.text(max_size=20), st.booleans(), st.none()),
+        max_size=4,
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=records, cut=st.floats(min_value=0.0, max_value=1.0))
+def test_any_crash_point_keeps_exactly_the_records_whose_newline_reached_the_disk(
+    tmp_path_factory, records, cut
+):
+    log = tmp_path_factory.mktemp("log") / "log.jsonl"
+    write_log(log, records)
+    data = log.read_bytes()
+    kept = data[: int(cut * len(data))]
+    log.write_bytes(kept)
+    survivors = records[: kept.count(b"\n")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TornLineWarning)
+        assert read_jsonl(log) == survivors
+        append_jsonl(log, {"after": "crash"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_jsonl(log) == [*survivors, {"after": "crash"}]
+    assert json.loads(log.read_bytes().splitlines()[-1]) == {"after": "crash"}

@@ -1,0 +1,151 @@
+"""The retaining strategy on mocked replies, as Flower's own strategy tests do (no federation)."""
+
+from __future__ import annotations
+
+from unittest.mock import Mock
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedunlearn.store.update_store import UpdateStore
+from strategies.retaining_fedavg import RetainingFedAvg, is_retained_round
+
+
+@pytest.fixture(autouse=True)
+def _in_a_run(flower_task_identity):
+    yield
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"body.weight": torch.randn(4, 3, generator=g), "head.bias": torch.randn(2, generator=g)}
+
+
+def _reply(state, num_examples, partition_id, node_id, *, error=False, with_partition=True):
+    reply = Mock(spec=Message)
+    metrics = {"num-examples": num_examples, "train-loss": 0.5 + partition_id}
+    if with_partition:
+        metrics["partition-id"] = partition_id
+    reply.content = RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord(metrics)})
+    reply.has_error.return_value = error
+    reply.metadata.src_node_id = node_id
+    if error:
+        reply.error.reason = "client crashed"
+    return reply
+
+
+def _grid(node_ids=(101, 202, 303)):
+    grid = Mock()
+    grid.get_node_ids.return_value = list(node_ids)
+    return grid
+
+
+def _strategy(store, interval):
+    return RetainingFedAvg(
+        store, retain_interval=interval, min_train_nodes=3, min_available_nodes=3
+    )
+
+
+def _round(strategy, server_round, global_state, client_states, sizes, **reply_kwargs):
+    messages = list(
+        strategy.configure_train(server_round, ArrayRecord(global_state), ConfigRecord(), _grid())
+    )
+    assert len(messages) == 3
+    replies = [
+        _reply(s, n, k, 101 * (k + 1), **reply_kwargs)
+        for k, (s, n) in enumerate(zip(client_states, sizes))
+    ]
+    return strategy.aggregate_train(server_round, replies)
+
+
+def test_aggregation_is_fedavg_weighted_by_num_examples(tmp_path):
+    strategy = _strategy(UpdateStore(tmp_path / "store"), 1)
+    clients, sizes = [_state(1), _state(2), _state(3)], [10, 30, 60]
+    arrays, metrics = _round(strategy, 1, _state(0), clients, sizes)
+    result = arrays.to_torch_state_dict()
+    for key in result:
+        expected = sum(n * s[key] for s, n in zip(clients, sizes)) / sum(sizes)
+        assert torch.allclose(result[key], expected, atol=1e-6)
+    # partition ids are identifiers, never averaged; the loss is weighted by N_k
+    assert "partition-id" not in metrics
+    assert metrics["train-loss"] == pytest.approx((10 * 0.5 + 30 * 1.5 + 60 * 2.5) / 100)
+
+
+def test_retains_rounds_1_then_every_delta_t_with_updates_and_global_model(tmp_path):
+    store = UpdateStore(tmp_path / "store")
+    strategy = _strategy(store, 2)
+    global_state = _state(0)
+    sent = {}
+    for server_round in range(1, 6):
+        clients = [_state(10 * server_round + k) for k in range(3)]
+        sent[server_round] = (global_state, clients)
+        arrays, _ = _round(strategy, server_round, global_state, clients, [5, 6, 7])
+        global_state = arrays.to_torch_state_dict()
+    assert store.rounds() == [1, 3, 5]
+    for server_round in store.rounds():
+        global_sent, clients = sent[server_round]
+        assert store.num_examples(server_round) == {0: 5, 1: 6, 2: 7}
+        stored_global = store.read_global(server_round)
+        assert all(torch.equal(stored_global[k], global_sent[k]) for k in global_sent)
+        for k in range(3):
+            update = store.read_update(server_round, k)
+            for key in update:  # U_k^t = M_k^t - M^t
+                assert torch.allclose(update[key], clients[k][key] - global_sent[key], atol=1e-6)
+
+
+def test_retention_off_writes_nothing(tmp_path):
+    strategy = _strategy(None, 1)
+    arrays, _ = _round(strategy, 1, _state(0), [_state(1), _state(2), _state(3)], [1, 1, 1])
+    assert arrays is not None
+    assert not any(tmp_path.iterdir())
+
+
+def test_failed_reply_is_neither_aggregated_nor_retained(tmp_path):
+    store = UpdateStore(tmp_path / "store")
+    strategy = _strategy(store, 1)
+    global_state = _state(0)
+    list(strategy.configure_train(1, ArrayRecord(global_state), ConfigRecord(), _grid()))
+    good = [_reply(_state(1), 4, 0, 101), _reply(_state(2), 4, 1, 202)]
+    bad = _reply(_state(99), 4, 2, 303, error=True)
+    bad.content = RecordDict()
+    arrays, _ = strategy.aggregate_train(1, good + [bad])
+    assert store.clients(1) == [0, 1]
+    expected = (_state(1)["head.bias"] + _state(2)["head.bias"]) / 2
+    assert torch.allclose(arrays.to_torch_state_dict()["head.bias"], expected)
+
+
+def test_reply_without_partition_id_is_refused_and_round_not_half_written(tmp_path):
+    store = UpdateStore(tmp_path / "store")
+    strategy = _strategy(store, 1)
+    with pytest.raises(ValueError, match="partition-id"):
+        _round(
+            strategy,
+            1,
+            _state(0),
+            [_state(1), _state(2), _state(3)],
+            [1, 2, 3],
+            with_partition=False,
+        )
+    assert store.rounds() == []
+    assert UpdateStore(tmp_path / "store").rounds() == []
+
+
+def test_schedule_helper_rejects_bad_interval():
+    assert [t for t in range(1, 12) if is_retained_round(t, 5)] == [1, 6, 11]
+    with pytest.raises(ValueError, match="retain_interval"):
+        is_retained_round(1, 0)
+
+
+def test_aggregation_does_not_depend_on_reply_arrival_order(tmp_path):
+    """Replies arrive in any order; the model must be the same bit for bit (reproducible runs)."""
+    clients = [_state(40 + k) for k in range(3)]
+
+    def aggregate(order):
+        strategy = _strategy(None, 1)
+        list(strategy.configure_train(1, ArrayRecord(_state(0)), ConfigRecord(), _grid()))
+        replies = [_reply(clients[k], 7 + k, k, 100 + k) for k in order]
+        return strategy.aggregate_train(1, replies)[0].to_torch_state_dict()
+
+    a, b = aggregate([0, 1, 2]), aggregate([2, 0, 1])
+    assert all(torch.equal(a[k], b[k]) for k in a)
