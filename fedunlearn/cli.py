@@ -3,8 +3,9 @@
     fedunlearn store info RUN_OR_STORE_DIR      rounds, clients, dtype, bytes per round, index table
     fedunlearn store verify RUN_OR_STORE_DIR    check the index and every blob (exit 1 if any is bad)
     fedunlearn certificates RUN_DIR_OR_LEDGER   the certified-removal ledger, one line per request
-    fedunlearn data check NAME --root DIR       load a dataset and print its sizes
-    fedunlearn data download NAME --root DIR    fetch a dataset into DIR (the only command that downloads)
+    fedunlearn data check NAME [--root DIR]     load a dataset and print its sizes
+    fedunlearn data download NAME [--root DIR]  fetch a dataset into DIR, by default ~/data (the only
+                                                command that downloads)
 
 Training runs are launched with ``fedunlearn-run`` (or ``flwr run .``). ``store`` and
 ``certificates`` only read: they write, lock, clean up or migrate nothing, and work on a read-only
@@ -25,6 +26,8 @@ _UNCHECKSUMMED = (
     "note: this store's index is format 1: its rows (num_examples among them) carry no checksums "
     "yet; the first writable open (resuming the run, or UpdateStore(root)) adds them"
 )
+#: Where datasets go unless ``--root`` says otherwise (``digits`` needs none).
+DEFAULT_DATA_ROOT = Path("~/data")
 _LEDGER_FIELDS = (
     "request kind removed n_after beta_after budget retrained certified total_epsilon total_delta "
     "seconds loss mode bound lam sigma"
@@ -184,7 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         command = data_commands.add_parser(name, help=text)
         command.add_argument("name", help="digits, mnist, fashion-mnist, cifar10 or adult")
-        command.add_argument("--root", help="data root in torchvision's layout")
+        command.add_argument(
+            "--root",
+            type=lambda text: Path(text).expanduser(),
+            default=str(DEFAULT_DATA_ROOT),
+            help="data root in torchvision's layout (default: ~/data)",
+        )
         command.set_defaults(handler=_data)
     return parser
 

@@ -14,7 +14,7 @@ It is ``flwr run <app> --stream`` plus what that command cannot do for you:
 Examples
 --------
     fedunlearn-run                                   # digits, 10 clients (the defaults)
-    fedunlearn-run simulations/mnist.toml --data-root ../shared/data
+    fedunlearn-run simulations/mnist.toml --data-root ~/data
     fedunlearn-run simulations/mnist.toml --set rounds=5 --set retain=false --num-gpus 0.25
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 import tomllib
@@ -17,6 +18,20 @@ from fedunlearn.config import check_path_text
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.update_store import UpdateStore
 from simulations import run as runner
+
+
+# Two files of the UCI Adult layout, small enough to write by hand (a fake download).
+_ADULT_TRAIN_ROWS = [
+    "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K",
+    "50, Self-emp-not-inc, 83311, Bachelors, 13, Married-civ-spouse, Exec-managerial, Husband, White, Male, 0, 0, 13, United-States, >50K",
+    "38, ?, 215646, HS-grad, 9, Divorced, ?, Not-in-family, Black, Female, 0, 0, 40, ?, <=50K",
+    "53, Private, 234721, 11th, 7, Married-civ-spouse, Handlers-cleaners, Husband, Black, Male, 0, 0, 40, Cuba, >50K",
+]
+_ADULT_TEST_ROWS = [
+    "25, Private, 226802, 11th, 7, Never-married, Adm-clerical, Husband, Black, Male, 0, 0, 40, United-States, <=50K.",
+    "38, ?, 89814, HS-grad, 9, Divorced, ?, Not-in-family, White, Female, 0, 0, 50, ?, >50K.",
+    "28, Never-worked, 336951, Bachelors, 13, Divorced, Exec-managerial, Husband, White, Male, 0, 0, 40, Atlantis, >50K.",
+]
 
 
 @pytest.fixture
@@ -192,6 +207,27 @@ def test_cli_checks_the_embedded_dataset():
         text=True,
     )
     assert result.returncode == 0 and "1347 training and 450 test samples" in result.stdout
+
+
+def test_data_download_fetches_into_home_data_by_default(tmp_path, monkeypatch, capsys):
+    import urllib.request
+
+    fetched = []
+
+    def fake_retrieve(url, destination):  # the UCI archive, without the network
+        fetched.append(url.rsplit("/", 1)[1])
+        rows = _ADULT_TEST_ROWS if url.endswith("adult.test") else _ADULT_TRAIN_ROWS
+        header = "|1x3 Cross validator\n" if url.endswith("adult.test") else ""
+        pathlib.Path(destination).write_text(header + "\n".join(rows) + "\n")
+
+    monkeypatch.setattr(urllib.request, "urlretrieve", fake_retrieve)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cli.main(["data", "download", "adult"]) == 0
+    assert fetched == ["adult.data", "adult.test"]
+    assert sorted(p.name for p in (tmp_path / "data" / "adult").iterdir()) == fetched
+    assert "adult: 4 training and 3 test samples" in capsys.readouterr().out
+    assert cli.main(["data", "check", "adult"]) == 0  # check reads the same default root
+    assert fetched == ["adult.data", "adult.test"]  # and never downloads
 
 
 def test_roc_curves_figure_is_written_with_zero_rates_on_log_axes(tmp_path):

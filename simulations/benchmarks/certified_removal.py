@@ -32,7 +32,7 @@ Writes ``summary.csv``/``.md`` (one row per figure with its target and reference
 
 Usage::
 
-    python -m simulations.benchmarks.certified_removal --data-root ../shared/data \\
+    python -m simulations.benchmarks.certified_removal --data-root ~/data \\
         --output-dir results/certified [--removals 100] [--count-limit 6000] [--quick]
 """
 
@@ -54,6 +54,7 @@ from fedunlearn.certified.statistics import CentralHeadData
 from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets, predict_labels
 from fedunlearn.certified.perturbation import sample_perturbation
 from fedunlearn.plots import plt, save_figure
+from simulations.benchmarks import default_data_root
 
 CLASSES = [3, 8]  # label 8 is the positive class, as in the paper
 LAM, SIGMA, EPSILON, DELTA = 1e-3, 10.0, 1.0, 1e-4
@@ -611,9 +612,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--data-root",
-        type=Path,
-        required=True,
-        help="torchvision-layout data root holding MNIST/raw/ (un-gzipped IDX files); never downloads",
+        type=lambda text: Path(text).expanduser(),
+        default=default_data_root(),
+        help="torchvision-layout data root holding MNIST/raw/ (un-gzipped IDX files; default:"
+        " $FEDUNLEARN_DATA_ROOT, else ~/data); never downloads",
     )
     parser.add_argument(
         "--output-dir",

@@ -1,11 +1,11 @@
-"""The membership-inference comparison over seeds (issue 6): one ``fedunlearn-run`` of a run config
+"""The membership-inference comparison over seeds: one ``fedunlearn-run`` of a run config
 with ``mia = true`` per seed (train → unlearn with every method → attack every model), then each
 column's mean ± std over the seeds in ``membership_mean_std.csv``/``.md``, and the wall time.
 
 Usage::
 
     python -m simulations.benchmarks.membership_comparison simulations/mia_digits.toml \\
-        --output-dir results/mia-digits [--seeds 0,1,2] [--data-root ../shared/data] [--set k=v]
+        --output-dir results/mia-digits [--seeds 0,1,2] [--data-root ~/data] [--set k=v]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pandas as pd
 
 from fedunlearn.membership.evaluation import mean_std
 from simulations import run as runner
+from simulations.benchmarks import default_data_root
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", type=Path, help="a run config with mia = true")
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (>= 3 for std)")
-    parser.add_argument("--data-root")
+    parser.add_argument(
+        "--data-root",
+        default=default_data_root(must_exist=True),
+        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
+    )
     parser.add_argument("--set", action="append", default=[], help="extra key=value for every run")
     parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
     parser.add_argument("--summarize-only", action="store_true")

@@ -9,7 +9,7 @@ rounds) and on MNIST (20 clients of 3,000 samples, the paper's CNN), then writes
 ``reply_checks.png`` (check time against round time, per round).
 
 Usage (about 6 minutes on 2 cores; MNIST needs a data root holding ``MNIST/raw``, by default
-``$FEDUNLEARN_DATA_ROOT``)::
+``$FEDUNLEARN_DATA_ROOT``, else ``~/data``)::
 
     python -m simulations.benchmarks.reply_checks --output-dir results/reply-checks
 """
@@ -17,7 +17,6 @@ Usage (about 6 minutes on 2 cores; MNIST needs a data root holding ``MNIST/raw``
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from simulations import run as runner  # noqa: E402
+from simulations.benchmarks import default_data_root  # noqa: E402
 
 RUNS = {
     "digits (main job)": ["--set", "unlearn-clients=''"],
@@ -43,7 +43,7 @@ def measure(name: str, arguments: list[str], output_dir: Path, data_root: str | 
     argv = [*arguments, "--output-dir", str(output_dir), "--set", f"run-name='{run_name}'"]
     if run_name != "digits":
         if not data_root:
-            raise SystemExit("reply_checks: MNIST needs --data-root or FEDUNLEARN_DATA_ROOT")
+            raise SystemExit("reply_checks: MNIST needs --data-root, FEDUNLEARN_DATA_ROOT or ~/data")
         argv += ["--data-root", data_root]
     code = runner.main(argv)
     if code != 0:
@@ -93,7 +93,7 @@ def plot(runs: dict[str, Path], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", type=Path, required=True)
-    parser.add_argument("--data-root", default=os.environ.get("FEDUNLEARN_DATA_ROOT"))
+    parser.add_argument("--data-root", default=default_data_root(must_exist=True))
     parser.add_argument("--only", choices=[name.split()[0] for name in RUNS])
     args = parser.parse_args(argv)
     args.output_dir.mkdir(parents=True, exist_ok=True)

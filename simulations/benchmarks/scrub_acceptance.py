@@ -1,8 +1,8 @@
-"""Issue 5's acceptance readouts from a finished scrubbing run (``fedunlearn-run
+"""The scrubbing acceptance readouts from a finished scrubbing run (``fedunlearn-run
 simulations/scrub_mnist.toml``): re-measures the relearn time of every saved model at one-step
 resolution and checks each acceptance criterion, per method.
 
-    python -m simulations.benchmarks.scrub_acceptance RUN_DIR [--data-root ../shared/data]
+    python -m simulations.benchmarks.scrub_acceptance RUN_DIR [--data-root ~/data]
 
 Writes ``scrub_acceptance.csv/.md`` in RUN_DIR and prints them. The run's ``scrubbing.csv`` holds
 the errors; this adds a finer relearn readout (every SGD step up to ``--max-epochs``) and the verdicts:

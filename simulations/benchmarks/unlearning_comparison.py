@@ -4,7 +4,7 @@ one table ``unlearning_comparison.csv``/``.md``.
 
 Usage::
 
-    python -m simulations.benchmarks.unlearning_comparison --data-root ../shared/data \\
+    python -m simulations.benchmarks.unlearning_comparison --data-root ~/data \\
         --output-dir results/federaser [--only mnist-iid adult] [--app PATH]
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from simulations import run as runner
+from simulations.benchmarks import default_data_root
 
 SIMULATIONS = Path(__file__).resolve().parents[1]
 SETTINGS = {
@@ -30,7 +31,11 @@ SETTINGS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-root", required=True)
+    parser.add_argument(
+        "--data-root",
+        default=default_data_root(),
+        help="dataset root holding MNIST, FashionMNIST and adult (default: $FEDUNLEARN_DATA_ROOT, else ~/data)",
+    )
     parser.add_argument("--output-dir", type=Path, default=Path("results/federaser"))
     parser.add_argument("--only", nargs="*", choices=list(SETTINGS), help="run only these settings")
     parser.add_argument("--set", action="append", default=[], help="extra key=value for every run")

@@ -1,5 +1,5 @@
 """Tests of fedunlearn.data.datasets on the bundled digits, synthetic files in tmp_path and, when present,
-the real copies under /work/shared/data. Nothing here touches the network."""
+the real copies under $FEDUNLEARN_DATA_ROOT. Nothing here touches the network."""
 
 from __future__ import annotations
 
@@ -407,7 +407,7 @@ def test_modules_do_not_import_flower():
     assert result.returncode == 0
 
 
-# --- real copies (skipped where /work/shared/data is absent) ------------------------------------
+# --- real copies (skipped unless FEDUNLEARN_DATA_ROOT names them) ------------------------------------
 
 
 @needs_shared

@@ -1,4 +1,4 @@
-"""End to end, in process: every model of a run attacked and judged against FedRetrain (issue 6).
+"""End to end, in process: every model of a run attacked and judged against FedRetrain.
 
 Four virtual clients train on digits; client 1 is forgotten by FedEraser, FedAccum, FedRetrain and
 three scrubbing methods and the certified head; two reference models trained without client 1 serve offline LiRA.
