@@ -1,0 +1,149 @@
+"""The README and docs/ are for users: no path outside the repository, a README a newcomer reads in
+ten minutes, links that resolve, and commands that parse (``--dry-run`` or ``--help``)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fedunlearn import cli
+from simulations import run as runner
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+README_MAX_LINES = 350
+#: A run that continues an earlier one can only be checked up to the point where it needs that run.
+NEEDS_EARLIER_RUN = "a finished run under"
+#: The launch-time error for a dataset the local copy does not hold (CI has no CIFAR-10).
+DATA_MISSING = re.compile(r"a folder holding the (\S+) files")
+#: ``fedunlearn`` groups whose commands are a second word (``store info``, ``data download``).
+GROUPS_WITH_COMMANDS = {"store", "data"}
+
+
+def _tracked_files() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return [ROOT / name for name in listed.stdout.split("\0") if name]
+
+
+def _shell_commands(page: Path) -> list[str]:
+    """Every command of the page's ``bash`` blocks: continuation lines joined, comments dropped,
+    ``a && b`` split, a virtual environment's ``.venv/bin/`` prefix removed."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s#.*$", "", line).strip()
+            for part in line.split("&&"):
+                commands.append(re.sub(r"^\.venv/bin/", "", part.strip()))
+    return [command for command in commands if command]
+
+
+def _documented(prefixes: tuple[str, ...]) -> list:
+    return [
+        pytest.param(command, id=f"{page.name}: {command[:70]}")
+        for page in PAGES
+        for command in _shell_commands(page)
+        if command.startswith(prefixes)
+    ]
+
+
+def test_no_file_in_the_repository_points_outside_it():
+    outside = [
+        str(path.relative_to(ROOT))
+        for path in _tracked_files()
+        if path.name != "run" or path.parent.name != ".ci"
+        if path.is_file() and "../shared" in path.read_text(errors="replace")
+    ]
+    assert outside == []
+
+
+def test_the_readme_is_short_enough_to_read():
+    assert len(README.read_text().splitlines()) <= README_MAX_LINES
+
+
+def test_every_docs_link_in_the_readme_resolves():
+    links = re.findall(r"\]\((docs/[^)#]+)", README.read_text())
+    assert links, "the README links its docs/ pages"
+    missing = sorted({link for link in links if not (ROOT / link).is_file()})
+    assert missing == []
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    ci_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci_command in README.read_text()
+
+
+_LOADED: dict[tuple, object] = {}
+
+
+@pytest.fixture
+def datasets_loaded_once(monkeypatch):
+    """The dry runs load and partition the data (read-only); load each dataset once for all of them."""
+    from fedunlearn.data import federated_data
+
+    original = federated_data.load_dataset
+
+    def cached(name, data_root=None, *, download=False, seed=0):
+        key = (name, str(data_root), download, seed)
+        if key not in _LOADED:
+            _LOADED[key] = original(name, data_root, download=download, seed=seed)
+        return _LOADED[key]
+
+    monkeypatch.setattr(federated_data, "load_dataset", cached)
+
+
+@pytest.mark.parametrize("command", _documented(("fedunlearn-run", "python -m simulations.run")))
+def test_documented_runs_pass_the_dry_run(
+    command, tmp_path, monkeypatch, capsys, datasets_loaded_once
+):
+    """Each documented run validates (keys, flags, data, run directory) exactly as it would start,
+    writing nothing: into a fresh output folder, with ``~/data`` read from FEDUNLEARN_DATA_ROOT."""
+    argv = shlex.split(command)
+    argv = argv[1:] if argv[0] == "fedunlearn-run" else argv[3:]
+    if "~/data" in argv:
+        data_root = os.environ.get("FEDUNLEARN_DATA_ROOT")
+        if not data_root:
+            pytest.skip("the command reads ~/data: set FEDUNLEARN_DATA_ROOT to a local copy")
+        argv = [data_root if word == "~/data" else word for word in argv]
+    monkeypatch.chdir(ROOT)
+    code = runner.main([*argv, "--output-dir", str(tmp_path), "--dry-run"])
+    error = capsys.readouterr().err
+    dataset = DATA_MISSING.search(error)
+    if code == 2 and dataset:
+        pytest.skip(f"the local copy holds no {dataset.group(1)}")
+    if "unlearn-only=true" in argv:
+        assert code == 2 and NEEDS_EARLIER_RUN in error, error
+    else:
+        assert code == 0, error
+
+
+@pytest.mark.parametrize("command", _documented(("fedunlearn ",)))
+def test_documented_fedunlearn_commands_parse(command, capsys):
+    """``fedunlearn <group> [<command>] --help``: the documented subcommand exists (no side effects)."""
+    words = shlex.split(command)[1:]
+    subcommand = words[:2] if words[0] in GROUPS_WITH_COMMANDS else words[:1]
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args([*subcommand, "--help"])
+    assert exited.value.code == 0
+    assert f"usage: fedunlearn {' '.join(subcommand)}" in capsys.readouterr().out
+
+
+def _documented_benchmarks() -> list[str]:
+    modules = {shlex.split(p.values[0])[2] for p in _documented(("python -m simulations.benchmarks.",))}
+    return sorted(modules)
+
+
+@pytest.mark.parametrize("module", _documented_benchmarks())
+def test_documented_benchmarks_exist_and_parse(module, capsys):
+    with pytest.raises(SystemExit) as exited:
+        importlib.import_module(module).main(["--help"])
+    assert exited.value.code == 0
+    assert "usage:" in capsys.readouterr().out
