@@ -15,20 +15,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedunlearn.training.model_state import state_difference
+from fedunlearn.store.retention import is_retained_round
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.training.model_state import state_difference
 
 logger = logging.getLogger(__name__)
 
 #: Metrics every training reply must carry for retention.
 PARTITION_ID_KEY = "partition-id"
-
-
-def is_retained_round(server_round: int, retain_interval: int) -> bool:
-    """FedEraser's retention schedule t_1 = 1, t_{j+1} = t_j + Δt (Δt = ``retain_interval``)."""
-    if retain_interval < 1:
-        raise ValueError(f"retain_interval must be >= 1, got {retain_interval}")
-    return server_round >= 1 and (server_round - 1) % retain_interval == 0
 
 
 def aggregate_train_metrics(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:

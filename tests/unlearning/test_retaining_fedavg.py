@@ -9,7 +9,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedunlearn.store.update_store import UpdateStore
-from strategies.retaining_fedavg import RetainingFedAvg, is_retained_round
+from strategies.retaining_fedavg import RetainingFedAvg
 
 
 @pytest.fixture(autouse=True)
@@ -129,12 +129,6 @@ def test_reply_without_partition_id_is_refused_and_round_not_half_written(tmp_pa
         )
     assert store.rounds() == []
     assert UpdateStore(tmp_path / "store").rounds() == []
-
-
-def test_schedule_helper_rejects_bad_interval():
-    assert [t for t in range(1, 12) if is_retained_round(t, 5)] == [1, 6, 11]
-    with pytest.raises(ValueError, match="retain_interval"):
-        is_retained_round(1, 0)
 
 
 def test_aggregation_does_not_depend_on_reply_arrival_order(tmp_path):
