@@ -32,6 +32,8 @@ from fedunlearn.training.local import EvaluationResult, evaluate, resolve_device
 from fedunlearn.store.update_store import UpdateStore
 from server.federation import FederationMembers, discover_clients, failure_reasons
 from server.history import finish_pending
+from server.progress import Log
+from server.queries import collect_replies
 from server.reply_screening import ReplyScreen
 from server.run_recovery import (
     RECOVERY_LOG,
@@ -41,9 +43,6 @@ from server.run_recovery import (
     training_finished,
 )
 from strategies.retaining_fedavg import RetainingFedAvg
-
-ROUND_TIMEOUT_SECONDS = 3600.0
-Log = Callable[[str], None]
 
 
 @dataclass
@@ -76,6 +75,7 @@ def discover(grid: Grid, config: ExperimentConfig, data: FederatedData, *, log: 
         log=log,
         settings=run_settings(config),
         partition_sizes={p: len(part) for p, part in enumerate(data.partitions)},
+        reply_timeout=config.reply_timeout,
     )
 
 
@@ -114,6 +114,7 @@ def fedavg_rounds(
     first_round: int = 1,
     screen: ReplyScreen | None = None,
     phase: str = "train",
+    log: Log | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run rounds ``first_round`` .. ``rounds`` (default ``config.rounds``) of FedAvg from ``model``'s
     weights; returns the final state (``model``'s own when no round is left).
@@ -123,7 +124,9 @@ def fedavg_rounds(
     carry ``refused`` (replies refused by ``screen``) and ``check-seconds`` (the time the checks
     took). ``extra_config`` is added to every training message's config (e.g. a scrubbing
     baseline's ``objective`` and ``forget``). ``screen`` checks every reply before it is aggregated
-    or retained (:mod:`server.reply_screening`); ``phase`` names the rounds in its log.
+    or retained (:mod:`server.reply_screening`); ``phase`` names the rounds in its log. Every
+    round waits ``reply-timeout`` seconds at most for its replies, with a heartbeat line to ``log``
+    while it waits (:mod:`server.queries`).
     """
     device = resolve_device(config.device)
     arrays = ArrayRecord(model.state_dict())
@@ -133,14 +136,20 @@ def fedavg_rounds(
         refused_before = screen.refused if screen is not None else 0
         checks_before = screen.seconds if screen is not None else 0.0
         arrays, train_metrics, replied = _train_round(
-            grid, strategy, config, server_round, arrays, train_config, screen, phase
+            grid, strategy, config, server_round, arrays, train_config, screen, phase, log
         )
         evaluate_messages = strategy.configure_evaluate(
             server_round, arrays, ConfigRecord(run_settings(config)), grid
         )
         if screen is not None:
             evaluate_messages = screen.active(evaluate_messages)
-        evaluations = grid.send_and_receive(list(evaluate_messages), timeout=ROUND_TIMEOUT_SECONDS)
+        evaluations = collect_replies(
+            grid,
+            evaluate_messages,
+            timeout=config.reply_timeout,
+            label=f"{_round_label(phase, server_round)} evaluation",
+            log=log,
+        )
         if screen is not None:
             evaluations = screen.evaluation(server_round, evaluations)
         client_eval = strategy.aggregate_evaluate(server_round, evaluations)
@@ -159,7 +168,7 @@ def fedavg_rounds(
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
-def _train_round(grid, strategy, config, server_round, arrays, train_config, screen, phase):
+def _train_round(grid, strategy, config, server_round, arrays, train_config, screen, phase, log):
     """One training round: configure, send, screen, aggregate. Returns (new arrays, aggregated
     metrics, valid replies); fails when fewer than ``min-reply-fraction`` of the asked replied
     validly."""
@@ -168,7 +177,8 @@ def _train_round(grid, strategy, config, server_round, arrays, train_config, scr
     )
     if screen is not None:
         messages = screen.active(messages)
-    replies = list(grid.send_and_receive(messages, timeout=ROUND_TIMEOUT_SECONDS))
+    label = _round_label(phase, server_round)
+    replies = collect_replies(grid, messages, timeout=config.reply_timeout, label=label, log=log)
     failed = [r for r in replies if r.has_error()]
     valid = [r for r in replies if not r.has_error()]
     if screen is not None:
@@ -185,6 +195,11 @@ def _train_round(grid, strategy, config, server_round, arrays, train_config, scr
     if new_arrays is None:
         raise RuntimeError(f"{phase} round {server_round}: no client returned an update")
     return new_arrays, train_metrics, len(valid)
+
+
+def _round_label(phase: str, server_round: int) -> str:
+    """How a round is named in its heartbeat lines: ``round 3`` in training, else with its phase."""
+    return f"round {server_round}" if phase == "train" else f"{phase} round {server_round}"
 
 
 def participant_rounds(
@@ -228,6 +243,7 @@ def participant_rounds(
         extra_config=extra_config,
         screen=outcome.screen,
         phase=name,
+        log=log,
     )
 
 
@@ -379,6 +395,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         on_round=record,
         first_round=first_round,
         screen=screen,
+        log=log,
     )
     run.save_model("model_final", final_state)
     metrics = run.metrics

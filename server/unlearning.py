@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 import pandas as pd
 import torch
@@ -35,6 +36,7 @@ from fedunlearn.unlearning.metrics import (
 from server.federated_training import TrainingOutcome, fedavg_rounds, train_config_record
 from strategies.federaser import FedEraser
 from server.history import open_staging
+from server.queries import collect_replies
 from strategies.retaining_fedavg import RetainingFedAvg
 
 Log = Callable[[str], None]
@@ -140,7 +142,7 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
 def _federaser(grid, outcome: TrainingOutcome, excluded: list[int], log: Log, trajectory=None):
     config = outcome.config
     eraser = FedEraser(
-        grid,
+        partial(collect_replies, grid, timeout=config.reply_timeout, log=log),
         outcome.members.node_of_partition,
         local_epochs=config.local_epochs,
         calibration_ratio=config.calibration_ratio,
