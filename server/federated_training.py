@@ -202,6 +202,21 @@ def _round_label(phase: str, server_round: int) -> str:
     return f"round {server_round}" if phase == "train" else f"{phase} round {server_round}"
 
 
+def participant_strategy(
+    nodes: list[int], store: UpdateStore | None = None, retain_interval: int = 1
+) -> RetainingFedAvg:
+    """FedAvg over the nodes ``nodes`` only: each round samples, configures and messages exactly
+    them (FedRetrain without the forgotten clients, a baseline's rounds); with ``store`` it retains
+    their updates every ``retain_interval`` rounds."""
+    return RetainingFedAvg(
+        store,
+        retain_interval=retain_interval,
+        participants=nodes,
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+    )
+
+
 def participant_rounds(
     grid: Grid,
     outcome: TrainingOutcome,
@@ -218,14 +233,6 @@ def participant_rounds(
     carry ``extra_config`` (e.g. the cohort to leave out, or a baseline's objective)."""
     config = outcome.config
     nodes = outcome.members.nodes(exclude=set(outcome.members.node_of_partition) - set(partitions))
-    strategy = RetainingFedAvg(
-        None,
-        participants=nodes,
-        fraction_train=1.0,
-        fraction_evaluate=0.0,
-        min_train_nodes=len(nodes),
-        min_available_nodes=config.num_clients,
-    )
     model = outcome.new_model()
     model.load_state_dict(dict(start))
     total = config.rounds if rounds is None else rounds
@@ -235,7 +242,7 @@ def participant_rounds(
 
     return fedavg_rounds(
         grid,
-        strategy,
+        participant_strategy(nodes),
         model,
         config,
         on_round=progress,
@@ -266,13 +273,52 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         seed=derive_seed(config.seed, "initial-model"),
     )
     initial_state = {k: v.clone() for k, v in model.state_dict().items()}
-    device = resolve_device(config.device)
     path = config.run_directory()
     resuming = config.resume and (path / "config.json").is_file()
     if resuming:
         check_resumable(config, path)
     members = discover(grid, config, data, log=log)
+    run, initial_state = _open_run(config, resuming, initial_state, log)
+    store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
+    screen = ReplyScreen(members, max_refusals=config.max_refusals, log=log, run=run)
+    if resuming and training_finished(path):
+        check_finished_run(run, store, log=log)
+        run.remove_checkpoint()
+        return TrainingOutcome(
+            config, run, data, members, store, initial_state, run.load_model("model_final"), screen
+        )
+    log(_run_description(config, data, members))
+    retaining, strategy = _training_strategy(config, store, log)
+    recorder = _RoundRecorder(config, run, store, model, retaining, started, log)
+    first_round = 1
+    if resuming:
+        last_round, state = resume_point(run, store, initial_state, log=log)
+        model.load_state_dict(state)
+        first_round = last_round + 1
+        recorder.resumed()
+    if not (run.path / "model_initial.safetensors").is_file():
+        run.save_model("model_initial", initial_state)
+    if run.metrics.empty:
+        recorder.initial(splits)
+    final_state = fedavg_rounds(
+        grid,
+        strategy,
+        model,
+        config,
+        test=(splits.test.x, splits.test.y),
+        on_round=recorder,
+        first_round=first_round,
+        screen=screen,
+        log=log,
+    )
+    _finish(run, store, config, members, final_state, recorder.elapsed, resuming, log)
+    return TrainingOutcome(config, run, data, members, store, initial_state, final_state, screen)
 
+
+def _open_run(config: ExperimentConfig, resuming: bool, initial_state, log: Log):
+    """The run directory (reopened when resuming, else created) and the initial model M^0 (the
+    one saved there when resuming)."""
+    path = config.run_directory()
     if resuming:
         run = RunDirectory.open(path)
         finish_pending(run, log=log)  # an interrupted history rewrite, before the store opens
@@ -283,26 +329,26 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
             log(f"resume: {path} holds no run yet; starting it")
         run = RunDirectory.create(path, config.to_run_config())
     log(f"run directory: {run.path}")
-    store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
-    screen = ReplyScreen(members, max_refusals=config.max_refusals, log=log, run=run)
-    if resuming and training_finished(path):
-        check_finished_run(run, store, log=log)
-        run.remove_checkpoint()
-        return TrainingOutcome(
-            config, run, data, members, store, initial_state, run.load_model("model_final"), screen
-        )
-    log(
+    return run, initial_state
+
+
+def _run_description(config: ExperimentConfig, data: FederatedData, members) -> str:
+    """The line that opens a training: data, federation, rounds and retention."""
+    splits = data.splits
+    retention = (
+        f"every {config.retain_interval} round(s), {config.store_dtype}" if config.retain else "off"
+    )
+    return (
         f"{config.dataset}: {sum(map(len, data.partitions))} of {len(splits.train)} training "
         f"samples over {config.num_clients} clients "
         f"({config.partitioning}), {len(splits.test)} test samples; {config.rounds} rounds x "
-        f"{config.local_epochs} local epochs; retention "
-        + (
-            f"every {config.retain_interval} round(s), {config.store_dtype}"
-            if config.retain
-            else "off"
-        )
+        f"{config.local_epochs} local epochs; retention {retention}"
         + (f"; {members.cuda_clients} client(s) on CUDA" if members.cuda_clients else "")
     )
+
+
+def _training_strategy(config: ExperimentConfig, store: UpdateStore | None, log: Log):
+    """(the retaining FedAvg, the strategy the rounds run): the same, or DP-FedAvg around it."""
     if store is not None:
         store.set_metadata(
             dataset=config.dataset,
@@ -320,83 +366,82 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         min_evaluate_nodes=1,
         min_available_nodes=config.num_clients,
     )
-    strategy = retaining
-    if config.dp_noise_multiplier > 0:
-        # DP-FedAvg (McMahan et al. 2018): each update clipped to dp-clipping-norm, Gaussian noise of
-        # std z C / K on the average. The store keeps the clipped, noise-free updates.
-        strategy = DifferentialPrivacyServerSideFixedClipping(
-            retaining,
-            noise_multiplier=config.dp_noise_multiplier,
-            clipping_norm=config.dp_clipping_norm,
-            num_sampled_clients=config.num_clients,
+    if config.dp_noise_multiplier <= 0:
+        return retaining, retaining
+    # DP-FedAvg (McMahan et al. 2018): each update clipped to dp-clipping-norm, Gaussian noise of
+    # std z C / K on the average. The store keeps the clipped, noise-free updates.
+    strategy = DifferentialPrivacyServerSideFixedClipping(
+        retaining,
+        noise_multiplier=config.dp_noise_multiplier,
+        clipping_norm=config.dp_clipping_norm,
+        num_sampled_clients=config.num_clients,
+    )
+    log(
+        f"differential privacy: noise multiplier {config.dp_noise_multiplier}, clipping norm "
+        f"{config.dp_clipping_norm}: (epsilon, delta) = ({dp_epsilon_of(config):.3g}, "
+        f"{config.dp_delta:g}) after {config.rounds} rounds (RDP accountant)"
+    )
+    return retaining, strategy
+
+
+class _RoundRecorder:
+    """What each completed round leaves: a ``metrics.csv`` row, a checkpoint, a console line.
+
+    Called as ``fedavg_rounds``'s ``on_round``; the elapsed time continues a resumed run's.
+    """
+
+    def __init__(self, config, run, store, model, retaining, started, log: Log) -> None:
+        self.config, self.run, self.store, self.model = config, run, store, model
+        self.retaining, self.started, self.log = retaining, started, log
+        self.elapsed_before = 0.0
+
+    def resumed(self) -> None:
+        """Continue the elapsed time from the last recorded round."""
+        if not self.run.metrics.empty:
+            self.elapsed_before = float(self.run.metrics["elapsed_seconds"].iloc[-1])
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def _store_mb(self) -> float:
+        return megabytes(self.store.total_bytes()) if self.store is not None else 0.0
+
+    def initial(self, splits) -> None:
+        """Round 0: the initial model's test accuracy and loss."""
+        device = resolve_device(self.config.device)
+        initial = evaluate(self.model, splits.test.x, splits.test.y, device=device)
+        row = _row(0, initial, MetricRecord(), 0, False, 0.0, self.elapsed())
+        self.run.append_metrics(
+            {**row, "store_mb": self._store_mb(), "refused": 0, "check_seconds": 0.0}
         )
-        log(
-            f"differential privacy: noise multiplier {config.dp_noise_multiplier}, clipping norm "
-            f"{config.dp_clipping_norm}: (epsilon, delta) = ({dp_epsilon_of(config):.3g}, "
-            f"{config.dp_delta:g}) after {config.rounds} rounds (RDP accountant)"
-        )
-
-    first_round, elapsed_before = 1, 0.0
-    if resuming:
-        last_round, state = resume_point(run, store, initial_state, log=log)
-        model.load_state_dict(state)
-        first_round = last_round + 1
-        if not run.metrics.empty:
-            elapsed_before = float(run.metrics["elapsed_seconds"].iloc[-1])
-
-    def elapsed() -> float:
-        return elapsed_before + time.perf_counter() - started
-
-    def store_mb() -> float:
-        return megabytes(store.total_bytes()) if store is not None else 0.0
-
-    if not (run.path / "model_initial.safetensors").is_file():
-        run.save_model("model_initial", initial_state)
-    if run.metrics.empty:
-        initial = evaluate(model, splits.test.x, splits.test.y, device=device)
-        run.append_metrics(
-            {
-                **_row(0, initial, MetricRecord(), 0, False, 0.0, elapsed()),
-                "store_mb": store_mb(),
-                "refused": 0,
-                "check_seconds": 0.0,
-            }
-        )
-        log(
-            f"round 0/{config.rounds}  test accuracy {initial.accuracy:.4f}  "
+        self.log(
+            f"round 0/{self.config.rounds}  test accuracy {initial.accuracy:.4f}  "
             f"test loss {initial.loss:.4f}"
         )
 
-    def record(server_round, result, train_metrics, replied, seconds):
-        retained = retaining.is_retained_round(server_round)
-        row = _row(server_round, result, train_metrics, replied, retained, seconds, elapsed())
-        row["store_mb"] = store_mb()
+    def __call__(self, server_round, result, train_metrics, replied, seconds) -> None:
+        retained = self.retaining.is_retained_round(server_round)
+        row = _row(server_round, result, train_metrics, replied, retained, seconds, self.elapsed())
+        row["store_mb"] = self._store_mb()
         row["refused"] = int(train_metrics.get("refused", 0))
         row["check_seconds"] = round(float(train_metrics.get("check-seconds", 0.0)), 6)
         if "client-eval-accuracy" in train_metrics:
             row["client_eval_accuracy"] = float(train_metrics["client-eval-accuracy"])
         # Metrics first, checkpoint last: the checkpoint's round is the last completed round.
-        run.append_metrics(row)
-        run.save_checkpoint(server_round, model.state_dict())
-        log(
-            f"round {server_round}/{config.rounds}  test accuracy {result.accuracy:.4f}  "
+        self.run.append_metrics(row)
+        self.run.save_checkpoint(server_round, self.model.state_dict())
+        self.log(
+            f"round {server_round}/{self.config.rounds}  test accuracy {result.accuracy:.4f}  "
             f"test loss {result.loss:.4f}  train loss {row['train_loss']:.4f}  "
-            f"clients {replied}/{config.num_clients}"
+            f"clients {replied}/{self.config.num_clients}"
             + ("  retained" if retained else "")
             + f"  {seconds:.1f}s"
         )
 
-    final_state = fedavg_rounds(
-        grid,
-        strategy,
-        model,
-        config,
-        test=(splits.test.x, splits.test.y),
-        on_round=record,
-        first_round=first_round,
-        screen=screen,
-        log=log,
-    )
+
+def _finish(run, store, config, members, final_state, elapsed, resuming: bool, log: Log):
+    """The final model, the training curves and ``summary.json`` (``elapsed()``: the run's seconds
+    so far); the checkpoint goes."""
     run.save_model("model_final", final_state)
     metrics = run.metrics
     plot_training_curves(
@@ -414,7 +459,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         "dp_epsilon": dp_epsilon_of(config),
         "dp_delta": config.dp_delta if config.dp_noise_multiplier > 0 else 0.0,
         "server_peak_rss_mb": megabytes(peak_rss_bytes()),
-        "refused_replies": int(run.metrics.get("refused", pd.Series(dtype=int)).sum()),
+        "refused_replies": int(metrics.get("refused", pd.Series(dtype=int)).sum()),
         "dropped_clients": {str(k): v for k, v in sorted(members.dropped.items())},
     }
     if resuming:
@@ -426,7 +471,6 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         f"{len(retained_rounds)} retained round(s), {summary['store_bytes'] / 1e6:.2f} MB; "
         f"results in {run.path}"
     )
-    return TrainingOutcome(config, run, data, members, store, initial_state, final_state, screen)
 
 
 def _row(server_round, result, train_metrics, replied, retained, round_seconds, elapsed) -> dict:

@@ -33,11 +33,15 @@ from fedunlearn.unlearning.metrics import (
     per_neuron_angles,
     prediction_difference,
 )
-from server.federated_training import TrainingOutcome, fedavg_rounds, train_config_record
+from server.federated_training import (
+    TrainingOutcome,
+    fedavg_rounds,
+    participant_strategy,
+    train_config_record,
+)
 from strategies.federaser import FedEraser
 from server.history import open_staging
 from server.queries import collect_replies
-from strategies.retaining_fedavg import RetainingFedAvg
 
 Log = Callable[[str], None]
 LOG_NAME = "unlearning_log.jsonl"
@@ -173,15 +177,7 @@ def _fedretrain(
     """FedAvg from the initial model without the targets; with ``trajectory`` (a store) it retains
     its own updates at the run's Δt (the history FedRetrain leaves when it is adopted)."""
     config = outcome.config
-    strategy = RetainingFedAvg(
-        trajectory,
-        retain_interval=config.retain_interval,
-        participants=remaining_nodes,
-        fraction_train=1.0,
-        fraction_evaluate=0.0,
-        min_train_nodes=config.num_clients,
-        min_available_nodes=config.num_clients,
-    )
+    strategy = participant_strategy(remaining_nodes, trajectory, config.retain_interval)
     model = outcome.new_model()
     model.load_state_dict(outcome.initial_state)
 
@@ -191,7 +187,14 @@ def _fedretrain(
         )
 
     state = fedavg_rounds(
-        grid, strategy, model, config, on_round=progress, screen=outcome.screen, phase="fedretrain"
+        grid,
+        strategy,
+        model,
+        config,
+        on_round=progress,
+        screen=outcome.screen,
+        phase="fedretrain",
+        log=log,
     )
     return state, {"rounds": config.rounds, "clients": len(remaining_nodes)}
 
