@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.store.retention import is_retained_round
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
 PARTITIONINGS = ("iid", "dirichlet", "shards")
@@ -109,6 +110,7 @@ class ExperimentConfig:
     run_name: str = ""
     resume: bool = False
     node_wait_seconds: float = 120.0
+    reply_timeout: float = 3600.0
     unlearn_clients: str = "0"
     unlearn_methods: str = "federaser,fedaccum,fedretrain"
     calibration_ratio: float = 0.5
@@ -271,6 +273,8 @@ class ExperimentConfig:
         _at_least("retain-interval", self.retain_interval, 1)
         _positive("lr", self.lr)
         _positive("node-wait-seconds", self.node_wait_seconds)
+        _positive("reply-timeout", self.reply_timeout)
+        _in_range("reply-timeout", self.reply_timeout, 0.0, 86400.0)
         _in_range("momentum", self.momentum, 0.0, 1.0, closed_high=False)
         _in_range("weight-decay", self.weight_decay, 0.0, math.inf)
         _in_range("fraction-evaluate", self.fraction_evaluate, 0.0, 1.0)
@@ -517,8 +521,8 @@ class ExperimentConfig:
         return sorted(set(factors))
 
     def is_retained_round(self, server_round: int) -> bool:
-        """FedEraser's schedule: t_1 = 1, t_{j+1} = t_j + Δt."""
-        return self.retain and (server_round - 1) % self.retain_interval == 0
+        """FedEraser's schedule (:func:`fedunlearn.store.retention.is_retained_round`), if retaining."""
+        return self.retain and is_retained_round(server_round, self.retain_interval)
 
 
 def _partition_list(key: str, value: str, num_clients: int) -> list[int]:

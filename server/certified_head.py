@@ -54,12 +54,11 @@ from server.certified_head_replies import (
     Expectation,
     QueryFailedError,
     check_reply,
-    check_sources,
     expected_shapes,
 )
 from server.federation import FederationMembers
-
-Log = Callable[[str], None]
+from server.progress import Log
+from server.queries import query_nodes
 SampleId = tuple[int, int]
 
 
@@ -95,6 +94,10 @@ class FederatedHeadData:
     settings : mapping, optional
         The run's data settings (:func:`fedunlearn.data.federated_data.run_settings`), sent with every
         query so that clients compute on the partitions the run was trained with.
+    timeout : float (default: 3600)
+        Seconds to wait for the replies to one query (the run's ``reply-timeout``).
+    log : Log, optional
+        Where the heartbeat lines of a long query go (:mod:`server.queries`).
     """
 
     def __init__(
@@ -107,8 +110,11 @@ class FederatedHeadData:
         *,
         partitions: Iterable[int] | None = None,
         settings: Mapping[str, Any] | None = None,
+        timeout: float = 3600.0,
+        log: Log | None = None,
     ) -> None:
         self.grid = grid
+        self.timeout, self.log = timeout, log
         self.settings = dict(settings or {})  # the run's data settings, sent with every query
         self.loss = loss
         self.classes = [int(c) for c in classes]
@@ -162,12 +168,20 @@ class FederatedHeadData:
                 self._message(op, p, head, attach_model or attempt > 0, extra, config)
                 for p in pending
             ]
-            replies = list(self.grid.send_and_receive(messages, timeout=600))
-            self.messages += len(messages)
             asked = {self.node_of[p]: p for p in pending}
+            self.messages += len(messages)
+            replies = query_nodes(
+                self.grid,
+                messages,
+                op=op,
+                who="certified head",
+                timeout=self.timeout,
+                partition_of=asked,
+                log=self.log,
+            )
             retry = []
-            for p, reply in check_sources(replies, asked, op).items():
-                node = self.node_of[p]
+            for node, reply in replies.items():
+                p = asked[node]
                 checked = check_reply(reply.content, op, expect(p), node=node, partition=p)
                 if checked.needs_model:
                     retry.append(p)  # the client lost its feature cache: resend the body
@@ -414,6 +428,8 @@ def run_certified_head(
         params.loss,
         classes,
         settings=run_settings(config),
+        timeout=config.reply_timeout,
+        log=log,
     )
     head = CertifiedHead(
         data,

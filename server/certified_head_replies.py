@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The errors and the source check live in server.reply_screening, shared with the scrubbing
-# plug-in's queries; re-exported here for the certified head's callers.
-from server.reply_screening import BadReplyError, QueryFailedError, check_sources  # noqa: F401
+# The errors and the source check live in server.queries, shared by every query; re-exported here
+# for the certified head's callers.
+from server.queries import BadReplyError, QueryFailedError, check_sources  # noqa: F401
 
 #: Arrays holding integers (a count, a width); every other array must be floating point.
 INTEGER_ARRAYS = ("count", "dim")

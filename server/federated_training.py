@@ -32,6 +32,8 @@ from fedunlearn.training.local import EvaluationResult, evaluate, resolve_device
 from fedunlearn.store.update_store import UpdateStore
 from server.federation import FederationMembers, discover_clients, failure_reasons
 from server.history import finish_pending
+from server.progress import Log
+from server.queries import collect_replies
 from server.reply_screening import ReplyScreen
 from server.run_recovery import (
     RECOVERY_LOG,
@@ -41,9 +43,6 @@ from server.run_recovery import (
     training_finished,
 )
 from strategies.retaining_fedavg import RetainingFedAvg
-
-ROUND_TIMEOUT_SECONDS = 3600.0
-Log = Callable[[str], None]
 
 
 @dataclass
@@ -76,6 +75,7 @@ def discover(grid: Grid, config: ExperimentConfig, data: FederatedData, *, log: 
         log=log,
         settings=run_settings(config),
         partition_sizes={p: len(part) for p, part in enumerate(data.partitions)},
+        reply_timeout=config.reply_timeout,
     )
 
 
@@ -114,6 +114,7 @@ def fedavg_rounds(
     first_round: int = 1,
     screen: ReplyScreen | None = None,
     phase: str = "train",
+    log: Log | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run rounds ``first_round`` .. ``rounds`` (default ``config.rounds``) of FedAvg from ``model``'s
     weights; returns the final state (``model``'s own when no round is left).
@@ -123,7 +124,9 @@ def fedavg_rounds(
     carry ``refused`` (replies refused by ``screen``) and ``check-seconds`` (the time the checks
     took). ``extra_config`` is added to every training message's config (e.g. a scrubbing
     baseline's ``objective`` and ``forget``). ``screen`` checks every reply before it is aggregated
-    or retained (:mod:`server.reply_screening`); ``phase`` names the rounds in its log.
+    or retained (:mod:`server.reply_screening`); ``phase`` names the rounds in its log. Every
+    round waits ``reply-timeout`` seconds at most for its replies, with a heartbeat line to ``log``
+    while it waits (:mod:`server.queries`).
     """
     device = resolve_device(config.device)
     arrays = ArrayRecord(model.state_dict())
@@ -133,14 +136,20 @@ def fedavg_rounds(
         refused_before = screen.refused if screen is not None else 0
         checks_before = screen.seconds if screen is not None else 0.0
         arrays, train_metrics, replied = _train_round(
-            grid, strategy, config, server_round, arrays, train_config, screen, phase
+            grid, strategy, config, server_round, arrays, train_config, screen, phase, log
         )
         evaluate_messages = strategy.configure_evaluate(
             server_round, arrays, ConfigRecord(run_settings(config)), grid
         )
         if screen is not None:
             evaluate_messages = screen.active(evaluate_messages)
-        evaluations = grid.send_and_receive(list(evaluate_messages), timeout=ROUND_TIMEOUT_SECONDS)
+        evaluations = collect_replies(
+            grid,
+            evaluate_messages,
+            timeout=config.reply_timeout,
+            label=f"{_round_label(phase, server_round)} evaluation",
+            log=log,
+        )
         if screen is not None:
             evaluations = screen.evaluation(server_round, evaluations)
         client_eval = strategy.aggregate_evaluate(server_round, evaluations)
@@ -159,7 +168,7 @@ def fedavg_rounds(
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
-def _train_round(grid, strategy, config, server_round, arrays, train_config, screen, phase):
+def _train_round(grid, strategy, config, server_round, arrays, train_config, screen, phase, log):
     """One training round: configure, send, screen, aggregate. Returns (new arrays, aggregated
     metrics, valid replies); fails when fewer than ``min-reply-fraction`` of the asked replied
     validly."""
@@ -168,7 +177,8 @@ def _train_round(grid, strategy, config, server_round, arrays, train_config, scr
     )
     if screen is not None:
         messages = screen.active(messages)
-    replies = list(grid.send_and_receive(messages, timeout=ROUND_TIMEOUT_SECONDS))
+    label = _round_label(phase, server_round)
+    replies = collect_replies(grid, messages, timeout=config.reply_timeout, label=label, log=log)
     failed = [r for r in replies if r.has_error()]
     valid = [r for r in replies if not r.has_error()]
     if screen is not None:
@@ -187,6 +197,26 @@ def _train_round(grid, strategy, config, server_round, arrays, train_config, scr
     return new_arrays, train_metrics, len(valid)
 
 
+def _round_label(phase: str, server_round: int) -> str:
+    """How a round is named in its heartbeat lines: ``round 3`` in training, else with its phase."""
+    return f"round {server_round}" if phase == "train" else f"{phase} round {server_round}"
+
+
+def participant_strategy(
+    nodes: list[int], store: UpdateStore | None = None, retain_interval: int = 1
+) -> RetainingFedAvg:
+    """FedAvg over the nodes ``nodes`` only: each round samples, configures and messages exactly
+    them (FedRetrain without the forgotten clients, a baseline's rounds); with ``store`` it retains
+    their updates every ``retain_interval`` rounds."""
+    return RetainingFedAvg(
+        store,
+        retain_interval=retain_interval,
+        participants=nodes,
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+    )
+
+
 def participant_rounds(
     grid: Grid,
     outcome: TrainingOutcome,
@@ -203,14 +233,6 @@ def participant_rounds(
     carry ``extra_config`` (e.g. the cohort to leave out, or a baseline's objective)."""
     config = outcome.config
     nodes = outcome.members.nodes(exclude=set(outcome.members.node_of_partition) - set(partitions))
-    strategy = RetainingFedAvg(
-        None,
-        participants=nodes,
-        fraction_train=1.0,
-        fraction_evaluate=0.0,
-        min_train_nodes=len(nodes),
-        min_available_nodes=config.num_clients,
-    )
     model = outcome.new_model()
     model.load_state_dict(dict(start))
     total = config.rounds if rounds is None else rounds
@@ -220,7 +242,7 @@ def participant_rounds(
 
     return fedavg_rounds(
         grid,
-        strategy,
+        participant_strategy(nodes),
         model,
         config,
         on_round=progress,
@@ -228,6 +250,7 @@ def participant_rounds(
         extra_config=extra_config,
         screen=outcome.screen,
         phase=name,
+        log=log,
     )
 
 
@@ -250,13 +273,52 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         seed=derive_seed(config.seed, "initial-model"),
     )
     initial_state = {k: v.clone() for k, v in model.state_dict().items()}
-    device = resolve_device(config.device)
     path = config.run_directory()
     resuming = config.resume and (path / "config.json").is_file()
     if resuming:
         check_resumable(config, path)
     members = discover(grid, config, data, log=log)
+    run, initial_state = _open_run(config, resuming, initial_state, log)
+    store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
+    screen = ReplyScreen(members, max_refusals=config.max_refusals, log=log, run=run)
+    if resuming and training_finished(path):
+        check_finished_run(run, store, log=log)
+        run.remove_checkpoint()
+        return TrainingOutcome(
+            config, run, data, members, store, initial_state, run.load_model("model_final"), screen
+        )
+    log(_run_description(config, data, members))
+    retaining, strategy = _training_strategy(config, store, log)
+    recorder = _RoundRecorder(config, run, store, model, retaining, started, log)
+    first_round = 1
+    if resuming:
+        last_round, state = resume_point(run, store, initial_state, log=log)
+        model.load_state_dict(state)
+        first_round = last_round + 1
+        recorder.resumed()
+    if not (run.path / "model_initial.safetensors").is_file():
+        run.save_model("model_initial", initial_state)
+    if run.metrics.empty:
+        recorder.initial(splits)
+    final_state = fedavg_rounds(
+        grid,
+        strategy,
+        model,
+        config,
+        test=(splits.test.x, splits.test.y),
+        on_round=recorder,
+        first_round=first_round,
+        screen=screen,
+        log=log,
+    )
+    _finish(run, store, config, members, final_state, recorder.elapsed, resuming, log)
+    return TrainingOutcome(config, run, data, members, store, initial_state, final_state, screen)
 
+
+def _open_run(config: ExperimentConfig, resuming: bool, initial_state, log: Log):
+    """The run directory (reopened when resuming, else created) and the initial model M^0 (the
+    one saved there when resuming)."""
+    path = config.run_directory()
     if resuming:
         run = RunDirectory.open(path)
         finish_pending(run, log=log)  # an interrupted history rewrite, before the store opens
@@ -267,26 +329,26 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
             log(f"resume: {path} holds no run yet; starting it")
         run = RunDirectory.create(path, config.to_run_config())
     log(f"run directory: {run.path}")
-    store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
-    screen = ReplyScreen(members, max_refusals=config.max_refusals, log=log, run=run)
-    if resuming and training_finished(path):
-        check_finished_run(run, store, log=log)
-        run.remove_checkpoint()
-        return TrainingOutcome(
-            config, run, data, members, store, initial_state, run.load_model("model_final"), screen
-        )
-    log(
+    return run, initial_state
+
+
+def _run_description(config: ExperimentConfig, data: FederatedData, members) -> str:
+    """The line that opens a training: data, federation, rounds and retention."""
+    splits = data.splits
+    retention = (
+        f"every {config.retain_interval} round(s), {config.store_dtype}" if config.retain else "off"
+    )
+    return (
         f"{config.dataset}: {sum(map(len, data.partitions))} of {len(splits.train)} training "
         f"samples over {config.num_clients} clients "
         f"({config.partitioning}), {len(splits.test)} test samples; {config.rounds} rounds x "
-        f"{config.local_epochs} local epochs; retention "
-        + (
-            f"every {config.retain_interval} round(s), {config.store_dtype}"
-            if config.retain
-            else "off"
-        )
+        f"{config.local_epochs} local epochs; retention {retention}"
         + (f"; {members.cuda_clients} client(s) on CUDA" if members.cuda_clients else "")
     )
+
+
+def _training_strategy(config: ExperimentConfig, store: UpdateStore | None, log: Log):
+    """(the retaining FedAvg, the strategy the rounds run): the same, or DP-FedAvg around it."""
     if store is not None:
         store.set_metadata(
             dataset=config.dataset,
@@ -304,82 +366,82 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         min_evaluate_nodes=1,
         min_available_nodes=config.num_clients,
     )
-    strategy = retaining
-    if config.dp_noise_multiplier > 0:
-        # DP-FedAvg (McMahan et al. 2018): each update clipped to dp-clipping-norm, Gaussian noise of
-        # std z C / K on the average. The store keeps the clipped, noise-free updates.
-        strategy = DifferentialPrivacyServerSideFixedClipping(
-            retaining,
-            noise_multiplier=config.dp_noise_multiplier,
-            clipping_norm=config.dp_clipping_norm,
-            num_sampled_clients=config.num_clients,
+    if config.dp_noise_multiplier <= 0:
+        return retaining, retaining
+    # DP-FedAvg (McMahan et al. 2018): each update clipped to dp-clipping-norm, Gaussian noise of
+    # std z C / K on the average. The store keeps the clipped, noise-free updates.
+    strategy = DifferentialPrivacyServerSideFixedClipping(
+        retaining,
+        noise_multiplier=config.dp_noise_multiplier,
+        clipping_norm=config.dp_clipping_norm,
+        num_sampled_clients=config.num_clients,
+    )
+    log(
+        f"differential privacy: noise multiplier {config.dp_noise_multiplier}, clipping norm "
+        f"{config.dp_clipping_norm}: (epsilon, delta) = ({dp_epsilon_of(config):.3g}, "
+        f"{config.dp_delta:g}) after {config.rounds} rounds (RDP accountant)"
+    )
+    return retaining, strategy
+
+
+class _RoundRecorder:
+    """What each completed round leaves: a ``metrics.csv`` row, a checkpoint, a console line.
+
+    Called as ``fedavg_rounds``'s ``on_round``; the elapsed time continues a resumed run's.
+    """
+
+    def __init__(self, config, run, store, model, retaining, started, log: Log) -> None:
+        self.config, self.run, self.store, self.model = config, run, store, model
+        self.retaining, self.started, self.log = retaining, started, log
+        self.elapsed_before = 0.0
+
+    def resumed(self) -> None:
+        """Continue the elapsed time from the last recorded round."""
+        if not self.run.metrics.empty:
+            self.elapsed_before = float(self.run.metrics["elapsed_seconds"].iloc[-1])
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def _store_mb(self) -> float:
+        return megabytes(self.store.total_bytes()) if self.store is not None else 0.0
+
+    def initial(self, splits) -> None:
+        """Round 0: the initial model's test accuracy and loss."""
+        device = resolve_device(self.config.device)
+        initial = evaluate(self.model, splits.test.x, splits.test.y, device=device)
+        row = _row(0, initial, MetricRecord(), 0, False, 0.0, self.elapsed())
+        self.run.append_metrics(
+            {**row, "store_mb": self._store_mb(), "refused": 0, "check_seconds": 0.0}
         )
-        log(
-            f"differential privacy: noise multiplier {config.dp_noise_multiplier}, clipping norm "
-            f"{config.dp_clipping_norm}: (epsilon, delta) = ({dp_epsilon_of(config):.3g}, "
-            f"{config.dp_delta:g}) after {config.rounds} rounds (RDP accountant)"
-        )
-
-    first_round, elapsed_before = 1, 0.0
-    if resuming:
-        last_round, state = resume_point(run, store, initial_state, log=log)
-        model.load_state_dict(state)
-        first_round = last_round + 1
-        if not run.metrics.empty:
-            elapsed_before = float(run.metrics["elapsed_seconds"].iloc[-1])
-
-    def elapsed() -> float:
-        return elapsed_before + time.perf_counter() - started
-
-    def store_mb() -> float:
-        return megabytes(store.total_bytes()) if store is not None else 0.0
-
-    if not (run.path / "model_initial.safetensors").is_file():
-        run.save_model("model_initial", initial_state)
-    if run.metrics.empty:
-        initial = evaluate(model, splits.test.x, splits.test.y, device=device)
-        run.append_metrics(
-            {
-                **_row(0, initial, MetricRecord(), 0, False, 0.0, elapsed()),
-                "store_mb": store_mb(),
-                "refused": 0,
-                "check_seconds": 0.0,
-            }
-        )
-        log(
-            f"round 0/{config.rounds}  test accuracy {initial.accuracy:.4f}  "
+        self.log(
+            f"round 0/{self.config.rounds}  test accuracy {initial.accuracy:.4f}  "
             f"test loss {initial.loss:.4f}"
         )
 
-    def record(server_round, result, train_metrics, replied, seconds):
-        retained = retaining.is_retained_round(server_round)
-        row = _row(server_round, result, train_metrics, replied, retained, seconds, elapsed())
-        row["store_mb"] = store_mb()
+    def __call__(self, server_round, result, train_metrics, replied, seconds) -> None:
+        retained = self.retaining.is_retained_round(server_round)
+        row = _row(server_round, result, train_metrics, replied, retained, seconds, self.elapsed())
+        row["store_mb"] = self._store_mb()
         row["refused"] = int(train_metrics.get("refused", 0))
         row["check_seconds"] = round(float(train_metrics.get("check-seconds", 0.0)), 6)
         if "client-eval-accuracy" in train_metrics:
             row["client_eval_accuracy"] = float(train_metrics["client-eval-accuracy"])
         # Metrics first, checkpoint last: the checkpoint's round is the last completed round.
-        run.append_metrics(row)
-        run.save_checkpoint(server_round, model.state_dict())
-        log(
-            f"round {server_round}/{config.rounds}  test accuracy {result.accuracy:.4f}  "
+        self.run.append_metrics(row)
+        self.run.save_checkpoint(server_round, self.model.state_dict())
+        self.log(
+            f"round {server_round}/{self.config.rounds}  test accuracy {result.accuracy:.4f}  "
             f"test loss {result.loss:.4f}  train loss {row['train_loss']:.4f}  "
-            f"clients {replied}/{config.num_clients}"
+            f"clients {replied}/{self.config.num_clients}"
             + ("  retained" if retained else "")
             + f"  {seconds:.1f}s"
         )
 
-    final_state = fedavg_rounds(
-        grid,
-        strategy,
-        model,
-        config,
-        test=(splits.test.x, splits.test.y),
-        on_round=record,
-        first_round=first_round,
-        screen=screen,
-    )
+
+def _finish(run, store, config, members, final_state, elapsed, resuming: bool, log: Log):
+    """The final model, the training curves and ``summary.json`` (``elapsed()``: the run's seconds
+    so far); the checkpoint goes."""
     run.save_model("model_final", final_state)
     metrics = run.metrics
     plot_training_curves(
@@ -397,7 +459,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         "dp_epsilon": dp_epsilon_of(config),
         "dp_delta": config.dp_delta if config.dp_noise_multiplier > 0 else 0.0,
         "server_peak_rss_mb": megabytes(peak_rss_bytes()),
-        "refused_replies": int(run.metrics.get("refused", pd.Series(dtype=int)).sum()),
+        "refused_replies": int(metrics.get("refused", pd.Series(dtype=int)).sum()),
         "dropped_clients": {str(k): v for k, v in sorted(members.dropped.items())},
     }
     if resuming:
@@ -409,7 +471,6 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         f"{len(retained_rounds)} retained round(s), {summary['store_bytes'] / 1e6:.2f} MB; "
         f"results in {run.path}"
     )
-    return TrainingOutcome(config, run, data, members, store, initial_state, final_state, screen)
 
 
 def _row(server_round, result, train_metrics, replied, retained, round_seconds, elapsed) -> dict:

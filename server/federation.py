@@ -8,7 +8,7 @@ client) and to refuse, before anything is written, a federation whose size does 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,8 @@ from flwr.serverapp import Grid
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.reply_checks import DESCRIBE_METRICS, RefusedReply, check_count, check_metrics
+from server.progress import Log
+from server.queries import query_nodes
 
 DESCRIBE = "query.describe"
 
@@ -56,17 +58,18 @@ def discover_clients(
     num_clients: int,
     wait_seconds: float,
     *,
-    log: Callable[[str], None] = print,
+    log: Log = print,
     settle_seconds: float = 3.0,
     settings: Mapping[str, Any] | None = None,
     partition_sizes: Mapping[int, int] | None = None,
+    reply_timeout: float = 3600.0,
 ) -> FederationMembers:
     """Wait for ``num_clients`` nodes and ask each for its partition (``query.describe``).
 
     ``settings`` (the run's data settings, :func:`fedunlearn.data.federated_data.run_settings`) go with
     the question, so every node describes the partition of the run's data. ``partition_sizes``, the
     sizes the server computes from the same settings, bound what a node may declare: the reply of a
-    node claiming another size is refused.
+    node claiming another size is refused. Each description is awaited ``reply_timeout`` seconds.
 
     Raises
     ------
@@ -74,11 +77,11 @@ def discover_clients(
         ``num-clients`` when nodes report another federation size, when fewer than ``num_clients``
         nodes connect within ``wait_seconds``, or when two nodes claim one partition;
         ``partition-id`` when a node's description fails a check (the node is named).
-    RuntimeError
-        When a node fails to describe itself (its error is quoted).
+    server.queries.QueryFailedError
+        When a node fails to describe itself (its error is quoted) or does not reply in time.
     """
     describe = lambda nodes: _describe(  # noqa: E731
-        grid, nodes, num_clients, dict(settings or {}), partition_sizes
+        grid, nodes, num_clients, dict(settings or {}), partition_sizes, reply_timeout, log
     )
     deadline = time.monotonic() + wait_seconds
     last_count, last_change, last_log, checked = -1, time.monotonic(), 0.0, -1
@@ -114,6 +117,8 @@ def _describe(
     num_clients: int,
     settings: dict[str, Any],
     partition_sizes: Mapping[int, int] | None,
+    timeout: float,
+    log: Log,
 ) -> FederationMembers:
     messages = [
         Message(
@@ -121,21 +126,14 @@ def _describe(
         )
         for node in nodes
     ]
-    replies = list(grid.send_and_receive(messages, timeout=600))
-    failures = [r for r in replies if r.has_error()]
-    if failures:
-        raise RuntimeError(
-            f"{len(failures)} client(s) could not start: {failure_reasons(failures)}"
-        )
+    replies = query_nodes(
+        grid, messages, op=DESCRIBE, who="discovery", timeout=timeout, log=log
+    )
     node_of_partition: dict[int, int] = {}
     num_examples: dict[int, int] = {}
     cuda = 0
-    asked = {m.metadata.dst_node_id for m in messages}
-    for reply in replies:
-        node = reply.metadata.src_node_id
+    for node, reply in replies.items():
         try:
-            if node not in asked:
-                raise RefusedReply("the server did not ask this node")
             partition, size, examples, on_cuda = _description(reply, num_clients, partition_sizes)
         except RefusedReply as refused:
             raise ConfigError(

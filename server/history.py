@@ -27,15 +27,14 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from fedunlearn.store.durable_io import atomic_write_bytes, fsync_directory, private_directory
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
+from server.progress import Log
 
-Log = Callable[[str], None]
 JOURNAL = "history_rewrite.json"
 HISTORY_LOG = "history_log.jsonl"
 UNLEARNING_LOG = "unlearning_log.jsonl"

@@ -11,61 +11,23 @@ gets no further message, and every later phase goes on without its partition.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 
 from flwr.app import ArrayRecord, Message
 
-from fedunlearn.errors import FedUnlearnError
 from fedunlearn.reply_checks import (
     RefusedReply,
     check_evaluate_reply,
     check_training_reply,
 )
 from server.federation import FederationMembers
+from server.progress import Log
+
+# The query errors and source check moved to server.queries; the scrubbing plug-in still imports
+# them from here.
+from server.queries import BadReplyError, QueryFailedError, check_sources  # noqa: F401
 
 REFUSALS_LOG = "refused_replies.jsonl"
-
-
-class BadReplyError(FedUnlearnError, RuntimeError):
-    """A client's reply to a plug-in's query (``who``: the certified head, scrubbing) was refused."""
-
-    def __init__(
-        self, node: int, partition: int | None, op: str, reason: str, who: str = "certified head"
-    ) -> None:
-        self.node, self.partition, self.op, self.reason = node, partition, op, reason
-        where = f"node {node}" + ("" if partition is None else f" (partition {partition})")
-        super().__init__(f"{who}: {where} sent a bad {op!r} reply, refused: {reason}")
-
-
-class QueryFailedError(FedUnlearnError, RuntimeError):
-    """A plug-in's query failed on a client or got no reply in time (nodes named)."""
-
-
-def check_sources(
-    replies, asked: Mapping[int, int], op: str, who: str = "certified head"
-) -> dict[int, Message]:
-    """A query's replies keyed by partition, refused unless each comes from a node that was asked
-    (node -> partition in ``asked``), once; a failed or missing reply fails the query, naming
-    every such node and partition (a plug-in's query needs every client's sums)."""
-    by_partition: dict[int, Message] = {}
-    errors = []
-    for reply in replies:
-        node = reply.metadata.src_node_id
-        if node not in asked:
-            raise BadReplyError(node, None, op, "this node was not asked", who)
-        partition = asked[node]
-        if partition in by_partition:
-            raise BadReplyError(node, partition, op, "it replied twice", who)
-        by_partition[partition] = reply
-        if reply.has_error():
-            reason = reply.error.reason.strip().splitlines()
-            errors.append(f"node {node} (partition {partition}): {reason[-1] if reason else '?'}")
-    missing = [f"node {n} (partition {p})" for n, p in asked.items() if p not in by_partition]
-    if missing:
-        errors.append(f"no reply before the timeout from {', '.join(missing)}")
-    if errors:
-        raise QueryFailedError(f"{who}: {op} failed: {'; '.join(errors)}")
-    return by_partition
 
 
 def _decoded(arrays: ArrayRecord):
@@ -88,7 +50,7 @@ class ReplyScreen:
         ``members.dropped``.
     max_refusals : int
         A node refused this many screened rounds in a row is dropped.
-    log : callable
+    log : Log
         Progress lines.
     run : RunDirectory, optional
         Where ``refused_replies.jsonl`` goes.
@@ -99,7 +61,7 @@ class ReplyScreen:
         members: FederationMembers,
         *,
         max_refusals: int,
-        log: Callable[[str], None] = print,
+        log: Log = print,
         run=None,
     ) -> None:
         self.members = members

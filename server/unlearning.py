@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 import pandas as pd
 import torch
@@ -32,10 +33,15 @@ from fedunlearn.unlearning.metrics import (
     per_neuron_angles,
     prediction_difference,
 )
-from server.federated_training import TrainingOutcome, fedavg_rounds, train_config_record
+from server.federated_training import (
+    TrainingOutcome,
+    fedavg_rounds,
+    participant_strategy,
+    train_config_record,
+)
 from strategies.federaser import FedEraser
 from server.history import open_staging
-from strategies.retaining_fedavg import RetainingFedAvg
+from server.queries import collect_replies
 
 Log = Callable[[str], None]
 LOG_NAME = "unlearning_log.jsonl"
@@ -140,7 +146,7 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
 def _federaser(grid, outcome: TrainingOutcome, excluded: list[int], log: Log, trajectory=None):
     config = outcome.config
     eraser = FedEraser(
-        grid,
+        partial(collect_replies, grid, timeout=config.reply_timeout, log=log),
         outcome.members.node_of_partition,
         local_epochs=config.local_epochs,
         calibration_ratio=config.calibration_ratio,
@@ -171,15 +177,7 @@ def _fedretrain(
     """FedAvg from the initial model without the targets; with ``trajectory`` (a store) it retains
     its own updates at the run's Δt (the history FedRetrain leaves when it is adopted)."""
     config = outcome.config
-    strategy = RetainingFedAvg(
-        trajectory,
-        retain_interval=config.retain_interval,
-        participants=remaining_nodes,
-        fraction_train=1.0,
-        fraction_evaluate=0.0,
-        min_train_nodes=config.num_clients,
-        min_available_nodes=config.num_clients,
-    )
+    strategy = participant_strategy(remaining_nodes, trajectory, config.retain_interval)
     model = outcome.new_model()
     model.load_state_dict(outcome.initial_state)
 
@@ -189,7 +187,14 @@ def _fedretrain(
         )
 
     state = fedavg_rounds(
-        grid, strategy, model, config, on_round=progress, screen=outcome.screen, phase="fedretrain"
+        grid,
+        strategy,
+        model,
+        config,
+        on_round=progress,
+        screen=outcome.screen,
+        phase="fedretrain",
+        log=log,
     )
     return state, {"rounds": config.rounds, "clients": len(remaining_nodes)}
 

@@ -10,11 +10,10 @@ calibration update Û_k = M̂_k − M̃^{t_j}. A target client is never addresse
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.serverapp import Grid
 
 from fedunlearn.unlearning.federaser import (
     Reconstruction,
@@ -29,14 +28,19 @@ logger = logging.getLogger(__name__)
 
 CALIBRATE = "train.calibrate"
 
+#: ``send(messages, label=...) -> replies``: how FedEraser reaches the clients (see ``FedEraser``).
+Send = Callable[..., Iterable[Message]]
+
 
 class FedEraser:
     """Client-level unlearning by calibrated reconstruction from retained updates.
 
     Parameters
     ----------
-    grid : Grid
-        The Flower grid of the running ServerApp.
+    send : callable
+        ``send(messages, label=...) -> replies``: sends the calibration messages and returns the
+        replies that arrived in time (the server passes :func:`server.queries.collect_replies`
+        bound to its grid, ``reply-timeout`` and console, which logs a heartbeat under ``label``).
     node_of_partition : Mapping[int, int]
         Node id of each client's partition id (see :func:`server.federation.discover_clients`).
     local_epochs : int
@@ -50,8 +54,6 @@ class FedEraser:
     calibration_order : str (default: "client")
         ``client``: calibrate each client's update, then aggregate (the paper's eq. 2-3);
         ``average``: aggregate, then calibrate the average (the paper's released code).
-    timeout : float (default: 3600)
-        Seconds to wait for the calibration replies of one round.
     screen : callable, optional
         ``screen(phase, round, sent_arrays, replies) -> valid replies``: checks every calibration
         reply before it is used (``server.reply_screening.ReplyScreen.training``); a refused reply
@@ -62,7 +64,7 @@ class FedEraser:
 
     def __init__(
         self,
-        grid: Grid,
+        send: Send,
         node_of_partition: Mapping[int, int],
         *,
         local_epochs: int,
@@ -70,18 +72,16 @@ class FedEraser:
         train_config: Mapping[str, int | float] | None = None,
         layerwise: bool = True,
         calibration_order: str = "client",
-        timeout: float = 3600.0,
         screen: Callable[[str, int, ArrayRecord, list[Message]], list[Message]] | None = None,
         is_dropped: Callable[[int], bool] | None = None,
     ) -> None:
-        self.grid = grid
+        self.send = send
         self.node_of_partition = dict(node_of_partition)
         self.calibration_epochs = calibration_epochs(local_epochs, calibration_ratio)
         self.calibration_ratio = calibration_ratio
         self.train_config = dict(train_config or {})
         self.layerwise = layerwise
         self.calibration_order = calibration_order
-        self.timeout = timeout
         self.screen = screen
         self.is_dropped = is_dropped or (lambda _partition: False)
         self._forbidden_nodes: frozenset[int] = frozenset()
@@ -143,7 +143,14 @@ class FedEraser:
         messages = [
             Message(content=content, dst_node_id=node, message_type=CALIBRATE) for node in nodes
         ]
-        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        replies = list(self.send(messages, label=f"federaser calibration, round {retained_round}"))
+        unanswered = set(nodes) - {r.metadata.src_node_id for r in replies}
+        if unanswered:
+            logger.warning(
+                "calibration of round %d: no reply in time from node(s) %s",
+                retained_round,
+                sorted(unanswered),
+            )
         if self.screen is not None:
             failed = [r for r in replies if r.has_error()]
             replies = failed + self.screen("calibrate", retained_round, sent, replies)

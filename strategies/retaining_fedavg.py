@@ -15,20 +15,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedunlearn.training.model_state import state_difference
+from fedunlearn.store.retention import is_retained_round
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.training.model_state import state_difference
 
 logger = logging.getLogger(__name__)
 
 #: Metrics every training reply must carry for retention.
 PARTITION_ID_KEY = "partition-id"
-
-
-def is_retained_round(server_round: int, retain_interval: int) -> bool:
-    """FedEraser's retention schedule t_1 = 1, t_{j+1} = t_j + Δt (Δt = ``retain_interval``)."""
-    if retain_interval < 1:
-        raise ValueError(f"retain_interval must be >= 1, got {retain_interval}")
-    return server_round >= 1 and (server_round - 1) % retain_interval == 0
 
 
 def aggregate_train_metrics(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
@@ -62,6 +56,17 @@ def _partition_order(reply: Message) -> tuple[int, int]:
     return (0, int(metrics[PARTITION_ID_KEY]))
 
 
+class _ParticipantGrid:
+    """A view of a grid whose connected nodes are the participants among the grid's: what FedAvg's
+    sampling reads (``get_node_ids``); it sends nothing."""
+
+    def __init__(self, grid: Grid, participants: frozenset[int]) -> None:
+        self._grid, self._participants = grid, participants
+
+    def get_node_ids(self) -> list[int]:
+        return [node for node in self._grid.get_node_ids() if node in self._participants]
+
+
 class RetainingFedAvg(FedAvg):
     """FedAvg (weighted by ``num-examples``) that retains client updates for unlearning.
 
@@ -72,8 +77,10 @@ class RetainingFedAvg(FedAvg):
     retain_interval : int (default: 1)
         Δt, the number of rounds between two retained rounds; rounds 1, 1+Δt, 1+2Δt, ... are kept.
     participants : collection of int, optional
-        Node ids allowed to take part; messages to any other node are dropped before they are sent
-        (FedRetrain trains without the forgotten clients this way). Default: every node.
+        Node ids taking part: FedAvg samples and configures these nodes only, as if the others were
+        not connected (FedRetrain trains without the forgotten clients this way, and no line says
+        they were sampled). ``min_train_nodes`` and ``min_available_nodes`` default to their
+        number and may not exceed it. Default: every node.
     on_retained : callable, optional
         Called with ``(server_round, partition_ids)`` after a round was committed to the store.
     **fedavg_kwargs
@@ -96,12 +103,21 @@ class RetainingFedAvg(FedAvg):
         **fedavg_kwargs,
     ) -> None:
         fedavg_kwargs.setdefault("train_metrics_aggr_fn", aggregate_train_metrics)
+        if participants is not None:
+            participants = frozenset(participants)
+            for key in ("min_train_nodes", "min_available_nodes"):
+                fedavg_kwargs.setdefault(key, len(participants))
+                if fedavg_kwargs[key] > len(participants):
+                    raise ValueError(
+                        f"{key}={fedavg_kwargs[key]} exceeds the {len(participants)} participants; "
+                        "only they are sampled, so at most that many can be"
+                    )
         super().__init__(**fedavg_kwargs)
         is_retained_round(1, retain_interval)  # validates
         self.store = store
         self.retain_interval = retain_interval
         self.on_retained = on_retained
-        self.participants = None if participants is None else frozenset(participants)
+        self.participants = participants
         self._sent_arrays: dict[int, ArrayRecord] = {}
 
     def summary(self) -> None:
@@ -122,20 +138,16 @@ class RetainingFedAvg(FedAvg):
         """FedAvg's configuration; remembers M^t, the model sent this round, for the updates."""
         if self.is_retained_round(server_round):
             self._sent_arrays = {server_round: arrays}
-        return self._only_participants(super().configure_train(server_round, arrays, config, grid))
+        return super().configure_train(server_round, arrays, config, self._sampled_from(grid))
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return self._only_participants(
-            super().configure_evaluate(server_round, arrays, config, grid)
-        )
+        return super().configure_evaluate(server_round, arrays, config, self._sampled_from(grid))
 
-    def _only_participants(self, messages: Iterable[Message]) -> list[Message]:
-        messages = list(messages)
-        if self.participants is None:
-            return messages
-        return [m for m in messages if m.metadata.dst_node_id in self.participants]
+    def _sampled_from(self, grid: Grid) -> Grid:
+        """The grid FedAvg samples from: ``grid`` itself, or its participating nodes only."""
+        return grid if self.participants is None else _ParticipantGrid(grid, self.participants)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -26,6 +26,7 @@ from fedunlearn.store.index import (
     BlobRow,
     StoreIndex,
 )
+from fedunlearn.store.retention import is_retained_round
 from fedunlearn.store.run_directory import (
     CHECKPOINT,
     RunDirectory,
@@ -60,6 +61,7 @@ __all__ = [
     "describe",
     "BlobRow",
     "StoreIndex",
+    "is_retained_round",
     "CHECKPOINT",
     "RunDirectory",
     "FORMAT_NAME",

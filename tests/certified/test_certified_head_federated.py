@@ -11,6 +11,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.client_state import ClientSetup
+from fake_grid import AnsweringGrid
 from clients.head_queries import answer_head_query
 from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams, read_ledger
 from fedunlearn.config import ExperimentConfig
@@ -29,7 +30,7 @@ NODES = {101: 0, 202: 1, 303: 2}  # node id -> partition id
 CLASSES = list(range(10))
 
 
-class ClientGrid:
+class ClientGrid(AnsweringGrid):
     """Nodes answering with :func:`clients.head_queries.answer_head_query`; ``tamper(op, partition,
     content)`` may rewrite a reply's content (a hostile client) or raise (a failing one)."""
 
@@ -38,21 +39,18 @@ class ClientGrid:
         self.tamper = None
         self.impostor: int | None = None
 
-    def send_and_receive(self, messages, timeout=None):
-        replies = []
-        for message in messages:
-            node = message.metadata.dst_node_id
-            setup = self.setups[node]
-            content = answer_head_query(message, setup).content
-            op = str(message.content["config"]["op"])
-            if self.tamper is not None:
-                content = self.tamper(op, setup.partition_id, content) or content
-            reply = Mock(spec=Message)
-            reply.has_error.return_value = False
-            reply.metadata.src_node_id = self.impostor or node
-            reply.content = content
-            replies.append(reply)
-        return replies
+    def answer(self, message):
+        node = message.metadata.dst_node_id
+        setup = self.setups[node]
+        content = answer_head_query(message, setup).content
+        op = str(message.content["config"]["op"])
+        if self.tamper is not None:
+            content = self.tamper(op, setup.partition_id, content) or content
+        reply = Mock(spec=Message)
+        reply.has_error.return_value = False
+        reply.metadata.src_node_id = self.impostor or node
+        reply.content = content
+        return reply
 
 
 @pytest.fixture(scope="module")

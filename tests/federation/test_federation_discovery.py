@@ -7,13 +7,14 @@ from unittest.mock import Mock
 import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 
+from fake_grid import AnsweringGrid
 from fedunlearn.errors import ConfigError
 from server.federation import DESCRIBE, discover_clients
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
-class FakeGrid:
+class FakeGrid(AnsweringGrid):
     """Nodes that answer ``query.describe`` with a partition id and the federation size they expect."""
 
     def __init__(self, partitions: dict[int, int], num_partitions: int, hostile=None):
@@ -24,30 +25,27 @@ class FakeGrid:
     def get_node_ids(self):
         return list(self.partitions)
 
-    def send_and_receive(self, messages, timeout=None):
-        replies = []
-        for message in messages:
-            self.sent.append(message)
-            assert message.metadata.message_type == DESCRIBE
-            node = message.metadata.dst_node_id
-            reply = Mock(spec=Message)
-            reply.has_error.return_value = False
-            reply.metadata.src_node_id = node
-            reply.content = RecordDict(
-                {
-                    "metrics": MetricRecord(
-                        {
-                            "partition-id": self.partitions[node],
-                            "num-partitions": self.num_partitions,
-                            "num-examples": 10 + self.partitions[node],
-                            "cuda": 0,
-                            **self.hostile.get(node, {}),
-                        }
-                    )
-                }
-            )
-            replies.append(reply)
-        return replies
+    def answer(self, message):
+        self.sent.append(message)
+        assert message.metadata.message_type == DESCRIBE
+        node = message.metadata.dst_node_id
+        reply = Mock(spec=Message)
+        reply.has_error.return_value = False
+        reply.metadata.src_node_id = node
+        reply.content = RecordDict(
+            {
+                "metrics": MetricRecord(
+                    {
+                        "partition-id": self.partitions[node],
+                        "num-partitions": self.num_partitions,
+                        "num-examples": 10 + self.partitions[node],
+                        "cuda": 0,
+                        **self.hostile.get(node, {}),
+                    }
+                )
+            }
+        )
+        return reply
 
 
 def test_maps_random_node_ids_to_partition_ids():

@@ -57,7 +57,10 @@ class CrashingGrid:
     def get_node_ids(self):
         return self._grid.get_node_ids()
 
-    def send_and_receive(self, messages, timeout=None):
+    def pull_messages(self, message_ids):
+        return self._grid.pull_messages(message_ids)
+
+    def push_messages(self, messages):
         messages = list(messages)
         if self._armed:
             raise SimulatedCrash("crash after the store committed the round")
@@ -67,7 +70,7 @@ class CrashingGrid:
                 if not self._next:
                     raise SimulatedCrash(f"crash before {self._type} send #{self._seen}")
                 self._armed = True
-        return self._grid.send_and_receive(messages, timeout=timeout)
+        return self._grid.push_messages(messages)
 
 
 def quiet(_line: str) -> None:

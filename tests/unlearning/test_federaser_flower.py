@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
 from unittest.mock import Mock
 
 import pytest
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
+from fake_grid import AnsweringGrid
+from server.queries import collect_replies
 from fedunlearn.store.update_store import UpdateStore
 from strategies.federaser import CALIBRATE, FedEraser
 
@@ -16,33 +19,35 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 NODES = {0: 5001, 1: 5002, 2: 5003}  # partition id -> node id
 
 
-class SpyGrid:
+class SpyGrid(AnsweringGrid):
     """Answers calibration messages as honest clients would: the model plus a client-specific step."""
 
     def __init__(self, impostor: dict[int, int] | None = None):
         self.sent: list[tuple[int, str, int]] = []
         self.impostor = impostor or {}
 
-    def send_and_receive(self, messages, timeout=None):
-        replies = []
+    def answer(self, message):
         partition_of = {node: k for k, node in NODES.items()}
-        for message in messages:
-            node, config = message.metadata.dst_node_id, message.content["config"]
-            self.sent.append((node, message.metadata.message_type, int(config["local-epochs"])))
-            model = message.content["arrays"].to_torch_state_dict()
-            partition = self.impostor.get(node, partition_of[node])
-            reply = Mock(spec=Message)
-            reply.has_error.return_value = False
-            reply.metadata.src_node_id = node
-            trained = {k: v + (partition + 1) * 0.1 for k, v in model.items()}
-            reply.content = RecordDict(
-                {
-                    "arrays": ArrayRecord(trained),
-                    "metrics": MetricRecord({"partition-id": partition, "num-examples": 10}),
-                }
-            )
-            replies.append(reply)
-        return replies
+        node, config = message.metadata.dst_node_id, message.content["config"]
+        self.sent.append((node, message.metadata.message_type, int(config["local-epochs"])))
+        model = message.content["arrays"].to_torch_state_dict()
+        partition = self.impostor.get(node, partition_of[node])
+        reply = Mock(spec=Message)
+        reply.has_error.return_value = False
+        reply.metadata.src_node_id = node
+        trained = {k: v + (partition + 1) * 0.1 for k, v in model.items()}
+        reply.content = RecordDict(
+            {
+                "arrays": ArrayRecord(trained),
+                "metrics": MetricRecord({"partition-id": partition, "num-examples": 10}),
+            }
+        )
+        return reply
+
+
+def _send(grid):
+    """The server's way of reaching the nodes of ``grid`` (:func:`server.queries.collect_replies`)."""
+    return partial(collect_replies, grid, timeout=5)
 
 
 def _store(tmp_path):
@@ -56,7 +61,7 @@ def _store(tmp_path):
 
 def test_the_forgotten_client_receives_no_message(tmp_path):
     grid = SpyGrid()
-    eraser = FedEraser(grid, NODES, local_epochs=4, calibration_ratio=0.5)
+    eraser = FedEraser(_send(grid), NODES, local_epochs=4, calibration_ratio=0.5)
     result = eraser.unlearn(_store(tmp_path), targets=[1])
     addressed = {node for node, _, _ in grid.sent}
     assert NODES[1] not in addressed
@@ -68,7 +73,7 @@ def test_the_forgotten_client_receives_no_message(tmp_path):
 
 
 def test_calibration_reply_is_turned_into_an_update(tmp_path):
-    eraser = FedEraser(SpyGrid(), NODES, local_epochs=2)
+    eraser = FedEraser(_send(SpyGrid()), NODES, local_epochs=2)
     model = {"w": torch.tensor([1.0, 2.0, 3.0])}
     updates = eraser.calibrate(3, model, [0, 2])
     assert torch.allclose(updates[0]["w"], torch.full((3,), 0.1))
@@ -76,13 +81,13 @@ def test_calibration_reply_is_turned_into_an_update(tmp_path):
 
 
 def test_a_node_answering_for_another_client_is_refused(tmp_path):
-    eraser = FedEraser(SpyGrid(impostor={NODES[0]: 2}), NODES, local_epochs=2)
+    eraser = FedEraser(_send(SpyGrid(impostor={NODES[0]: 2})), NODES, local_epochs=2)
     with pytest.raises(RuntimeError, match="not asked"):
         eraser.calibrate(3, {"w": torch.zeros(3)}, [0, 2])
 
 
 def test_calibrate_refuses_to_address_a_target_during_unlearning(tmp_path):
-    eraser = FedEraser(SpyGrid(), NODES, local_epochs=2)
+    eraser = FedEraser(_send(SpyGrid()), NODES, local_epochs=2)
     eraser._forbidden_nodes = frozenset({NODES[1]})
     with pytest.raises(RuntimeError, match="refusing"):
         eraser.calibrate(3, {"w": torch.zeros(3)}, [0, 1])
@@ -95,13 +100,14 @@ def test_with_a_screen_a_hostile_calibration_reply_is_left_out_not_fatal(tmp_pat
         seen.append((phase, server_round, set(sent.keys())))
         return [r for r in replies if r.metadata.src_node_id != NODES[0]]  # refuse node 0
 
-    eraser = FedEraser(SpyGrid(impostor={NODES[0]: 2}), NODES, local_epochs=2, screen=screen)
+    grid = SpyGrid(impostor={NODES[0]: 2})
+    eraser = FedEraser(_send(grid), NODES, local_epochs=2, screen=screen)
     updates = eraser.calibrate(3, {"w": torch.zeros(3)}, [0, 2])
     assert sorted(updates) == [2] and seen == [("calibrate", 3, {"w"})]
 
 
 def test_a_dropped_client_is_not_asked_to_calibrate(tmp_path):
     grid = SpyGrid()
-    eraser = FedEraser(grid, NODES, local_epochs=2, is_dropped=lambda p: p == 2)
+    eraser = FedEraser(_send(grid), NODES, local_epochs=2, is_dropped=lambda p: p == 2)
     updates = eraser.calibrate(3, {"w": torch.zeros(3)}, [0, 2])
     assert sorted(updates) == [0] and {node for node, _, _ in grid.sent} == {NODES[0]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from unittest.mock import Mock
 
 import pytest
@@ -9,7 +10,10 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedunlearn.store.update_store import UpdateStore
-from strategies.retaining_fedavg import RetainingFedAvg, is_retained_round
+from server.federated_training import participant_strategy
+from strategies.retaining_fedavg import RetainingFedAvg
+
+FLOWER_LOGGER = "flwr"
 
 
 @pytest.fixture(autouse=True)
@@ -131,12 +135,6 @@ def test_reply_without_partition_id_is_refused_and_round_not_half_written(tmp_pa
     assert UpdateStore(tmp_path / "store").rounds() == []
 
 
-def test_schedule_helper_rejects_bad_interval():
-    assert [t for t in range(1, 12) if is_retained_round(t, 5)] == [1, 6, 11]
-    with pytest.raises(ValueError, match="retain_interval"):
-        is_retained_round(1, 0)
-
-
 def test_aggregation_does_not_depend_on_reply_arrival_order(tmp_path):
     """Replies arrive in any order; the model must be the same bit for bit (reproducible runs)."""
     clients = [_state(40 + k) for k in range(3)]
@@ -149,3 +147,39 @@ def test_aggregation_does_not_depend_on_reply_arrival_order(tmp_path):
 
     a, b = aggregate([0, 1, 2]), aggregate([2, 0, 1])
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_fedretrain_samples_and_configures_only_its_participants():
+    """FedRetrain's strategy: the forgotten client (node 101) is neither sampled nor messaged, and
+    Flower's log counts the participants, not the federation."""
+    connected = [101, 202, 303, 404]
+    participants = [202, 303, 404]
+    strategy = participant_strategy(participants)
+    flower_lines = _Lines()
+    logging.getLogger(FLOWER_LOGGER).addHandler(flower_lines)
+    try:
+        for server_round in (1, 2):
+            messages = list(
+                strategy.configure_train(
+                    server_round, ArrayRecord(_state(0)), ConfigRecord(), _grid(connected)
+                )
+            )
+            assert sorted(m.metadata.dst_node_id for m in messages) == participants
+    finally:
+        logging.getLogger(FLOWER_LOGGER).removeHandler(flower_lines)
+    sampled = [line for line in flower_lines.lines if "Sampled" in line]
+    assert sampled == ["configure_train: Sampled 3 nodes (out of 3)"] * 2
+
+
+def test_participants_bound_the_sample_size():
+    with pytest.raises(ValueError, match="min_train_nodes=4 exceeds the 3 participants"):
+        RetainingFedAvg(None, participants=[1, 2, 3], min_train_nodes=4)

@@ -25,12 +25,15 @@ class SpyGrid:
     def get_node_ids(self):
         return self._grid.get_node_ids()
 
-    def send_and_receive(self, messages, timeout=None):
+    def push_messages(self, messages):
         messages = list(messages)
         self.sent += [
             (self.phase, m.metadata.dst_node_id, m.metadata.message_type) for m in messages
         ]
-        return self._grid.send_and_receive(messages, timeout=timeout)
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        return self._grid.pull_messages(message_ids)
 
 
 def test_forget_one_client_then_another(tmp_path, simulate):

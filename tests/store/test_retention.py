@@ -1,0 +1,33 @@
+"""FedEraser's retention schedule, computed once: t_1 = 1, t_{j+1} = t_j + Δt."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.store.retention import is_retained_round
+from fedunlearn.store.update_store import UpdateStore
+from strategies.retaining_fedavg import RetainingFedAvg
+
+
+@pytest.mark.parametrize(
+    ("interval", "expected"),
+    [(1, list(range(1, 12))), (2, [1, 3, 5, 7, 9, 11]), (5, [1, 6, 11]), (20, [1])],
+)
+def test_retained_rounds_are_one_then_every_delta_t(interval, expected):
+    assert [t for t in range(0, 12) if is_retained_round(t, interval)] == expected
+
+
+@pytest.mark.parametrize("interval", [0, -1])
+def test_an_interval_below_one_is_refused_naming_it(interval):
+    with pytest.raises(ValueError, match=f"retain_interval .*got {interval}"):
+        is_retained_round(1, interval)
+
+
+@pytest.mark.parametrize("interval", [1, 3, 4])
+def test_config_and_strategy_follow_the_same_schedule(tmp_path, interval):
+    config = ExperimentConfig.from_run_config({"retain-interval": interval, "rounds": 13})
+    strategy = RetainingFedAvg(UpdateStore(tmp_path / "store"), retain_interval=interval)
+    schedule = [t for t in range(1, 14) if is_retained_round(t, interval)]
+    assert [t for t in range(1, 14) if config.is_retained_round(t)] == schedule
+    assert [t for t in range(1, 14) if strategy.is_retained_round(t)] == schedule
