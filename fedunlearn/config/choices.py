@@ -1,7 +1,8 @@
 """The names and limits the run configuration's keys choose from.
 
-The method lists are read by the constraints table through a callable at validation time
-(:mod:`fedunlearn.config.parameters`), so they may be derived from elsewhere without touching it.
+The method lists below are read through this module when a value is checked (the constraints
+table in :mod:`fedunlearn.config.parameters` holds callables; the rules read ``choices.X``), so they
+may be derived from elsewhere, e.g. method registries, without touching the table.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedunlearn.config.choices import ADOPTABLE_METHODS
+from fedunlearn.config import choices
 from fedunlearn.config.constraints import coerce
 from fedunlearn.config.parameters import (
     GROUPS,
@@ -151,16 +151,16 @@ class ExperimentConfig(RunParameters):
     def adopted_method(self) -> str:
         """The method whose trajectory becomes the retained history after an unlearning request:
         ``unlearn-adopt``, where ``auto`` is the first of federaser, fedretrain this request runs."""
-        methods = self.methods
+        methods, adoptable = self.methods, choices.ADOPTABLE_METHODS
         if self.unlearn_adopt == "auto":
-            for method in ADOPTABLE_METHODS:
+            for method in adoptable:
                 if method in methods:
                     return method
             raise ConfigError(
                 "unlearn-methods",
                 self.unlearn_methods,
-                f"a list with {' or '.join(ADOPTABLE_METHODS)}: after the request the retained "
-                "history becomes that method's trajectory (the original one is deleted)",
+                f"a list with {' or '.join(adoptable)}: after the request the retained history "
+                "becomes that method's trajectory (the original one is deleted)",
             )
         if self.unlearn_adopt not in methods:
             raise ConfigError(
@@ -173,7 +173,8 @@ class ExperimentConfig(RunParameters):
 
     @property
     def forget_set(self):
-        """The cohort D_f named by ``scrub-forget`` (:class:`fedunlearn.data.forget_sets.ForgetSet`)."""
+        """The cohort D_f named by ``scrub-forget``
+        (:class:`fedunlearn.data.forget_sets.ForgetSet`)."""
         from fedunlearn.data.forget_sets import ForgetSet
 
         if not self.scrub_forget.strip():

@@ -12,7 +12,8 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fedunlearn.config.choices import MODELS, RETAINED_UPDATE_METHODS, SAMPLE_SHAPES
+from fedunlearn.config import choices
+from fedunlearn.config.choices import MODELS, SAMPLE_SHAPES
 from fedunlearn.config.constraints import Interval, validate_parameter_constraints
 from fedunlearn.config.parameters import parameter_constraints
 from fedunlearn.errors import ConfigError
@@ -155,8 +156,8 @@ def check_someone_remains(config: ExperimentConfig) -> None:
 
 def check_retention_for_methods(config: ExperimentConfig) -> None:
     """Methods that rebuild the model from retained updates have them (``retain = true``)."""
-    methods = config.methods
-    if config.unlearn_targets and not config.retain and set(RETAINED_UPDATE_METHODS) & set(methods):
+    rebuilding = set(choices.RETAINED_UPDATE_METHODS) & set(config.methods)
+    if config.unlearn_targets and not config.retain and rebuilding:
         raise ConfigError(
             "retain",
             config.retain,
