@@ -6,6 +6,7 @@
     fedunlearn data check NAME [--root DIR]     load a dataset and print its sizes
     fedunlearn data download NAME [--root DIR]  fetch a dataset into DIR, by default ~/data (the only
                                                 command that downloads)
+    fedunlearn config-docs [PATH] [--check]     write docs/configuration.md from the constraints table
 
 Training runs are launched with ``fedunlearn-run`` (or ``flwr run .``). ``store`` and
 ``certificates`` only read: they write, lock, clean up or migrate nothing, and work on a read-only
@@ -161,6 +162,23 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_docs(args: argparse.Namespace) -> int:
+    """Write the configuration page; with ``--check``, exit 1 if the file differs instead."""
+    from fedunlearn.config import constraints_markdown
+
+    text = constraints_markdown()
+    if args.check:
+        current = args.path.read_text(encoding="utf-8") if args.path.is_file() else None
+        if current != text:
+            print(f"{args.path} is not the table's page: run fedunlearn config-docs {args.path}")
+            return 1
+        return 0
+    args.path.parent.mkdir(parents=True, exist_ok=True)
+    args.path.write_text(text, encoding="utf-8")
+    print(f"wrote {args.path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedunlearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -194,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="data root in torchvision's layout (default: ~/data)",
         )
         command.set_defaults(handler=_data)
+    docs = groups.add_parser("config-docs", help="write the configuration page from the table")
+    docs.add_argument("path", type=Path, nargs="?", default=Path("docs/configuration.md"))
+    docs.add_argument("--check", action="store_true", help="exit 1 if PATH is out of date")
+    docs.set_defaults(handler=_config_docs)
     return parser
 
 

@@ -52,6 +52,7 @@ REQUEST_FIELDS = (
     "calibration_order",
     "device",
     "node_wait_seconds",
+    "reply_timeout",
     "unlearn_adopt",
     "keep_original",
     "max_refusals",

@@ -363,19 +363,8 @@ def save_head(run, name: str, weights: np.ndarray) -> None:
 
 
 def certified_params(config: ExperimentConfig) -> CertifiedRemovalParams:
-    """The engine's settings from the run config's ``certified-*`` keys."""
-    return CertifiedRemovalParams(
-        loss=config.certified_loss,
-        lam=config.certified_lambda,
-        sigma=config.certified_sigma,
-        epsilon=config.certified_epsilon,
-        delta=config.certified_delta,
-        noise=config.certified_noise,
-        mode=config.certified_mode,
-        bound=config.certified_bound,
-        gamma=config.certified_gamma,
-        refresh_ratio=config.certified_refresh_ratio,
-    )
+    """The engine's settings from the run config's certified group (``certified-*`` keys)."""
+    return CertifiedRemovalParams.from_group(config.certified)
 
 
 @dataclass

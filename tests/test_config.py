@@ -31,7 +31,7 @@ def test_defaults_match_the_flower_app_config():
         ("local-epochs", -1, ">= 1"),
         ("batch-size", 0, ">= 1"),
         ("lr", 0.0, "> 0"),
-        ("alpha", -0.5, "> 0"),
+        ("alpha", -0.5, "(0, 1e+06]"),
         ("store-dtype", "bfloat16", "one of float32, float16"),
         ("device", "tpu", "one of auto, cpu, cuda"),
         ("momentum", 1.0, "[0.0, 1.0)"),

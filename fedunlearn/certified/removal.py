@@ -75,8 +75,8 @@ import hashlib
 import math
 import os
 import time
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -84,9 +84,15 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
+from fedunlearn.config import (
+    ConfigGroup,
+    Interval,
+    validate_group,
+    validate_parameter_constraints,
+)
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.certified.statistics import HeadData, HeadSums, id_list
-from fedunlearn.certified.losses import LOGISTIC_GAMMA, check_loss, lipschitz_gamma
+from fedunlearn.certified.losses import LOGISTIC_GAMMA, lipschitz_gamma
 from fedunlearn.certified.perturbation import NOISES, check_generator, sample_perturbation
 
 __all__ = ["NOISES", "sample_perturbation"]  # re-exported: b's densities live in perturbation.py
@@ -94,6 +100,14 @@ __all__ = ["NOISES", "sample_perturbation"]  # re-exported: b's densities live i
 MODES = ("exact", "fast")
 BOUNDS = ("per-point", "corollary")
 GAMMAS = tuple(LOGISTIC_GAMMA)
+
+#: Settings of the engine alone (the others are the run configuration's certified group).
+_ENGINE_CONSTRAINTS = {
+    "max_rank": Interval(int, 1),
+    "spectral_every": Interval(int, 1),
+    "max_newton": Interval(int, 1),
+    "tol": Interval(float, 0, 1, closed="neither"),
+}
 
 #: The engine's state that a request moves, all or nothing (see the module docstring).
 _STATE = (
@@ -246,41 +260,20 @@ class CertifiedRemovalParams:
     track_bounds: bool = False
     single_precision_hessian: bool = True
 
+    @classmethod
+    def from_group(cls, certified: Mapping[str, Any]) -> CertifiedRemovalParams:
+        """The settings a run configuration's certified group holds (``config.certified``); the
+        engine's own (``max_rank``, ``tol``, ...) keep their defaults."""
+        names = {item.name for item in fields(cls)}
+        return cls(**{name: value for name, value in certified.items() if name in names})
+
     def validate(self) -> None:
-        check_loss(self.loss)
-        for name, allowed in (
-            ("noise", NOISES),
-            ("mode", MODES),
-            ("bound", BOUNDS),
-            ("gamma", GAMMAS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(name, getattr(self, name), f"one of {', '.join(allowed)}")
-        if not self.lam > 0:
-            raise ConfigError(
-                "lam", self.lam, "a number > 0 (the regulariser makes L strongly convex)"
-            )
-        if self.noise == "none":
-            if self.loss != "least-squares":
-                raise ConfigError(
-                    "noise",
-                    self.noise,
-                    "gaussian or gamma for the logistic loss (only least squares "
-                    "removes exactly without a perturbation)",
-                )
-        elif not self.sigma > 0:
-            raise ConfigError("sigma", self.sigma, "a number > 0 (the perturbation's scale)")
-        if not self.epsilon > 0:
-            raise ConfigError("epsilon", self.epsilon, "a number > 0")
-        if self.noise == "gaussian" and not 0 < self.delta < 1.5:
-            raise ConfigError("delta", self.delta, "a number in (0, 1.5)")
-        if not self.refresh_ratio > 0:
-            raise ConfigError("refresh_ratio", self.refresh_ratio, "a number > 0")
-        for name in ("max_rank", "spectral_every", "max_newton"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(name, getattr(self, name), "an integer >= 1")
-        if not 0 < self.tol < 1:
-            raise ConfigError("tol", self.tol, "a number in (0, 1)")
+        """The run configuration's certified-group constraints and rules on the settings shared with
+        it (:func:`fedunlearn.config.validate_group`, errors name these parameters), then the
+        engine's own."""
+        values = asdict(self)
+        validate_group(ConfigGroup("certified", values))
+        validate_parameter_constraints(values, _ENGINE_CONSTRAINTS)
 
     @property
     def budget(self) -> float:

@@ -1,0 +1,57 @@
+"""The names and limits the run configuration's keys choose from.
+
+The method lists below are read through this module when a value is checked (the constraints
+table in :mod:`fedunlearn.config.parameters` holds callables; the rules read ``choices.X``), so they
+may be derived from elsewhere, e.g. method registries, without touching the table.
+"""
+
+from __future__ import annotations
+
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
+PARTITIONINGS = ("iid", "dirichlet", "shards")
+STORE_DTYPES = ("float32", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
+CALIBRATION_ORDERS = ("client", "average")
+
+# ------------------------------------------------------------------ method names
+UNLEARNING_METHODS = ("federaser", "fedaccum", "fedretrain")
+#: Methods whose trajectory can become the retained history after a request (``unlearn-adopt``).
+ADOPTABLE_METHODS = ("federaser", "fedretrain")
+#: Methods that rebuild the model from the retained updates (they need ``retain = true``).
+RETAINED_UPDATE_METHODS = ("federaser", "fedaccum")
+#: Scrubbing methods (Golatkar et al.) and their baselines; "original" and "retrain" always run.
+SCRUB_METHODS = (
+    "newton",
+    "newton-forget-only",
+    "newton-finite",
+    "fisher",
+    "fisher-sqrt",
+    "fisher-reference",
+    "finetune",
+    "negative-gradient",
+    "random-labels",
+    "hiding",
+)
+
+# ------------------------------------------------------------------ limits
+#: Largest federation a run may ask for: the simulation launches one SuperNode per client before
+#: any of them is checked, and the server queries every one of them each round.
+MAX_CLIENTS = 10_000
+#: Seeds feed scikit-learn's and NumPy's generators, which take unsigned 32-bit seeds.
+MAX_SEED = 2**32 - 1
+#: Beyond this the Dirichlet split is iid in all but name (and its draws overflow near 1e308).
+MAX_ALPHA = 1e6
+#: Longest wait for one request's replies: a day; a longer one would hide a dead federation.
+MAX_REPLY_TIMEOUT = 86_400
+#: Flower's run config holds 64-bit integers; a larger one fails when the run is submitted.
+INT64 = (-(2**63), 2**63 - 1)
+#: The input shape of one sample of each dataset, to check a model fits before any data is loaded
+#: (Adult's width depends on its categories; only its rank matters to the model).
+SAMPLE_SHAPES = {
+    "digits": (1, 8, 8),
+    "mnist": (1, 28, 28),
+    "fashion-mnist": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+    "adult": (100,),
+}

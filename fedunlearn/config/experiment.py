@@ -1,0 +1,197 @@
+"""The experiment's run configuration: parsed from Flower's run config, validated before any work.
+
+Validation happens here, up front, so a bad value stops a run before a file is written; each error
+names the parameter, the value found and what is allowed (:class:`fedunlearn.errors.ConfigError`).
+What needs the dataset or the disk is checked later by :mod:`fedunlearn.preflight`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedunlearn.config import choices
+from fedunlearn.config.constraints import coerce
+from fedunlearn.config.parameters import (
+    GROUPS,
+    RunParameters,
+    parameter_constraints,
+    parameter_table,
+)
+from fedunlearn.config.rules import ConfigGroup, partition_ids, validate_config
+from fedunlearn.errors import ConfigError
+from fedunlearn.store.retention import is_retained_round
+
+
+@dataclass(frozen=True)
+class ExperimentConfig(RunParameters):
+    """A validated run configuration: the keys of the table
+    (:class:`~fedunlearn.config.parameters.RunParameters`) as flat attributes
+    (``config.num_clients``) and as group views (``config.certified.lam``).
+
+    Build it with :meth:`from_run_config`; the constructor does not validate.
+    """
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The run-config keys, spelled with hyphens."""
+        return tuple(row.key for row in parameter_table())
+
+    @classmethod
+    def from_run_config(
+        cls, run_config: Mapping[str, Any], *, strict: bool = True
+    ) -> ExperimentConfig:
+        """Parse and validate a Flower run config (a flat mapping of hyphenated keys).
+
+        Parameters
+        ----------
+        run_config : Mapping[str, Any]
+            Values for some or all keys; missing keys take the defaults of the table.
+        strict : bool, default True
+            Reject keys this experiment does not know (a typo would otherwise be ignored).
+        """
+        known = cls.keys()
+        if strict:
+            unknown = sorted(set(run_config) - set(known))
+            if unknown:
+                raise ConfigError(
+                    "run-config", unknown[0], f"unknown key; known keys are {', '.join(known)}"
+                )
+        values = {
+            row.attribute: coerce(row.key, run_config[row.key], row.kind)
+            for row in parameter_table()
+            if row.key in run_config
+        }
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The configuration as Flower's flat, hyphenated run-config mapping."""
+        return {row.key: getattr(self, row.attribute) for row in parameter_table()}
+
+    def replace(self, **changes: Any) -> ExperimentConfig:
+        """A validated copy with some fields changed (Python names, underscores)."""
+        config = dataclasses.replace(self, **changes)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first parameter whose value is not allowed: each
+        key alone (the constraints table), then the rules across keys
+        (:data:`fedunlearn.config.rules.RULES`)."""
+        validate_config(self)
+
+    # ------------------------------------------------------------------ group views
+    def group(self, name: str) -> ConfigGroup:
+        """One group's values by their names in the group; errors name the run-config keys."""
+        if name not in GROUPS:
+            raise ConfigError("group", name, f"one of {', '.join(GROUPS)}")
+        rows = [row for row in parameter_table() if row.group == name]
+        return ConfigGroup(
+            name,
+            {row.name: getattr(self, row.attribute) for row in rows},
+            {row.name: row.key for row in rows},
+        )
+
+    data = property(lambda self: self.group("data"), doc="The data group's view.")
+    training = property(lambda self: self.group("training"), doc="The training group's view.")
+    federation = property(lambda self: self.group("federation"), doc="The federation's view.")
+    unlearning = property(lambda self: self.group("unlearning"), doc="The unlearning view.")
+    certified = property(lambda self: self.group("certified"), doc="The certified head's view.")
+    scrubbing = property(lambda self: self.group("scrubbing"), doc="The scrubbing group's view.")
+    audit = property(lambda self: self.group("audit"), doc="The membership audit's view.")
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def data_root_path(self) -> Path:
+        return Path(os.path.expandvars(self.data_root)).expanduser()
+
+    @property
+    def output_path(self) -> Path:
+        return Path(os.path.expandvars(self.output_dir)).expanduser().resolve()
+
+    def run_directory(self, now: float | None = None) -> Path:
+        """``output-dir/run-name``; an empty run-name becomes ``<dataset>-<YYYYmmdd-HHMMSS>``."""
+        name = (
+            self.run_name or f"{self.dataset}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+        )
+        return self.output_path / name
+
+    # ------------------------------------------------------------------ derived values
+    def is_retained_round(self, server_round: int) -> bool:
+        """FedEraser's schedule (:func:`fedunlearn.store.retention.is_retained_round`), if retaining."""
+        return self.retain and is_retained_round(server_round, self.retain_interval)
+
+    @property
+    def unlearn_targets(self) -> list[int]:
+        """The partition ids to forget, from ``unlearn-clients`` ("" = none, "3" or "0,5")."""
+        return partition_ids("unlearn-clients", self.unlearn_clients, self.num_clients)
+
+    @property
+    def certified_client_targets(self) -> list[int]:
+        """Clients whose whole data the certified head removes (``certified-remove-clients``)."""
+        return partition_ids(
+            "certified-remove-clients", self.certified_remove_clients, self.num_clients
+        )
+
+    @property
+    def methods(self) -> list[str]:
+        """The unlearning methods to run, in the order given by ``unlearn-methods``."""
+        return parameter_constraints()["unlearn-methods"].parse(
+            "unlearn-methods", self.unlearn_methods
+        )
+
+    @property
+    def adopted_method(self) -> str:
+        """The method whose trajectory becomes the retained history after an unlearning request:
+        ``unlearn-adopt``, where ``auto`` is the first of federaser, fedretrain this request runs."""
+        methods, adoptable = self.methods, choices.ADOPTABLE_METHODS
+        if self.unlearn_adopt == "auto":
+            for method in adoptable:
+                if method in methods:
+                    return method
+            raise ConfigError(
+                "unlearn-methods",
+                self.unlearn_methods,
+                f"a list with {' or '.join(adoptable)}: after the request the retained history "
+                "becomes that method's trajectory (the original one is deleted)",
+            )
+        if self.unlearn_adopt not in methods:
+            raise ConfigError(
+                "unlearn-adopt",
+                self.unlearn_adopt,
+                f"auto or one of the methods this request runs ({', '.join(methods)}): its "
+                "trajectory becomes the retained history",
+            )
+        return self.unlearn_adopt
+
+    @property
+    def forget_set(self):
+        """The cohort D_f named by ``scrub-forget``
+        (:class:`fedunlearn.data.forget_sets.ForgetSet`)."""
+        from fedunlearn.data.forget_sets import ForgetSet
+
+        if not self.scrub_forget.strip():
+            raise ConfigError(
+                "scrub-forget", self.scrub_forget, "a cohort when scrub=true, e.g. 'class:5'"
+            )
+        return ForgetSet.parse(self.scrub_forget, num_clients=self.num_clients)
+
+    @property
+    def scrubbing_methods(self) -> list[str]:
+        """The scrubbing methods and baselines to run (``scrub-methods``), in the order given."""
+        return parameter_constraints()["scrub-methods"].parse("scrub-methods", self.scrub_methods)
+
+    @property
+    def scrub_lambda_grid(self) -> list[float]:
+        """The factors multiplying each method's lambda for the information/error trade-off."""
+        return parameter_constraints()["scrub-lambda-factors"].parse(
+            "scrub-lambda-factors", self.scrub_lambda_factors
+        )

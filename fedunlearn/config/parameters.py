@@ -1,0 +1,343 @@
+"""The constraints table: every run-config key with its group, type, default, what it allows and
+what it means, declared once as the fields of :class:`RunParameters`.
+
+Keys are spelled as in ``[tool.flwr.app.config]`` of ``pyproject.toml`` (the attribute with ``-``
+for ``_``). ``docs/configuration.md`` is generated from this table
+(:func:`fedunlearn.config.constraints_markdown`). To add a key: one field here, in its group, and
+its default in ``pyproject.toml``; a rule across keys goes in :mod:`fedunlearn.config.rules`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from fedunlearn.config import choices
+from fedunlearn.config.choices import (
+    CALIBRATION_ORDERS,
+    DATASETS,
+    DEVICES,
+    MAX_ALPHA,
+    MAX_CLIENTS,
+    MAX_REPLY_TIMEOUT,
+    MAX_SEED,
+    MODELS,
+    PARTITIONINGS,
+    SCRUB_METHODS,
+    STORE_DTYPES,
+)
+from fedunlearn.config.constraints import (
+    ByRule,
+    Constraint,
+    Flag,
+    FolderPath,
+    Interval,
+    NameList,
+    Options,
+    PositiveNumbers,
+    RunName,
+)
+
+#: The groups, one per phase of a run, in the order the table and the page list them.
+GROUPS = {
+    "data": "Data: which samples each client holds, and the model that reads them",
+    "training": "Training: federated averaging, the updates retained for unlearning, DP-SGD",
+    "federation": "Federation and run: the run directory, resuming, waiting for nodes and replies",
+    "unlearning": "Unlearning: FedEraser, FedAccum and FedRetrain requests after training",
+    "certified": "Certified head: certified removal on a linear head (Guo et al., 2020)",
+    "scrubbing": "Scrubbing: forgetting a cohort by Newton and Fisher scrubbing (Golatkar et al.)",
+    "audit": "Membership audit: offline LiRA against the unlearned models",
+}
+#: Prefix a group's keys share; a key's name in the group view drops it (``config.certified.mode``).
+_PREFIXES = {"certified": "certified_", "scrubbing": "scrub_", "audit": "mia_"}
+
+WHOLE = int
+NUMBER = float
+POSITIVE = Interval(NUMBER, 0, closed="neither")
+AT_LEAST_1 = Interval(WHOLE, 1)
+NON_NEGATIVE = Interval(NUMBER, 0.0)
+PARTITION_IDS = "comma-separated partition ids in [0, num-clients - 1], not all, e.g. '0' or '0,5'"
+
+
+def _in(group: str) -> Callable[..., Any]:
+    def key(default: Any, constraint: Constraint, description: str, *, name: str = "") -> Any:
+        metadata = {"group": group, "constraint": constraint, "description": description}
+        return field(default=default, metadata={**metadata, "name": name})
+
+    return key
+
+
+def _lazy(module: str, name: str) -> Callable[[], tuple[str, ...]]:
+    """Names read from ``module`` when a value is checked (the certified modules need SciPy)."""
+    return lambda: getattr(importlib.import_module(module), name)
+
+
+data, training, federation = _in("data"), _in("training"), _in("federation")
+unlearning, certified, scrubbing, audit = (
+    _in("unlearning"), _in("certified"), _in("scrubbing"), _in("audit")
+)
+
+
+@dataclass(frozen=True)
+class RunParameters:
+    """The run configuration's values, flat (``config.num_clients``); grouped by phase below."""
+
+    # ------------------------------------------------------------------ data
+    dataset: str = data("digits", Options(DATASETS), "the dataset; only digits is embedded")
+    data_root: str = data(
+        "", FolderPath(required=False), "root in torchvision's layout; not needed for digits"
+    )
+    download: bool = data(False, Flag(), "fetch a missing dataset into data-root")
+    model: str = data("auto", Options(MODELS), "the network; auto picks the dataset's own")
+    num_clients: int = data(
+        10, Interval(WHOLE, 1, MAX_CLIENTS), "K; must equal the federation's number of SuperNodes"
+    )
+    train_samples: int = data(
+        0, Interval(WHOLE, 0), "0: the whole training set; N: a seeded subset, then partitioned"
+    )
+    partitioning: str = data("iid", Options(PARTITIONINGS), "how samples are split over clients")
+    alpha: float = data(
+        0.5,
+        Interval(NUMBER, 0, MAX_ALPHA, closed="right", note="for a uniform split: iid"),
+        "Dirichlet concentration (partitioning = dirichlet)",
+    )
+    shards_per_client: int = data(2, AT_LEAST_1, "label shards per client (partitioning = shards)")
+    seed: int = data(0, Interval(WHOLE, 0, MAX_SEED), "seeds the split, the model and training")
+    # ------------------------------------------------------------------ training
+    rounds: int = training(20, AT_LEAST_1, "global rounds of FedAvg")
+    local_epochs: int = training(2, AT_LEAST_1, "E_loc, local epochs per round")
+    lr: float = training(0.05, POSITIVE, "clients' SGD learning rate")
+    momentum: float = training(0.9, Interval(NUMBER, 0.0, 1.0, closed="left"), "SGD momentum")
+    weight_decay: float = training(0.0, NON_NEGATIVE, "SGD weight decay")
+    batch_size: int = training(32, AT_LEAST_1, "local mini-batch size")
+    fraction_evaluate: float = training(
+        0.0, Interval(NUMBER, 0.0, 1.0), "fraction of clients evaluating the global model per round"
+    )
+    retain: bool = training(True, Flag(), "keep client updates for unlearning (FedEraser)")
+    retain_interval: int = training(2, AT_LEAST_1, "Δt: retain at rounds 1, 1+Δt, 1+2Δt, ...")
+    store_dtype: str = training("float32", Options(STORE_DTYPES), "dtype of retained updates")
+    device: str = training("auto", Options(DEVICES), "where clients train; auto: cuda if present")
+    dp_noise_multiplier: float = training(0.0, NON_NEGATIVE, "DP-SGD noise multiplier; 0: no DP")
+    dp_clipping_norm: float = training(1.0, POSITIVE, "DP-SGD per-sample clipping norm")
+    dp_delta: float = training(
+        1e-5, Interval(NUMBER, 0.0, 1.0, closed="left"), "delta of the clients' DP guarantee"
+    )
+    # ------------------------------------------------------------------ federation and run
+    output_dir: str = federation(
+        "~/fedunlearn-runs",
+        FolderPath(required=True, example="~/fedunlearn-runs"),
+        "parent folder of run directories (absolute or ~)",
+    )
+    run_name: str = federation("", RunName(), "run directory name; empty: <dataset>-<timestamp>")
+    resume: bool = federation(
+        False, Flag(), "continue output-dir/run-name from its last completed round (after a crash)"
+    )
+    node_wait_seconds: float = federation(
+        120.0, POSITIVE, "how long the server waits for num-clients SuperNodes to connect"
+    )
+    reply_timeout: float = federation(
+        3600.0,
+        Interval(NUMBER, 0, MAX_REPLY_TIMEOUT, closed="right"),
+        "seconds the server waits for the clients' replies to one request",
+    )
+    max_refusals: int = federation(
+        3, AT_LEAST_1, "a node refused this many rounds in a row is dropped from the run"
+    )
+    min_reply_fraction: float = federation(
+        0.5,
+        Interval(NUMBER, 0.0, 1.0, closed="right"),
+        "a round needs valid replies from at least this fraction of the clients asked",
+    )
+    # ------------------------------------------------------------------ unlearning
+    unlearn_clients: str = unlearning(
+        "0", ByRule(PARTITION_IDS), "clients to forget; empty: train only"
+    )
+    unlearn_methods: str = unlearning(
+        "federaser,fedaccum,fedretrain",
+        NameList(lambda: choices.UNLEARNING_METHODS, required=True),
+        "the unlearning methods, compared side by side",
+    )
+    calibration_ratio: float = unlearning(
+        0.5,
+        Interval(NUMBER, 0.0, 1.0, closed="right"),
+        "r: E_cali = ceil(r E_loc) calibration epochs (FedEraser)",
+    )
+    calibration_layerwise: bool = unlearning(
+        True, Flag(), "eq. 2 norms per tensor (true) or over the whole vector (false)"
+    )
+    calibration_order: str = unlearning(
+        "client",
+        Options(CALIBRATION_ORDERS),
+        "client: eq. 2 per client, then aggregate; average: the paper's code",
+    )
+    unlearn_only: bool = unlearning(
+        False, Flag(), "reopen the trained run output-dir/run-name and forget more clients"
+    )
+    unlearn_adopt: str = unlearning(
+        "auto",
+        Options(lambda: ("auto", *choices.ADOPTABLE_METHODS)),
+        "whose trajectory becomes the retained history; auto: federaser, else fedretrain",
+    )
+    keep_original: bool = unlearning(
+        False, Flag(), "keep the pre-request model and history under original-<request>/"
+    )
+    # ------------------------------------------------------------------ certified head
+    certified_head: bool = certified(
+        False, Flag(), "train a certified head on the body's features and remove samples",
+        name="enabled",
+    )
+    certified_loss: str = certified(
+        "logistic",
+        Options(_lazy("fedunlearn.certified.losses", "LOSSES")),
+        "logistic (one-vs-rest) or least-squares (exact removal)",
+        name="loss",
+    )
+    certified_lambda: float = certified(
+        1e-3,
+        Interval(NUMBER, 0, closed="neither", note="the regulariser makes L strongly convex"),
+        "lambda of (lambda n / 2) ||w||^2",
+        name="lam",
+    )
+    certified_sigma: float = certified(
+        1.0,
+        ByRule("a number > 0 (the perturbation's scale), unless certified-noise = none"),
+        "std of the perturbation b (gaussian) or its norm's scale (gamma)",
+    )
+    certified_epsilon: float = certified(1.0, POSITIVE, "epsilon of (epsilon, delta)-removal")
+    certified_delta: float = certified(
+        1e-4,
+        Interval(NUMBER, 0.0, 1.0, closed="neither"),
+        "delta of (epsilon, delta)-removal (Guo et al. Theorem 3 divides by it)",
+    )
+    certified_noise: str = certified(
+        "gaussian",
+        Options(_lazy("fedunlearn.certified.perturbation", "NOISES")),
+        "gaussian: (epsilon, delta)-CR; gamma: epsilon-CR; none: least squares only",
+    )
+    certified_mode: str = certified(
+        "fast",
+        Options(_lazy("fedunlearn.certified.removal", "MODES")),
+        "exact: Hessian at the current w per request; fast: cached factor",
+    )
+    certified_bound: str = certified(
+        "per-point",
+        Options(_lazy("fedunlearn.certified.removal", "BOUNDS")),
+        "per-point (tighter) or corollary (Guo et al. Corollary 1)",
+    )
+    certified_gamma: str = certified(
+        "exact",
+        Options(_lazy("fedunlearn.certified.removal", "GAMMAS")),
+        "Lipschitz constant of the logistic l'': exact 1/(6 sqrt 3) or paper 1/4",
+    )
+    certified_refresh_ratio: float = certified(
+        5.0, POSITIVE, "fast mode: refresh the cached Hessian when ||w - w0|| > ratio ||step||"
+    )
+    certified_removals: int = certified(
+        100, Interval(WHOLE, 0), "single-sample removal requests, drawn at random across clients"
+    )
+    certified_remove_clients: str = certified(
+        "", ByRule(PARTITION_IDS), "then remove these clients' whole data"
+    )
+    certified_eval_every: int = certified(
+        10, AT_LEAST_1, "test accuracy and beta recorded every this many requests"
+    )
+    certified_verify_central: bool = certified(
+        True, Flag(), "simulation: also fit the head centrally and report the difference"
+    )
+    # ------------------------------------------------------------------ scrubbing
+    scrub: bool = scrubbing(
+        False, Flag(), "scrub scrub-forget and compare every scrub-methods entry", name="enabled"
+    )
+    scrub_forget: str = scrubbing(
+        "",
+        ByRule("a cohort when scrub = true: class:C, client:K, samples:K:N or samples:K:N:C"),
+        "the cohort D_f to forget",
+    )
+    scrub_methods: str = scrubbing(
+        ",".join(SCRUB_METHODS),
+        NameList(lambda: choices.SCRUB_METHODS, required=False),
+        "scrubbing methods and baselines; original and retrain always run",
+    )
+    scrub_newton_lambda: float = scrubbing(1e-6, POSITIVE, "lambda of eq. 7's noise on the head")
+    scrub_fisher_lambda: float = scrubbing(1e-7, POSITIVE, "lambda of Fisher forgetting")
+    scrub_fisher_sqrt_lambda: float = scrubbing(1e-11, POSITIVE, "lambda of the F^-1/2 variant")
+    scrub_fisher_reference_lambda: float = scrubbing(
+        1e-12, POSITIVE, "lambda of the authors' released recipe (alpha = sqrt(lambda) sigma_h)"
+    )
+    scrub_sigma_h: float = scrubbing(1.0, POSITIVE, "sigma_h")
+    scrub_lambda_factors: str = scrubbing(
+        "0.01,0.1,1,10,100", PositiveNumbers(), "lambda grid (x each method's lambda)"
+    )
+    scrub_damping: float = scrubbing(1e-3, NON_NEGATIVE, "mu added to the head's Hessian B")
+    scrub_fisher_floor: float = scrubbing(1e-3, NON_NEGATIVE, "F is floored here")
+    scrub_fisher_samples: int = scrubbing(
+        1000, AT_LEAST_1, "samples per client and part for the diagonal Fisher"
+    )
+    scrub_time: float = scrubbing(
+        0.0, NON_NEGATIVE, "eta t of eq. 6 (newton-finite); 0: lr x local SGD steps in training"
+    )
+    scrub_baseline_rounds: int = scrubbing(
+        2, AT_LEAST_1, "federated rounds of finetune, negative-gradient and random-labels"
+    )
+    scrub_baseline_epochs: int = scrubbing(1, AT_LEAST_1, "local epochs in those rounds")
+    scrub_relearn_threshold: float = scrubbing(
+        0.3, POSITIVE, "relearn time: training on D until the D_f loss is below this"
+    )
+    scrub_relearn_epochs: float = scrubbing(1.0, POSITIVE, "relearn budget in epochs of D")
+    # ------------------------------------------------------------------ membership audit
+    mia: bool = audit(
+        False, Flag(), "audit every method with LiRA (one unlearn-clients target)", name="enabled"
+    )
+    mia_reference_models: int = audit(
+        2, Interval(WHOLE, 2), "models trained without the target, for offline LiRA"
+    )
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One row of the table: a run-config key and what it allows."""
+
+    key: str
+    attribute: str
+    group: str
+    name: str
+    kind: type
+    default: Any
+    constraint: Constraint
+    description: str
+
+
+@functools.cache
+def parameter_table() -> tuple[Parameter, ...]:
+    """Every key, in the table's order (grouped by phase)."""
+    rows = []
+    for item in fields(RunParameters):
+        meta = item.metadata
+        prefix = _PREFIXES.get(meta["group"], "")
+        name = meta["name"] or item.name.removeprefix(prefix)
+        rows.append(
+            Parameter(
+                key=item.name.replace("_", "-"),
+                attribute=item.name,
+                group=meta["group"],
+                name=name,
+                kind=type(item.default),
+                default=item.default,
+                constraint=meta["constraint"],
+                description=meta["description"],
+            )
+        )
+    return tuple(rows)
+
+
+def parameter_constraints(group: str | None = None, *, by: str = "key") -> dict[str, Constraint]:
+    """``{key: constraint}`` (``by="key"``) or ``{name in the group view: constraint}``
+    (``by="name"``) of one group or of all."""
+    return {
+        getattr(row, by): row.constraint
+        for row in parameter_table()
+        if group is None or row.group == group
+    }

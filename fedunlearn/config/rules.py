@@ -1,0 +1,307 @@
+"""Rules across keys: small named functions, run in the order of :data:`RULES` after every key's
+own check (:mod:`fedunlearn.config.constraints`), so each may assume its keys are valid alone.
+
+A rule of one group takes that group's view (:class:`ConfigGroup`), so a direct user of the group's
+parameters (:class:`fedunlearn.certified.removal.CertifiedRemovalParams`) runs the same rule
+through :func:`validate_group`; every other rule takes the whole configuration.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from fedunlearn.config import choices
+from fedunlearn.config.choices import MODELS, SAMPLE_SHAPES
+from fedunlearn.config.constraints import Interval, validate_parameter_constraints
+from fedunlearn.config.parameters import parameter_constraints
+from fedunlearn.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedunlearn.config.experiment import ExperimentConfig
+
+
+class ConfigGroup(Mapping[str, Any]):
+    """A read-only view of one group's values by their names in it (``config.certified.lam``).
+
+    :meth:`key` is the name an error reports: the run-config key (``certified-lambda``) for a
+    configuration's view, the name itself for a direct user's.
+    """
+
+    def __init__(self, name: str, values: Mapping[str, Any], keys: Mapping[str, str] | None = None):
+        self.name, self._values, self._keys = name, dict(values), dict(keys or {})
+
+    def key(self, name: str) -> str:
+        return self._keys.get(name, name)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"group {self.name!r} has no {name!r}") from None
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"ConfigGroup({self.name!r}, {self._values!r})"
+
+
+def partition_ids(key: str, value: str, num_clients: int) -> list[int]:
+    """Partition ids from ``"3"`` or ``"0,5"`` ("" = none), each in ``[0, num_clients)``."""
+    text = value.replace(" ", "")
+    if not text:
+        return []
+    allowed = f"comma-separated partition ids in [0, {num_clients - 1}], e.g. '0' or '0,5'"
+    try:
+        targets = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(key, value, allowed) from None
+    if any(not 0 <= t < num_clients for t in targets):
+        raise ConfigError(key, value, allowed)
+    return sorted(set(targets))
+
+
+@functools.lru_cache(maxsize=64)
+def model_problem(model: str, sample_shape: tuple[int, ...]) -> str:
+    """Why ``model`` cannot classify samples of ``sample_shape`` ("" when it can)."""
+    import torch
+
+    from fedunlearn.training.models import build_model
+
+    try:
+        with torch.device("meta"):
+            net = build_model(model, sample_shape, 2)
+            net(torch.empty((1, *sample_shape)))
+    except (ConfigError, RuntimeError, ValueError) as error:
+        reason = error.allowed if isinstance(error, ConfigError) else str(error).split("\n")[0]
+        return reason[:200]
+    return ""
+
+
+# ------------------------------------------------------------------ data and training
+def check_model_fits_dataset(config: ExperimentConfig) -> None:
+    """The model's layers take the dataset's samples (e.g. not mnist-cnn's two 5x5 convolutions on
+    8x8 digits), found by running it on PyTorch's meta device: no data needed."""
+    model, dataset = config.model, config.dataset
+    if model == "auto" or dataset not in SAMPLE_SHAPES:
+        return
+    problem = model_problem(model, SAMPLE_SHAPES[dataset])
+    if problem:
+        fitting = [m for m in MODELS[1:] if not model_problem(m, SAMPLE_SHAPES[dataset])]
+        raise ConfigError(
+            "model",
+            model,
+            f"auto or a model that fits {dataset} samples of shape {SAMPLE_SHAPES[dataset]}: "
+            f"{', '.join(fitting)} ({model}: {problem})",
+        )
+
+
+def check_train_samples_cover_clients(config: ExperimentConfig) -> None:
+    """A subset of the training set holds at least one sample per client."""
+    if 0 < config.train_samples < config.num_clients:
+        raise ConfigError(
+            "train-samples",
+            config.train_samples,
+            f"0 (the whole training set) or at least num-clients={config.num_clients}",
+        )
+
+
+def check_data_root(config: ExperimentConfig) -> None:
+    """A data root exists unless the dataset is to be downloaded into it, and every dataset but
+    the embedded digits has one."""
+    if config.data_root and not config.download and not config.data_root_path.is_dir():
+        raise ConfigError(
+            "data-root",
+            config.data_root,
+            f"the directory {config.data_root_path} does not exist (set download=true to fetch "
+            "the dataset into it)",
+        )
+    if config.dataset != "digits" and not config.data_root:
+        raise ConfigError(
+            "data-root",
+            config.data_root,
+            f"dataset {config.dataset!r} needs a data root in torchvision's layout "
+            "(e.g. a folder holding MNIST/raw); only 'digits' is embedded",
+        )
+
+
+def check_dp_delta(config: ExperimentConfig) -> None:
+    """DP-SGD with noise has a delta > 0."""
+    if config.dp_noise_multiplier > 0 and config.dp_delta == 0:
+        raise ConfigError(
+            "dp-delta", config.dp_delta, "a number in (0, 1) when dp-noise-multiplier > 0"
+        )
+
+
+# ------------------------------------------------------------------ unlearning
+def check_someone_remains(config: ExperimentConfig) -> None:
+    """The clients to forget are partition ids, and not all of them."""
+    if len(set(config.unlearn_targets)) >= config.num_clients:
+        raise ConfigError(
+            "unlearn-clients",
+            config.unlearn_clients,
+            f"fewer than all {config.num_clients} clients: someone must remain",
+        )
+
+
+def check_retention_for_methods(config: ExperimentConfig) -> None:
+    """Methods that rebuild the model from retained updates have them (``retain = true``)."""
+    rebuilding = set(choices.RETAINED_UPDATE_METHODS) & set(config.methods)
+    if config.unlearn_targets and not config.retain and rebuilding:
+        raise ConfigError(
+            "retain",
+            config.retain,
+            "true: FedEraser and FedAccum rebuild the model from retained updates "
+            "(or set unlearn-methods='fedretrain')",
+        )
+
+
+def check_adoptable_method(config: ExperimentConfig) -> None:
+    """A request runs a method whose trajectory can become the retained history
+    (:attr:`ExperimentConfig.adopted_method`)."""
+    if config.unlearn_targets:
+        _ = config.adopted_method
+
+
+def check_recipes(config: ExperimentConfig) -> None:
+    """``unlearn-only`` names the trained run and whom to forget; ``resume`` names the run and is
+    not combined with ``unlearn-only``."""
+    if config.unlearn_only and not (config.run_name and config.unlearn_targets):
+        raise ConfigError(
+            "unlearn-only",
+            True,
+            "set together with run-name (the trained run) and unlearn-clients (whom to forget)",
+        )
+    if config.resume and not config.run_name:
+        raise ConfigError(
+            "resume",
+            True,
+            "set together with run-name (the interrupted run to continue under output-dir)",
+        )
+    if config.resume and config.unlearn_only:
+        raise ConfigError(
+            "resume",
+            True,
+            "false with unlearn-only = true (an interrupted unlearn-only request is simply "
+            "run again)",
+        )
+
+
+# ------------------------------------------------------------------ certified head
+def check_perturbation(certified: ConfigGroup) -> None:
+    """The perturbation b has a scale sigma > 0; only least squares removes exactly without one."""
+    if certified.noise != "none":
+        positive = Interval(float, 0, closed="neither", note="the perturbation's scale")
+        positive.check(certified.key("sigma"), certified.sigma)
+    elif certified.loss != "least-squares":
+        raise ConfigError(
+            certified.key("noise"),
+            certified.noise,
+            "gaussian or gamma for the logistic loss (only least squares removes exactly without "
+            "a perturbation)",
+        )
+
+
+def check_certified_clients(config: ExperimentConfig) -> None:
+    """The clients whose whole data the certified head removes are partition ids, not all."""
+    if len(config.certified_client_targets) >= config.num_clients:
+        raise ConfigError(
+            "certified-remove-clients",
+            config.certified_remove_clients,
+            f"fewer than all {config.num_clients} clients: some data must remain",
+        )
+
+
+# ------------------------------------------------------------------ scrubbing and audit
+def check_scrub_cohort(config: ExperimentConfig) -> None:
+    """Scrubbing names a cohort D_f of the federation (``scrub-forget``)."""
+    if config.scrub:
+        _ = config.forget_set
+
+
+def check_audit_target(config: ExperimentConfig) -> None:
+    """The audit judges every method on one forgotten client, against FedRetrain."""
+    if not config.mia:
+        return
+    if len(config.unlearn_targets) != 1:
+        raise ConfigError(
+            "unlearn-clients",
+            config.unlearn_clients,
+            "exactly one client when mia=true (the target every method forgets)",
+        )
+    if "fedretrain" not in config.methods:
+        raise ConfigError(
+            "unlearn-methods",
+            config.unlearn_methods,
+            "a list with fedretrain when mia=true (every method is judged against it)",
+        )
+
+
+def check_audit_same_target(config: ExperimentConfig) -> None:
+    """The certified head and the scrubbing methods forget the audit's target too."""
+    if not config.mia:
+        return
+    client = config.unlearn_targets[0]
+    if config.certified_head and client not in config.certified_client_targets:
+        raise ConfigError(
+            "certified-remove-clients",
+            config.certified_remove_clients,
+            f"a list with client {client} when mia=true and certified-head=true: the certified "
+            "head must forget the same target",
+        )
+    target = f"client:{client}"
+    if config.scrub and str(config.forget_set) != target:
+        raise ConfigError(
+            "scrub-forget",
+            config.scrub_forget,
+            f"{target!r} when mia=true: the scrubbing methods must forget the same target",
+        )
+
+
+Rule = Callable[[Any], None]
+#: Every rule across keys, in the order they run: ``(group, rule)``; a rule with a group takes that
+#: group's view, one without takes the whole configuration.
+RULES: tuple[tuple[str | None, Rule], ...] = (
+    (None, check_model_fits_dataset),
+    (None, check_train_samples_cover_clients),
+    (None, check_data_root),
+    (None, check_dp_delta),
+    (None, check_someone_remains),
+    (None, check_retention_for_methods),
+    (None, check_adoptable_method),
+    (None, check_recipes),
+    ("certified", check_perturbation),
+    (None, check_certified_clients),
+    (None, check_scrub_cohort),
+    (None, check_audit_target),
+    (None, check_audit_same_target),
+)
+
+
+def validate_group(view: ConfigGroup) -> None:
+    """Check a group's values alone (each present name's constraint), then the group's rules."""
+    constraints = parameter_constraints(view.name, by="name")
+    validate_parameter_constraints(
+        {view.key(name): value for name, value in view.items()},
+        {view.key(name): constraint for name, constraint in constraints.items()},
+    )
+    for group, rule in RULES:
+        if group == view.name:
+            rule(view)
+
+
+def validate_config(config: ExperimentConfig) -> None:
+    """Every key's own constraint, then every rule of :data:`RULES`."""
+    validate_parameter_constraints(config.to_run_config(), parameter_constraints())
+    for group, rule in RULES:
+        rule(config.group(group) if group else config)
