@@ -21,28 +21,30 @@ from pathlib import Path
 from typing import Any
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.registry import SCRUBBING, UNLEARNING
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
 PARTITIONINGS = ("iid", "dirichlet", "shards")
 STORE_DTYPES = ("float32", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
-UNLEARNING_METHODS = ("federaser", "fedaccum", "fedretrain")
-#: Methods whose trajectory can become the retained history after a request (``unlearn-adopt``).
-ADOPTABLE_METHODS = ("federaser", "fedretrain")
-#: Scrubbing methods (Golatkar et al.) and their baselines; "original" and "retrain" always run.
-SCRUB_METHODS = (
-    "newton",
-    "newton-forget-only",
-    "newton-finite",
-    "fisher",
-    "fisher-sqrt",
-    "fisher-reference",
-    "finetune",
-    "negative-gradient",
-    "random-labels",
-    "hiding",
-)
+# The method lists come from the registries (fedunlearn.registry): UNLEARNING_METHODS,
+# ADOPTABLE_METHODS and SCRUB_METHODS are read from them on every access (module __getattr__ below),
+# so a method registered later is listed, validated and run like a built-in one.
+_METHOD_LISTS = {
+    "UNLEARNING_METHODS": lambda: UNLEARNING.names(),
+    #: Methods whose trajectory can become the retained history after a request (unlearn-adopt).
+    "ADOPTABLE_METHODS": lambda: UNLEARNING.names(adoptable=True),
+    #: Scrubbing methods (Golatkar et al.) and baselines; "original" and "retrain" always run.
+    "SCRUB_METHODS": lambda: SCRUBBING.names(),
+}
+
+
+def __getattr__(name: str):
+    if name in _METHOD_LISTS:
+        return _METHOD_LISTS[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Largest federation a run may ask for: the simulation launches one SuperNode per client before
 #: any of them is checked, and the server queries every one of them each round.
@@ -110,7 +112,7 @@ class ExperimentConfig:
     resume: bool = False
     node_wait_seconds: float = 120.0
     unlearn_clients: str = "0"
-    unlearn_methods: str = "federaser,fedaccum,fedretrain"
+    unlearn_methods: str = ",".join(UNLEARNING.names())
     calibration_ratio: float = 0.5
     calibration_layerwise: bool = True
     calibration_order: str = "client"
@@ -139,7 +141,7 @@ class ExperimentConfig:
     dp_delta: float = 1e-5
     scrub: bool = False
     scrub_forget: str = ""
-    scrub_methods: str = ",".join(SCRUB_METHODS)
+    scrub_methods: str = ",".join(SCRUBBING.names())
     scrub_newton_lambda: float = 1e-6
     scrub_fisher_lambda: float = 1e-7
     scrub_fisher_sqrt_lambda: float = 1e-11
@@ -295,14 +297,15 @@ class ExperimentConfig:
                 f"fewer than all {self.num_clients} clients: someone must remain",
             )
         methods = self.methods
-        if targets and not self.retain and {"federaser", "fedaccum"} & set(methods):
+        rebuilding = [m for m in methods if "retained-updates" in UNLEARNING[m].needs]
+        if targets and not self.retain and rebuilding:
             raise ConfigError(
                 "retain",
                 self.retain,
-                "true: FedEraser and FedAccum rebuild the model from retained updates "
+                f"true: {', '.join(rebuilding)} rebuild the model from retained updates "
                 "(or set unlearn-methods='fedretrain')",
             )
-        _one_of("unlearn-adopt", self.unlearn_adopt, ("auto", *ADOPTABLE_METHODS))
+        _one_of("unlearn-adopt", self.unlearn_adopt, ("auto", *UNLEARNING.names(adoptable=True)))
         if targets:
             _ = self.adopted_method  # raises when no method of this request can be adopted
         _at_least("max-refusals", self.max_refusals, 1)
@@ -394,15 +397,7 @@ class ExperimentConfig:
     @property
     def methods(self) -> list[str]:
         """The unlearning methods to run, in the order given by ``unlearn-methods``."""
-        names = [m for m in self.unlearn_methods.replace(" ", "").lower().split(",") if m]
-        unknown = [m for m in names if m not in UNLEARNING_METHODS]
-        if unknown or not names:
-            raise ConfigError(
-                "unlearn-methods",
-                self.unlearn_methods,
-                f"a comma-separated subset of {', '.join(UNLEARNING_METHODS)}",
-            )
-        return list(dict.fromkeys(names))
+        return UNLEARNING.parse(self.unlearn_methods, allow_empty=False)
 
     @property
     def adopted_method(self) -> str:
@@ -410,13 +405,14 @@ class ExperimentConfig:
         ``unlearn-adopt``, where ``auto`` is the first of federaser, fedretrain this request runs."""
         methods = self.methods
         if self.unlearn_adopt == "auto":
-            for method in ADOPTABLE_METHODS:
+            adoptable = UNLEARNING.names(adoptable=True)
+            for method in adoptable:
                 if method in methods:
                     return method
             raise ConfigError(
                 "unlearn-methods",
                 self.unlearn_methods,
-                f"a list with {' or '.join(ADOPTABLE_METHODS)}: after the request the retained "
+                f"a list with {' or '.join(adoptable)}: after the request the retained "
                 "history becomes that method's trajectory (the original one is deleted)",
             )
         if self.unlearn_adopt not in methods:
@@ -494,15 +490,7 @@ class ExperimentConfig:
     @property
     def scrubbing_methods(self) -> list[str]:
         """The scrubbing methods and baselines to run (``scrub-methods``), in the order given."""
-        names = [m for m in self.scrub_methods.replace(" ", "").lower().split(",") if m]
-        unknown = [m for m in names if m not in SCRUB_METHODS]
-        if unknown:
-            raise ConfigError(
-                "scrub-methods",
-                self.scrub_methods,
-                f"a comma-separated subset of {', '.join(SCRUB_METHODS)}",
-            )
-        return list(dict.fromkeys(names))
+        return SCRUBBING.parse(self.scrub_methods)
 
     @property
     def scrub_lambda_grid(self) -> list[float]:
