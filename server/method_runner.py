@@ -44,15 +44,24 @@ class MethodRunner:
     them in the order they ran.
 
     ``label`` prefixes each method's log line (``"scrub "``); ``suffix`` ends each model file's
-    name (``-<request>`` for a later unlearning request).
+    name (``-<request>`` for a later unlearning request); ``shared``: the statistics the phase's
+    methods share (their context holds the same object).
     """
 
-    def __init__(self, run: RunDirectory, *, log: Log, label: str = "", suffix: str = "") -> None:
+    def __init__(
+        self,
+        run: RunDirectory,
+        *,
+        log: Log,
+        label: str = "",
+        suffix: str = "",
+        shared: SharedStatistics | None = None,
+    ) -> None:
         self.run = run
         self.log = log
         self.label = label
         self.suffix = suffix
-        self.shared = SharedStatistics()
+        self.shared = shared if shared is not None else SharedStatistics()
         self.models: dict[str, State] = {}
         self.seconds: dict[str, float] = {}
         self.details: dict[str, dict] = {}

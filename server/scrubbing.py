@@ -199,8 +199,7 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
         f"scrubbing {forget} ({n_forget} samples on {len(context.holders)} client(s)): "
         f"{', '.join(selected)}"
     )
-    runner = MethodRunner(outcome.run, log=log, label="scrub ")
-    runner.shared = context.shared
+    runner = MethodRunner(outcome.run, log=log, label="scrub ", shared=context.shared)
     runner.add("original", outcome.final_state)
     runner.time("retrain", lambda: retrain(context), model_file="model_scrub_retrain")
     # In the registry's order: methods sharing statistics run one after the other.
