@@ -31,6 +31,7 @@ from pathlib import Path
 
 from fedunlearn.store.durable_io import atomic_write_bytes, fsync_directory, private_directory
 from fedunlearn.errors import ConfigError
+from fedunlearn.registry import UNLEARNING
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.progress import Log
@@ -38,8 +39,6 @@ from server.progress import Log
 JOURNAL = "history_rewrite.json"
 HISTORY_LOG = "history_log.jsonl"
 UNLEARNING_LOG = "unlearning_log.jsonl"
-#: Methods whose model never saw a forgotten client's data or updates: their models stay.
-FORGETTING_METHODS = ("federaser", "fedretrain")
 
 
 def staging_path(run: RunDirectory, request: int) -> Path:
@@ -93,8 +92,11 @@ def adopt(run: RunDirectory, *, keep_original: bool, log: Log = print) -> None:
         raise ConfigError(
             "unlearn-adopt", method, f"a method whose model request {number} saved; it is missing"
         )
+    # The adoptable methods' models never saw a forgotten client's data or updates: they stay.
     kept = ["model_initial.safetensors"] + [
-        f"model_{m}{suffix}.safetensors" for m in FORGETTING_METHODS if m in request["methods"]
+        f"model_{m}{suffix}.safetensors"
+        for m in UNLEARNING.names(adoptable=True)
+        if m in request["methods"]
     ]
     journal = {
         "request": number,

@@ -1,11 +1,12 @@
 """The platform's verdict on unlearning: every model a run produced, attacked by every membership-
-inference attack, in one table judged against FedRetrain (issue 6; math in
+inference attack, in one table judged against FedRetrain (math in
 :mod:`fedunlearn.membership.evaluation`).
 
 With ``mia = true`` the ServerApp, after training, unlearning (``unlearn-clients``: one target) and
-scrubbing (``scrub-forget = client:<target>``), collects the models in :data:`AUDITED` (one line per
-method: its name and the file its plug-in saved: a full model, or a certified head on the final
-model's features; the trained certified head is never written and comes in memory from
+scrubbing (``scrub-forget = client:<target>``), collects the models the registries list
+(:func:`fedunlearn.registry.audited_models`: the original, every unlearning and scrubbing method,
+the certified heads; each entry names the file its plug-in saved: a full model, or a certified head
+on the final model's features; the trained certified head is never written and comes in memory from
 ``run_certified_head``), trains ``mia-reference-models`` reference models without the target for
 offline LiRA (FedRetrain from differently seeded initial weights), and attacks each model on the
 target's data against as many unseen held-out samples. The held-out set (the training samples no client
@@ -22,18 +23,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
-from fedunlearn.config import UNLEARNING_METHODS
 from fedunlearn.certified.features import head_features
 from fedunlearn.certified.losses import class_probabilities
 from fedunlearn.membership.lira import logit_confidence
 from fedunlearn.membership.attacks import disjoint_indices, split_held_out
 from fedunlearn.membership.evaluation import MembershipAudit, ModelOutputs, softmax_outputs
 from fedunlearn.plots import plot_roc_curves
+from fedunlearn.registry import REFERENCE, UNLEARNING, audited_models
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import resolve_device
 from server.certified_head import HEAD_WEIGHTS
@@ -42,38 +44,25 @@ from server.federated_training import TrainingOutcome, participant_rounds
 Log = Callable[[str], None]
 Probabilities = Callable[[torch.Tensor], np.ndarray]
 
-#: Every model the audit compares: method name -> the model file its plug-in saved in the run
-#: directory, or None for a model that is never written and is audited only when the run hands it
-#: over in memory (``in_memory``). Adding a method to the comparison is one line here.
-AUDITED: dict[str, str | None] = {
-    "original": "model_final",
-    "fedretrain": "model_fedretrain",
-    "federaser": "model_federaser",
-    "fedaccum": "model_fedaccum",
-    "newton": "model_scrub_newton",
-    "newton-forget-only": "model_scrub_newton-forget-only",
-    "newton-finite": "model_scrub_newton-finite",
-    "fisher": "model_scrub_fisher",
-    "fisher-sqrt": "model_scrub_fisher-sqrt",
-    "fisher-reference": "model_scrub_fisher-reference",
-    "finetune": "model_scrub_finetune",
-    "negative-gradient": "model_scrub_negative-gradient",
-    "random-labels": "model_scrub_random-labels",
-    # The trained certified head is never written: with the data it determines b (the
-    # certificate's secret); server.certified_head.CertifiedHeadRun hands it over in memory.
-    "certified-head-trained": None,
-    "certified-head": "certified_head",
-}
+def shadow_of(name: str) -> str | None:
+    """The shadow model of an audited method whose outputs are not the original network's softmax
+    (``options["shadow"]`` of its registry entry): FedEraser's attack learns what the original's
+    softmax looks like on members, which says little about a linear head's normalised sigmoids, so
+    the certified head's rows use the trained head as their shadow (when the run handed it over).
+    Every other method (None) uses the original model."""
+    return dict(audited_models())[name].options.get("shadow")
 
-#: The shadow model (a method of :data:`AUDITED`) of each audited method whose outputs are not the
-#: original network's softmax: FedEraser's attack learns what the original's softmax looks like on
-#: members, which says little about a linear head's normalised sigmoids, so the certified head's
-#: rows use the trained head as their shadow (when the run handed it over). Every other method uses
-#: the original model.
-SHADOWS: dict[str, str] = {
-    "certified-head-trained": "certified-head-trained",
-    "certified-head": "certified-head-trained",
-}
+
+@dataclass
+class AuditData:
+    """The audit's disjoint samples: the target's data and as many unseen held-out samples (the
+    evaluation), and the shadow attack's members and non-members."""
+
+    target: object  # the target's split (x, y)
+    x_unseen: torch.Tensor
+    y_unseen: torch.Tensor
+    x_shadow_members: torch.Tensor
+    x_shadow_nonmembers: torch.Tensor
 
 
 def run_membership_audit(
@@ -83,22 +72,69 @@ def run_membership_audit(
     log: Log = print,
     in_memory: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
 ) -> pd.DataFrame:
-    """Attack every model of the run listed in :data:`AUDITED`; returns the judged table.
+    """Attack every model of the run that :func:`fedunlearn.registry.audited_models` lists;
+    returns the judged table.
 
     ``in_memory``: method name -> state dict of models that are audited without ever being written
     (the trained certified head, :meth:`server.certified_head.CertifiedHeadRun.audit_models`); a
     method found here is not read from its file.
     """
     config = outcome.config
-    run = outcome.run
     target = config.unlearn_targets[0]
     device = resolve_device(config.device)
-    splits = outcome.data.splits
-    target_split = outcome.data.client_split(target)
-    rng = np.random.default_rng(derive_seed(config.seed, "mia"))
+    data = _audit_data(outcome, target, log)
+    model = outcome.new_model()
 
-    # Disjoint data: attack training (held-out half A + others' training data), evaluation
-    # (the target's data + held-out half B, as many as the target's samples).
+    def outputs(state) -> ModelOutputs:
+        probabilities = _probabilities(model, state, outcome, device)
+        return _outputs(probabilities, data.target, data.x_unseen, data.y_unseen)
+
+    model.load_state_dict(outcome.final_state)
+    audit = MembershipAudit(
+        softmax_outputs(model, data.x_shadow_members, device=device),
+        softmax_outputs(model, data.x_shadow_nonmembers, device=device),
+        seed=config.seed,
+    )
+    reference_phi = _reference_confidences(grid, outcome, target, outputs, log)
+    seconds = _seconds(outcome.run)
+    states = _audited_states(outcome.run, in_memory or {})
+    log(f"membership audit of {len(states)} model(s): {', '.join(states)}")
+    shadows: dict[str, object] = {}
+    for name, load_state in states.items():
+        probabilities = _probabilities(model, load_state(), outcome, device)
+        shadow_name = shadow_of(name) if shadow_of(name) in states else None
+        if shadow_name and shadow_name not in shadows:
+            shadow_probabilities = _probabilities(model, states[shadow_name](), outcome, device)
+            shadows[shadow_name] = audit.fit_shadow(
+                shadow_probabilities(data.x_shadow_members),
+                shadow_probabilities(data.x_shadow_nonmembers),
+            )
+        scored = _outputs(probabilities, data.target, data.x_unseen, data.y_unseen)
+        test = outcome.data.splits.test
+        audit.audit(
+            name,
+            scored,
+            lira_reference_phi=reference_phi,
+            shadow=shadows.get(shadow_name) if shadow_name else None,
+            extra={
+                "test_accuracy": float(
+                    np.mean(probabilities(test.x).argmax(axis=1) == test.y.numpy())
+                ),
+                "target_accuracy": float(
+                    np.mean(scored.target_probs.argmax(axis=1) == scored.target_labels)
+                ),
+                "seconds": seconds.get(name, float("nan")),
+            },
+        )
+    return _publish(outcome.run, audit, reference_phi, target, log)
+
+
+def _audit_data(outcome: TrainingOutcome, target: int, log: Log) -> AuditData:
+    """Disjoint data: attack training (held-out half A + others' training data), evaluation
+    (the target's data + held-out half B, as many as the target's samples)."""
+    config = outcome.config
+    rng = np.random.default_rng(derive_seed(config.seed, "mia"))
+    target_split = outcome.data.client_split(target)
     held_x, held_y, held_name = _held_out(outcome.data, len(target_split.y))
     log(f"membership audit: non-members from the {held_name} ({len(held_y)} samples)")
     attack_half, eval_half = split_held_out(len(held_y), derive_seed(config.seed, "mia-split"))
@@ -111,51 +147,18 @@ def run_membership_audit(
     shadow_members = np.sort(
         rng.choice(others, size=min(len(others), len(attack_half)), replace=False)
     )
-    x_unseen, y_unseen = held_x[unseen], held_y[unseen]
-
-    model = outcome.new_model()
-
-    def outputs(state) -> ModelOutputs:
-        probabilities = _probabilities(model, state, outcome, device)
-        return _outputs(probabilities, target_split, x_unseen, y_unseen)
-
-    model.load_state_dict(outcome.final_state)
-    x_shadow_members, x_shadow_nonmembers = splits.train.x[shadow_members], held_x[attack_half]
-    audit = MembershipAudit(
-        softmax_outputs(model, x_shadow_members, device=device),
-        softmax_outputs(model, x_shadow_nonmembers, device=device),
-        seed=config.seed,
+    return AuditData(
+        target_split,
+        held_x[unseen],
+        held_y[unseen],
+        outcome.data.splits.train.x[shadow_members],
+        held_x[attack_half],
     )
-    shadows = {}
-    reference_phi = _reference_confidences(grid, outcome, target, outputs, log)
-    seconds = _seconds(run)
-    states = _audited_states(run, in_memory or {})
-    log(f"membership audit of {len(states)} model(s): {', '.join(states)}")
-    for name, load_state in states.items():
-        probabilities = _probabilities(model, load_state(), outcome, device)
-        test_accuracy = float(
-            np.mean(probabilities(splits.test.x).argmax(axis=1) == splits.test.y.numpy())
-        )
-        scored = _outputs(probabilities, target_split, x_unseen, y_unseen)
-        shadow_name = SHADOWS.get(name) if SHADOWS.get(name) in states else None
-        if shadow_name and shadow_name not in shadows:
-            shadow_of = _probabilities(model, states[shadow_name](), outcome, device)
-            shadows[shadow_name] = audit.fit_shadow(
-                shadow_of(x_shadow_members), shadow_of(x_shadow_nonmembers)
-            )
-        target_accuracy = float(np.mean(scored.target_probs.argmax(axis=1) == scored.target_labels))
-        audit.audit(
-            name,
-            scored,
-            lira_reference_phi=reference_phi,
-            shadow=shadows.get(shadow_name) if shadow_name else None,
-            extra={
-                "test_accuracy": test_accuracy,
-                "target_accuracy": target_accuracy,
-                "seconds": seconds.get(name, float("nan")),
-            },
-        )
-    table = audit.table(reference="fedretrain")
+
+
+def _publish(run, audit: MembershipAudit, reference_phi, target: int, log: Log) -> pd.DataFrame:
+    """The judged table (against the reference, FedRetrain) and the ROC figure."""
+    table = audit.table(reference=REFERENCE)
     run.write_table("membership", table, floatfmt=".4g")
     plot_roc_curves(
         {name: curves["lira"] for name, curves in audit.curves.items()},
@@ -172,15 +175,16 @@ def run_membership_audit(
 
 
 def _audited_states(run, in_memory: Mapping[str, Mapping[str, torch.Tensor]]):
-    """Method name -> a loader of its state dict, in :data:`AUDITED`'s order, for the methods whose
-    model was handed over in memory or saved in the run directory."""
+    """Method name -> a loader of its state dict, in :func:`audited_models`' order, for the
+    methods whose model was handed over in memory or saved in the run directory."""
     states: dict[str, Callable[[], Mapping[str, torch.Tensor]]] = {}
     # This request's unlearned models: a later request's files end in -<request>, and an earlier
     # request's models (still on disk) must not stand in for them.
     requests = run.read_log("unlearning_log.jsonl")
     suffix = requests[-1].get("suffix", "") if requests else ""
-    for name, filename in AUDITED.items():
-        if filename is not None and name in UNLEARNING_METHODS:
+    for name, spec in audited_models():
+        filename = spec.model_file
+        if filename is not None and name in UNLEARNING:
             filename += suffix
         if name in in_memory:
             states[name] = lambda state=in_memory[name]: state

@@ -1,7 +1,8 @@
 """The unlearning phase of an experiment: forget the target clients with every requested method,
 measure each resulting model, and make the forgetting stick (delete the targets' retained updates).
 
-Methods (Liu et al., FedEraser, Section V):
+Methods (Liu et al., FedEraser, Section V), registered in :data:`fedunlearn.registry.UNLEARNING`
+and run by the shared :class:`server.method_runner.MethodRunner`:
 
 * ``federaser``  — calibrated reconstruction from retained updates (Algorithm 1);
 * ``fedaccum``   — the retained updates of the remaining clients, accumulated without calibration (eq. 5);
@@ -17,13 +18,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import pandas as pd
 import torch
+from flwr.serverapp import Grid
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.unlearning.federaser import fedaccum
+from fedunlearn.registry import UNLEARNING
+from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
 from fedunlearn.training.model_state import State
 from fedunlearn.plots import plot_neuron_angles, plot_unlearning_comparison
 from fedunlearn.training.local import evaluate, resolve_device
@@ -41,6 +45,7 @@ from server.federated_training import (
 )
 from strategies.federaser import FedEraser
 from server.history import open_staging
+from server.method_runner import MethodRunner
 from server.queries import collect_replies
 
 Log = Callable[[str], None]
@@ -53,63 +58,57 @@ def unlearning_done(run, targets: list[int]) -> bool:
     return any(sorted(entry["targets"]) == sorted(targets) for entry in run.read_log(LOG_NAME))
 
 
+@dataclass
+class UnlearningContext:
+    """What an unlearning method gets (``implementation(context, name)``): the trained run, whom to
+    leave out (this request's targets and every earlier one's), who remains, and the store that
+    records the adopted method's trajectory."""
+
+    grid: Grid
+    outcome: TrainingOutcome
+    excluded: list[int]
+    remaining_nodes: list[int]
+    log: Log
+    adopted: str
+    staging: object | None = None
+
+    def trajectory(self, name: str):
+        """The store for ``name``'s trajectory when it is the adopted method, else None."""
+        return self.staging if name == self.adopted else None
+
+
 def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:
     """Forget ``outcome.config.unlearn_targets`` with each method; returns the comparison table."""
     config = outcome.config
     targets = config.unlearn_targets
     history = outcome.run.read_log(LOG_NAME)
-    already = sorted({t for entry in history for t in entry["targets"]})
-    if set(targets) & set(already):
-        raise ConfigError(
-            "unlearn-clients",
-            config.unlearn_clients,
-            f"clients not unlearned before; {sorted(set(targets) & set(already))} already were "
-            f"(see {outcome.run.path / LOG_NAME})",
-        )
+    already = _check_not_unlearned(outcome, history)
     # Each request keeps its own outputs: unlearning.csv, then unlearning-2.csv, ...
     request = len(history) + 1
     suffix = "" if not history else f"-{request}"
     excluded = sorted(set(targets) | set(already))
     adopted = config.adopted_method
-    staging = (
-        open_staging(outcome.run, request, outcome.store, adopted)
-        if outcome.store is not None
-        else None
+    context = UnlearningContext(
+        grid, outcome, excluded, outcome.members.nodes(exclude=excluded), log, adopted
     )
-    remaining_nodes = outcome.members.nodes(exclude=excluded)
+    if outcome.store is not None:
+        context.staging = open_staging(outcome.run, request, outcome.store, adopted)
     log(
         f"unlearning client(s) {targets} with {', '.join(config.methods)}; "
-        f"{len(remaining_nodes)} client(s) remain"
+        f"{len(context.remaining_nodes)} client(s) remain"
     )
-    models: dict[str, State] = {"fedavg": outcome.final_state}
-    seconds: dict[str, float] = {}
-    details: dict[str, dict] = {}
-    for method in config.methods:
-        started = time.perf_counter()
-        trajectory = staging if method == adopted else None
-        if method == "federaser":
-            models[method], details[method] = _federaser(grid, outcome, excluded, log, trajectory)
-        elif method == "fedaccum":
-            reconstruction = fedaccum(outcome.store, excluded)
-            models[method] = reconstruction.model
-            details[method] = {"steps": len(reconstruction.steps)}
-        else:
-            models[method], details[method] = _fedretrain(
-                grid, outcome, remaining_nodes, log, trajectory
-            )
-        seconds[method] = time.perf_counter() - started
-        outcome.run.save_model(f"model_{method}{suffix}", models[method])
-        log(f"{method}: {seconds[method]:.1f}s")
-    if staging is not None:
-        staging.close()
+    runner = MethodRunner(outcome.run, log=log, suffix=suffix)
+    runner.add("fedavg", outcome.final_state)
+    runner.run_all([UNLEARNING[name] for name in config.methods], context)
+    if context.staging is not None:
+        context.staging.close()
 
-    table, angles = measure(outcome, models, seconds, targets)
-    outcome.run.write_table(f"unlearning{suffix}", table)
+    table, angles = measure(outcome, runner.models, runner.seconds, targets)
+    runner.publish("unlearning", table, title="unlearning results", floatfmt=".4f")
     title = f"{config.dataset}, K={config.num_clients}, forget {targets}"
     plot_unlearning_comparison(table, outcome.run.path / f"unlearning{suffix}.png", title=title)
     if angles:
         plot_neuron_angles(angles, outcome.run.path / f"last_layer_angles{suffix}.png", title=title)
-
     deleted = _forget(outcome, targets)
     outcome.run.append_log(
         LOG_NAME,
@@ -121,26 +120,69 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
             "previously_unlearned": already,
             "methods": config.methods,
             "adopted": adopted,
-            "parameters": {
-                "calibration_ratio": config.calibration_ratio,
-                "calibration_layerwise": config.calibration_layerwise,
-                "calibration_order": config.calibration_order,
-                "retain_interval": config.retain_interval,
-                "local_epochs": config.local_epochs,
-                "rounds": config.rounds,
-                "seed": config.seed,
-            },
-            "seconds": seconds,
-            "details": details,
+            "parameters": _parameters(config),
+            "seconds": runner.seconds,
+            "details": runner.details,
             "deleted_blobs": deleted,
         },
     )
-    log("unlearning results:\n" + table.to_markdown(index=False, floatfmt=".4f"))
     log(
         f"deleted {deleted} retained update(s) of client(s) {targets}; "
         f"table {outcome.run.path / f'unlearning{suffix}.csv'}"
     )
     return table
+
+
+def _check_not_unlearned(outcome: TrainingOutcome, history: list[dict]) -> list[int]:
+    """The clients earlier requests unlearned; a target among them is refused."""
+    config = outcome.config
+    already = sorted({t for entry in history for t in entry["targets"]})
+    if set(config.unlearn_targets) & set(already):
+        raise ConfigError(
+            "unlearn-clients",
+            config.unlearn_clients,
+            f"clients not unlearned before; {sorted(set(config.unlearn_targets) & set(already))} "
+            f"already were (see {outcome.run.path / LOG_NAME})",
+        )
+    return already
+
+
+def _parameters(config) -> dict:
+    """The settings a request's log records beside its results."""
+    return {
+        "calibration_ratio": config.calibration_ratio,
+        "calibration_layerwise": config.calibration_layerwise,
+        "calibration_order": config.calibration_order,
+        "retain_interval": config.retain_interval,
+        "local_epochs": config.local_epochs,
+        "rounds": config.rounds,
+        "seed": config.seed,
+    }
+
+
+# ---------------------------------------------------------------------- methods
+def federaser(context: UnlearningContext, name: str):
+    """FedEraser (Algorithm 1): calibrated reconstruction from the retained updates."""
+    return _federaser(
+        context.grid, context.outcome, context.excluded, context.log, context.trajectory(name)
+    )
+
+
+def fedaccum(context: UnlearningContext, name: str):
+    """FedAccum (eq. 5): the remaining clients' retained updates, accumulated uncalibrated."""
+    reconstruction = accumulate_retained(context.outcome.store, context.excluded)
+    return reconstruction.model, {"steps": len(reconstruction.steps)}
+
+
+def fedretrain(context: UnlearningContext, name: str):
+    """FedRetrain: FedAvg from the initial model without the targets (the reference)."""
+    return _fedretrain(
+        context.grid,
+        context.outcome,
+        context.remaining_nodes,
+        context.log,
+        context.trajectory(name),
+    )
 
 
 def _federaser(grid, outcome: TrainingOutcome, excluded: list[int], log: Log, trajectory=None):

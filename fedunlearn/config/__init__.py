@@ -9,8 +9,8 @@
 * :mod:`~fedunlearn.config.docs`: ``docs/configuration.md`` from the table.
 """
 
+from fedunlearn.config import choices as _choices
 from fedunlearn.config.choices import (
-    ADOPTABLE_METHODS,
     CALIBRATION_ORDERS,
     DATASETS,
     DEVICES,
@@ -21,11 +21,8 @@ from fedunlearn.config.choices import (
     MAX_SEED,
     MODELS,
     PARTITIONINGS,
-    RETAINED_UPDATE_METHODS,
     SAMPLE_SHAPES,
-    SCRUB_METHODS,
     STORE_DTYPES,
-    UNLEARNING_METHODS,
 )
 from fedunlearn.config.constraints import (
     ByRule,
@@ -105,3 +102,10 @@ __all__ = [
     "validate_group",
     "validate_parameter_constraints",
 ]
+
+
+def __getattr__(name: str):
+    """The method lists, read from the registries on every access (:mod:`.choices`)."""
+    if name in _choices.METHOD_LISTS:
+        return getattr(_choices, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,8 @@ may be derived from elsewhere, e.g. method registries, without touching the tabl
 
 from __future__ import annotations
 
+from fedunlearn.registry import SCRUBBING, UNLEARNING
+
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
 PARTITIONINGS = ("iid", "dirichlet", "shards")
 STORE_DTYPES = ("float32", "float16")
@@ -15,24 +17,28 @@ MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
 CALIBRATION_ORDERS = ("client", "average")
 
 # ------------------------------------------------------------------ method names
-UNLEARNING_METHODS = ("federaser", "fedaccum", "fedretrain")
-#: Methods whose trajectory can become the retained history after a request (``unlearn-adopt``).
-ADOPTABLE_METHODS = ("federaser", "fedretrain")
-#: Methods that rebuild the model from the retained updates (they need ``retain = true``).
-RETAINED_UPDATE_METHODS = ("federaser", "fedaccum")
-#: Scrubbing methods (Golatkar et al.) and their baselines; "original" and "retrain" always run.
-SCRUB_METHODS = (
-    "newton",
-    "newton-forget-only",
-    "newton-finite",
-    "fisher",
-    "fisher-sqrt",
-    "fisher-reference",
-    "finetune",
-    "negative-gradient",
-    "random-labels",
-    "hiding",
-)
+# The method lists come from the registries (fedunlearn.registry) and are read on every access
+# (the module ``__getattr__`` below), so a method registered later is listed, validated and run
+# like a built-in one.
+_METHOD_LISTS = {
+    "UNLEARNING_METHODS": lambda: UNLEARNING.names(),
+    #: Methods whose trajectory can become the retained history after a request (unlearn-adopt).
+    "ADOPTABLE_METHODS": lambda: UNLEARNING.names(adoptable=True),
+    #: Methods that rebuild the model from the retained updates (they need ``retain = true``).
+    "RETAINED_UPDATE_METHODS": lambda: tuple(
+        spec.name for spec in UNLEARNING if "retained-updates" in spec.needs
+    ),
+    #: Scrubbing methods (Golatkar et al.) and baselines; "original" and "retrain" always run.
+    "SCRUB_METHODS": lambda: SCRUBBING.names(),
+}
+METHOD_LISTS = tuple(_METHOD_LISTS)
+
+
+def __getattr__(name: str):
+    if name in _METHOD_LISTS:
+        return _METHOD_LISTS[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # ------------------------------------------------------------------ limits
 #: Largest federation a run may ask for: the simulation launches one SuperNode per client before

@@ -26,7 +26,6 @@ from fedunlearn.config.choices import (
     MAX_SEED,
     MODELS,
     PARTITIONINGS,
-    SCRUB_METHODS,
     STORE_DTYPES,
 )
 from fedunlearn.config.constraints import (
@@ -156,7 +155,7 @@ class RunParameters:
         "0", ByRule(PARTITION_IDS), "clients to forget; empty: train only"
     )
     unlearn_methods: str = unlearning(
-        "federaser,fedaccum,fedretrain",
+        ",".join(choices.UNLEARNING_METHODS),
         NameList(lambda: choices.UNLEARNING_METHODS, required=True),
         "the unlearning methods, compared side by side",
     )
@@ -257,7 +256,7 @@ class RunParameters:
         "the cohort D_f to forget",
     )
     scrub_methods: str = scrubbing(
-        ",".join(SCRUB_METHODS),
+        ",".join(choices.SCRUB_METHODS),
         NameList(lambda: choices.SCRUB_METHODS, required=False),
         "scrubbing methods and baselines; original and retrain always run",
     )

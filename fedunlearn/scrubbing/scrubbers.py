@@ -1,21 +1,21 @@
 """Selective forgetting by scrubbing (Golatkar, Achille, Soatto, *Eternal Sunshine of the Spotless Net*,
-CVPR 2020): the math, Flower-free.
+CVPR 2020): the math, Flower-free. The server (``server/scrub_methods.py``) only gathers the clients'
+sums and calls these functions.
 
 * Noisy Newton scrub (eq. 7): ``S(w) = w - B^{-1} grad L_Dr(w) + (lambda sigma_h^2)^{1/4} B^{-1/4} n``,
   ``n ~ N(0, I)``, with ``B`` the Hessian (or Fisher) of the loss on the retained data D_r. The scrubbed
-  weights are Gaussian with mean ``w - B^{-1} grad`` and covariance ``sqrt(lambda) sigma_h B^{-1/2}``.
+  weights are Gaussian with mean ``w - B^{-1} grad`` and covariance ``sqrt(lambda) sigma_h B^{-1/2}``:
+  :class:`NewtonScrubber` (one eigendecomposition of B for every lambda). Forgetting with D_f only
+  (Section 3.2) is the same scrub with ``grad L_Dr = -grad L_Df`` and ``H_Dr = H_D - H_Df`` (valid
+  at a minimum of L_D): :meth:`NewtonScrubber.with_gradient`.
 * Fisher forgetting (Section 4): ``S(w) = w + (lambda sigma_h^2)^{1/4} F^{-1/4} n`` with the diagonal
-  Fisher F of D_r, labels sampled from the model (eq. 8); the appendix's ``F^{-1/2}`` is ``power=-0.5``.
-* Forgetting with D_f only (Section 3.2): at a minimum of L_D, ``grad L_Dr = -grad L_Df`` and
-  ``H_Dr = H_D - H_Df``, so a cached ``H_D`` and the forgotten data suffice.
-* Information bound (Proposition 2): ``KL(N(w_o, S_o) || N(w_r, S_r))`` in nats between the scrubbed
-  original and the scrubbed retrained model.
+  Fisher F of D_r, labels sampled from the model (eq. 8, :func:`diagonal_fisher`); the appendix's
+  ``F^{-1/2}`` is ``power=-0.5``: :func:`fisher_gaussian` (or the authors' released recipe,
+  :func:`reference_fisher_gaussian`) and :func:`fisher_sample`.
 * Finite-time scrub (eq. 6, Proposition 3): :func:`finite_time_scrub` maps the weights reached by
   gradient flow on L_D for a time t to those reached on L_Dr from the same initialisation.
-* The bound over a grid of lambda (Proposition 2): :func:`kl_over_lambda`.
-
-The linear head's exact Hessian is :func:`softmax_head_sums` (cross-entropy on ``W x``, W of shape
-(K, d), flattened row-major).
+* Information bound (Proposition 2): ``KL(N(w_o, S_o) || N(w_r, S_r))`` in nats between the scrubbed
+  original and the scrubbed retrained model, over a grid of lambda: :func:`kl_over_lambda`.
 """
 
 from __future__ import annotations
@@ -38,10 +38,15 @@ EIGEN_FLOOR = 1e-8
 def psd_power(matrix: np.ndarray, power: float, *, floor: float = EIGEN_FLOOR) -> np.ndarray:
     """``matrix^power`` for a symmetric positive semi-definite matrix, eigenvalues clamped at
     ``floor * max eigenvalue``."""
+    eig, vec = _clamped_eigh(matrix, floor)
+    return (vec * eig**power) @ vec.T
+
+
+def _clamped_eigh(matrix: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Eigen-decomposition of a symmetric matrix, eigenvalues clamped at ``floor * max``."""
     eig, vec = np.linalg.eigh((matrix + matrix.T) / 2)
     top = max(float(eig[-1]), np.finfo(float).tiny)
-    eig = np.maximum(eig, floor * top)
-    return (vec * eig**power) @ vec.T
+    return np.maximum(eig, floor * top), vec
 
 
 @dataclass
@@ -61,122 +66,6 @@ def _check_noise(lam: float, sigma_h: float) -> None:
         raise ConfigError("lam", lam, "a number >= 0 (the scrub's noise/information trade-off)")
     if not sigma_h >= 0:
         raise ConfigError("sigma_h", sigma_h, "a number >= 0")
-
-
-def newton_scrub(
-    weights: np.ndarray,
-    gradient: np.ndarray,
-    curvature: np.ndarray,
-    lam: float,
-    sigma_h: float,
-    *,
-    rng: np.random.Generator | None = None,
-    floor: float = EIGEN_FLOOR,
-) -> Scrubbed:
-    """Eq. 7 on a flat parameter vector: ``w - B^{-1} g + (lambda sigma_h^2)^{1/4} B^{-1/4} n``.
-
-    ``gradient`` is ``grad L_Dr(w)``, ``curvature`` the matrix B (Hessian or Fisher of L_Dr). With
-    ``lam = 0`` or ``sigma_h = 0`` the scrub is the deterministic Newton step.
-    """
-    _check_noise(lam, sigma_h)
-    w = np.asarray(weights, dtype=np.float64).ravel()
-    g = np.asarray(gradient, dtype=np.float64).ravel()
-    b = np.asarray(curvature, dtype=np.float64)
-    if b.shape != (w.size, w.size) or g.size != w.size:
-        raise ConfigError(
-            "curvature", f"shape {b.shape}", f"a ({w.size}, {w.size}) matrix matching the weights"
-        )
-    mean = w - np.linalg.solve(b, g)
-    scale = (lam * sigma_h**2) ** 0.25
-    covariance = scale**2 * psd_power(b, -0.5, floor=floor)
-    sample = mean
-    if scale > 0:
-        rng = rng or np.random.default_rng()
-        sample = mean + scale * psd_power(b, -0.25, floor=floor) @ rng.normal(size=w.size)
-    return Scrubbed(sample.reshape(np.shape(weights)), mean, covariance)
-
-
-def forget_only_curvature(
-    hessian_all: np.ndarray, hessian_forget: np.ndarray, gradient_forget: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Section 3.2: ``(B, grad L_Dr) = (H_D - H_Df, -grad L_Df)``, valid at a minimum of L_D."""
-    return hessian_all - hessian_forget, -np.asarray(gradient_forget)
-
-
-def fisher_forgetting(
-    weights: np.ndarray,
-    fisher_diagonal: np.ndarray,
-    lam: float,
-    sigma_h: float,
-    *,
-    power: float = -0.25,
-    rng: np.random.Generator | None = None,
-    floor: float = EIGEN_FLOOR,
-) -> Scrubbed:
-    """``w + (lambda sigma_h^2)^{1/4} F^{power} n`` with a diagonal Fisher (power -1/4, or the
-    appendix's -1/2); the covariance returned is its diagonal."""
-    _check_noise(lam, sigma_h)
-    if power not in (-0.25, -0.5):
-        raise ConfigError("power", power, "-0.25 (eq. 8) or -0.5 (the appendix's variant)")
-    w = np.asarray(weights, dtype=np.float64)
-    f = np.asarray(fisher_diagonal, dtype=np.float64)
-    if f.shape != w.shape or np.any(f < 0):
-        raise ConfigError("fisher_diagonal", f"shape {f.shape}", f"non-negative, shape {w.shape}")
-    f = np.maximum(f, floor * max(float(f.max(initial=0.0)), np.finfo(float).tiny))
-    std = (lam * sigma_h**2) ** 0.25 * f**power
-    rng = rng or np.random.default_rng()
-    return Scrubbed(w + std * rng.normal(size=w.shape), w.copy(), std**2)
-
-
-def gaussian_kl(mean0: np.ndarray, cov0: np.ndarray, mean1: np.ndarray, cov1: np.ndarray) -> float:
-    """``KL(N(mean0, cov0) || N(mean1, cov1))`` in nats; covariances full (k x k) or diagonal (k,)."""
-    m0, m1 = np.ravel(mean0), np.ravel(mean1)
-    diff = m1 - m0
-    k = m0.size
-    if np.ndim(cov0) == 1 and np.ndim(cov1) == 1:
-        c0, c1 = np.ravel(cov0), np.ravel(cov1)
-        return float(
-            0.5 * (np.sum(c0 / c1) + np.sum(diff**2 / c1) - k + np.sum(np.log(c1) - np.log(c0)))
-        )
-    c0 = np.diag(cov0) if np.ndim(cov0) == 1 else np.asarray(cov0)
-    c1 = np.diag(cov1) if np.ndim(cov1) == 1 else np.asarray(cov1)
-    l1 = np.linalg.cholesky(c1)
-    solved = np.linalg.solve(l1, c0)
-    trace = float(np.trace(np.linalg.solve(l1.T, solved)))
-    y = np.linalg.solve(l1, diff)
-    logdet1 = 2 * np.sum(np.log(np.diag(l1)))
-    logdet0 = np.linalg.slogdet(c0)[1]
-    return float(0.5 * (trace + y @ y - k + logdet1 - logdet0))
-
-
-def softmax_head_sums(
-    features: np.ndarray, labels: np.ndarray, weights: np.ndarray
-) -> tuple[float, np.ndarray, np.ndarray]:
-    """Cross-entropy of the linear head ``softmax(W x)`` summed over samples: loss, gradient (K*d,)
-    and exact Hessian (K*d, K*d), parameters flattened row-major (class k's row first).
-
-    ``H = sum_i (diag(p_i) - p_i p_i^T) (x) x_i x_i^T``; for a linear head it equals the Fisher.
-    """
-    x = np.asarray(features, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    scores = x @ w.T
-    scores -= scores.max(axis=1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=1, keepdims=True)
-    n, k = p.shape
-    onehot = np.zeros_like(p)
-    onehot[np.arange(n), np.asarray(labels)] = 1.0
-    loss = float(-np.sum(np.log(np.maximum(p[np.arange(n), labels], 1e-300))))
-    gradient = ((p - onehot).T @ x).ravel()
-    d = x.shape[1]
-    hessian = np.zeros((k, d, k, d))
-    for a in range(k):
-        for b in range(a, k):
-            weight = p[:, a] * ((a == b) - p[:, b])
-            block = (x * weight[:, None]).T @ x
-            hessian[a, :, b, :] = block
-            hessian[b, :, a, :] = block.T
-    return loss, gradient, hessian.reshape(k * d, k * d)
 
 
 def diagonal_fisher(
@@ -229,54 +118,6 @@ def diagonal_fisher(
                     shape = (-1,) + (1,) * (g.dim() - 1)
                     fisher[name] += (weight.view(shape) * g.square()).sum(dim=0)
     return {name: f / len(inputs) for name, f in fisher.items()}
-
-
-def variational_forgetting(
-    model: nn.Module,
-    retained_loss,
-    lam: float,
-    *,
-    steps: int = 200,
-    lr: float = 0.05,
-    init_std: float = 1e-3,
-    generator: torch.Generator | None = None,
-) -> dict[str, torch.Tensor]:
-    """Section 4: the diagonal noise covariance Sigma minimising ``E_n[L_Dr(w + n)] - lambda log|Sigma|``.
-
-    ``retained_loss(params)`` returns the loss on (a batch of) D_r for a parameter dict (use
-    ``torch.func.functional_call``). Optimised with Adam on ``log sigma^2`` and the reparametrisation
-    ``n = sigma * eps``, one noise draw per step. Returns the variances per parameter tensor; draw the
-    scrubbed model as ``w + sqrt(variance) * eps``.
-    """
-    if not lam > 0:
-        raise ConfigError("lam", lam, "a number > 0 (the weight of the log-determinant)")
-    if steps < 1:
-        raise ConfigError("steps", steps, "an integer >= 1")
-    weights = {name: p.detach() for name, p in model.named_parameters()}
-    log_var = {
-        name: torch.full_like(p, 2 * float(np.log(init_std)), requires_grad=True)
-        for name, p in weights.items()
-    }
-    optimizer = torch.optim.Adam(list(log_var.values()), lr=lr)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        noisy = {
-            name: w
-            + torch.exp(0.5 * log_var[name])
-            * torch.randn(w.shape, dtype=w.dtype, device=w.device, generator=generator)
-            for name, w in weights.items()
-        }
-        objective = retained_loss(noisy) - lam * sum(v.sum() for v in log_var.values())
-        objective.backward()
-        optimizer.step()
-    return {name: torch.exp(v.detach()) for name, v in log_var.items()}
-
-
-def _clamped_eigh(matrix: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
-    """Eigen-decomposition of a symmetric matrix, eigenvalues clamped at ``floor * max``."""
-    eig, vec = np.linalg.eigh((matrix + matrix.T) / 2)
-    top = max(float(eig[-1]), np.finfo(float).tiny)
-    return np.maximum(eig, floor * top), vec
 
 
 def finite_time_scrub(
@@ -424,7 +265,6 @@ class NewtonScrubber:
     ``mean = w - B^{-1} g`` and the base covariance ``B^{-1/2}`` (the covariance is
     ``sqrt(lambda) sigma_h B^{-1/2}``) are fixed by (w, g, B); :meth:`sample` draws the scrubbed
     weights for any lambda. Eigenvalues are clamped at ``floor * max`` as in :func:`psd_power`.
-    Same result as :func:`newton_scrub`, at the cost of one ``eigh`` instead of a solve and two.
     """
 
     def __init__(
@@ -445,8 +285,7 @@ class NewtonScrubber:
                 f"a ({w.size}, {w.size}) matrix matching the weights",
             )
         self.shape = w.shape
-        eig, vec = np.linalg.eigh((b + b.T) / 2)
-        self.eigenvalues = np.maximum(eig, floor * max(float(eig[-1]), np.finfo(float).tiny))
+        self.eigenvalues, vec = _clamped_eigh(b, floor)
         self.eigenvectors = vec
         self.mean = (w.ravel() - vec @ ((vec.T @ g) / self.eigenvalues)).reshape(self.shape)
 
@@ -520,3 +359,50 @@ def reference_fisher_variance(
             var = var * boost
         base[name], reset[name] = var, mask
     return base, reset
+
+
+def fisher_gaussian(
+    weights: Mapping[str, np.ndarray],
+    fisher: Mapping[str, np.ndarray],
+    *,
+    power: float,
+    floor: float,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Fisher forgetting's Gaussian (eq. 8), per parameter tensor: mean ``w`` and base variance
+    ``F^{2 power}`` (the variance at ``sqrt(lambda) sigma_h = 1``; power -1/4, or the appendix's
+    -1/2). F is floored at ``floor`` (at least 1e-30): a parameter D_r does not use would get
+    infinite noise."""
+    if power not in (-0.25, -0.5):
+        raise ConfigError("power", power, "-0.25 (eq. 8) or -0.5 (the appendix's variant)")
+    mean = {name: np.asarray(weights[name], dtype=np.float64) for name in fisher}
+    floor = max(floor, 1e-30)
+    return mean, {name: np.maximum(f, floor) ** (2 * power) for name, f in fisher.items()}
+
+
+def reference_fisher_gaussian(
+    weights: Mapping[str, np.ndarray],
+    fisher: Mapping[str, np.ndarray],
+    *,
+    forget_class: int | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The authors' released recipe (:func:`reference_fisher_variance`) as mean and base variance:
+    a forgotten class's last-layer row has its mean reset to the prior mean 0."""
+    mean = {name: np.asarray(weights[name], dtype=np.float64) for name in fisher}
+    base, reset = reference_fisher_variance(fisher, forget_class=forget_class)
+    return {name: np.where(reset[name], 0.0, mean[name]) for name in mean}, base
+
+
+def fisher_sample(
+    mean: Mapping[str, np.ndarray],
+    base: Mapping[str, np.ndarray],
+    lam: float,
+    sigma_h: float,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """One scrubbed model of Fisher forgetting: ``mean + (sqrt(lambda) sigma_h base)^{1/2} n``,
+    ``n ~ N(0, I)``, drawn tensor by tensor in ``mean``'s order."""
+    _check_noise(lam, sigma_h)
+    scale = np.sqrt(np.sqrt(lam) * sigma_h)
+    return {
+        name: m + scale * np.sqrt(base[name]) * rng.normal(size=m.shape) for name, m in mean.items()
+    }

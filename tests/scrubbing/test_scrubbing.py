@@ -8,13 +8,20 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.certified.curvature import assemble_hessian, head_sums
 from fedunlearn.scrubbing.scrubbers import (
     diagonal_fisher,
+    fisher_gaussian,
+    fisher_sample,
+    psd_power,
+    reference_fisher_gaussian,
+    reference_fisher_variance,
+)
+from reference_scrub import (
     fisher_forgetting,
     forget_only_curvature,
     gaussian_kl,
     newton_scrub,
-    psd_power,
     softmax_head_sums,
 )
 
@@ -128,6 +135,56 @@ def test_softmax_head_hessian_matches_finite_differences():
     np.testing.assert_allclose(h, numeric, atol=1e-6)
 
 
+def test_client_block_sums_add_up_to_the_exact_head_hessian():
+    rng = np.random.default_rng(0)
+    x = np.hstack([rng.normal(size=(60, 4)), np.ones((60, 1))])
+    y = rng.integers(0, 3, size=60)
+    w = rng.normal(size=(3, 5))
+    loss, gradient, hessian = softmax_head_sums(x, y, w)
+    parts = [head_sums(x[:25], y[:25], w), head_sums(x[25:], y[25:], w)]
+    total = {k: sum(p[k].astype(np.float64) for p in parts) for k in parts[0]}
+    assert np.isclose(total["loss"][0], loss, rtol=1e-12)
+    np.testing.assert_allclose(total["gradient"].ravel(), gradient, rtol=1e-12)
+    # blocks travel in float32: the assembled Hessian matches to single precision
+    np.testing.assert_allclose(assemble_hessian(total["blocks"], 3, 5), hessian, atol=1e-5)
+    assert head_sums(x[:0], y[:0], w)["blocks"].shape == parts[0]["blocks"].shape
+
+
+@pytest.mark.parametrize("power", [-0.25, -0.5])
+def test_fisher_scrub_draws_eq_8_as_the_reference_does(power):
+    """Per tensor, mean w and std (lambda sigma_h^2)^{1/4} F^power: the same draw as eq. 8 on the
+    flat vector, where F is above the floor."""
+    rng = np.random.default_rng(5)
+    weights = {"a": rng.normal(size=(3, 2)), "b": rng.normal(size=4)}
+    fisher = {name: rng.uniform(0.5, 3.0, size=w.shape) for name, w in weights.items()}
+    mean, base = fisher_gaussian(weights, fisher, power=power, floor=1e-3)
+    drawn = fisher_sample(mean, base, 0.04, 1.5, np.random.default_rng(7))
+    noise = np.random.default_rng(7)
+    for name in weights:
+        expected = fisher_forgetting(weights[name], fisher[name], 0.04, 1.5, power=power, rng=noise)
+        np.testing.assert_allclose(drawn[name], expected.weights, rtol=1e-12)
+        np.testing.assert_allclose(np.sqrt(0.04) * 1.5 * base[name], expected.covariance)
+    # F below the floor: the noise stays finite (the floor caps it), zero Fisher included.
+    _, floored = fisher_gaussian(weights, {"a": np.zeros((3, 2))}, power=power, floor=1e-3)
+    np.testing.assert_allclose(floored["a"], 1e-3 ** (2 * power))
+    with pytest.raises(ConfigError):
+        fisher_gaussian(weights, fisher, power=-1.0, floor=1e-3)
+
+
+def test_reference_fisher_scrub_resets_the_forgotten_class_row_to_zero_mean():
+    rng = np.random.default_rng(6)
+    weights = {"head.weight": rng.normal(size=(3, 4)), "head.bias": rng.normal(size=3)}
+    fisher = {name: rng.uniform(0.5, 3.0, size=w.shape) for name, w in weights.items()}
+    mean, base = reference_fisher_gaussian(weights, fisher, forget_class=2)
+    expected_base, _ = reference_fisher_variance(fisher, forget_class=2)
+    for name in weights:
+        np.testing.assert_array_equal(base[name], expected_base[name])
+        np.testing.assert_array_equal(mean[name][:2], weights[name][:2])
+        assert not mean[name][2].any()
+    kept, _ = reference_fisher_gaussian(weights, fisher)
+    np.testing.assert_array_equal(kept["head.weight"], weights["head.weight"])
+
+
 def test_diagonal_fisher_matches_a_per_sample_brute_force():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
@@ -149,30 +206,6 @@ def test_diagonal_fisher_matches_a_per_sample_brute_force():
     )
     for name in brute:
         torch.testing.assert_close(sampled[name], brute[name] / len(x), rtol=0.15, atol=1e-3)
-
-
-def test_variational_forgetting_finds_the_optimal_noise_of_a_quadratic():
-    """E[(w+n)^T A (w+n)]/2 - lam sum log s^2 is minimised at s_i^2 = 2 lam / A_ii."""
-    from fedunlearn.scrubbing.scrubbers import variational_forgetting
-
-    curvature = torch.tensor([0.5, 2.0, 8.0], dtype=torch.float64)
-    model = nn.Linear(3, 1, bias=False).double()
-
-    def retained_loss(params):
-        w = params["weight"][0]
-        return 0.5 * (curvature * w.square()).sum()
-
-    variance = variational_forgetting(
-        model,
-        retained_loss,
-        lam=0.01,
-        steps=3000,
-        lr=0.02,
-        generator=torch.Generator().manual_seed(0),
-    )["weight"][0]
-    torch.testing.assert_close(variance, 2 * 0.01 / curvature, rtol=0.25, atol=0.0)
-    with pytest.raises(ConfigError):
-        variational_forgetting(model, retained_loss, lam=0.0)
 
 
 # ---------------------------------------------------------------- finite-time scrub (eq. 6)

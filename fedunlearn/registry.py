@@ -1,0 +1,296 @@
+"""Method registries: one per kind (unlearning methods, scrubbing methods, audited models), each
+mapping a name to its implementation and to what it needs.
+
+The core never imports the server layer (nor Flower): an entry names its implementation as a
+``"module:function"`` string, imported when the method runs (:meth:`MethodSpec.resolve`), or holds
+the callable itself (a test's toy method). The run config's method lists and their validation,
+the unlearning/scrubbing runner and the membership audit all read these registries, so adding a
+method is one module plus one :meth:`Registry.register` line (``docs/adding-a-method.md``)::
+
+    from fedunlearn.registry import SCRUBBING
+    SCRUBBING.register("zero-head", "my_methods:zero_head", needs=("trained-model",))
+
+An implementation is called as ``implementation(context, name)`` with the phase's context (on the
+server: :class:`server.unlearning.UnlearningContext` or :class:`server.scrub_methods.ScrubContext`)
+and returns the new model's state dict, or ``(state dict, details)`` with a JSON-able ``details``
+dict that the phase's log records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from fedunlearn.errors import ConfigError
+
+#: What a method may need from the run (``MethodSpec.needs``): the retained updates of the update
+#: store (FedEraser, FedAccum), the trained model only, or statistics the clients compute at the
+#: server's request (the head's sums, the diagonal Fisher of D_r). Shared statistics are collected
+#: once per run and their cost is added to every method that needs them.
+STORE_CONTENTS = ("retained-updates", "trained-model", "initial-model")
+STATISTICS = ("head-statistics", "fisher-statistics")
+NEEDS = STORE_CONTENTS + STATISTICS
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One registered method (or audited model).
+
+    Parameters
+    ----------
+    name : str
+        The name the run config uses (``unlearn-methods``, ``scrub-methods``).
+    implementation : str or callable or None
+        ``"module:function"`` (imported on use) or the function itself; None for an audited model
+        that no code of the audit builds (it reads the file the method saved).
+    needs : tuple of str
+        What it reads from the run (:data:`NEEDS`): store contents or client statistics.
+    messages : tuple of str
+        Flower message types it sends to clients (``"train"``, ``"query.scrub_stats"``, ...);
+        empty for a server-only method.
+    certifies : bool
+        Whether its removal comes with a certificate (a provable bound), not only a measurement.
+    adoptable : bool
+        Unlearning only: its trajectory can become the retained history after a request
+        (``unlearn-adopt``).
+    model_file : str or None
+        The stem of the model file it saves in the run directory (``model_<name>``,
+        ``model_scrub_<name>``): what the membership audit reads; None for a model never written.
+    options : mapping
+        Kind-specific settings read by its implementation (e.g. the config key of its lambda).
+    description : str
+        One line for listings and docs.
+    """
+
+    name: str
+    implementation: str | Callable[..., Any] | None = None
+    needs: tuple[str, ...] = ()
+    messages: tuple[str, ...] = ()
+    certifies: bool = False
+    adoptable: bool = False
+    model_file: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "needs", tuple(self.needs))
+        object.__setattr__(self, "messages", tuple(self.messages))
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        unknown = [need for need in self.needs if need not in NEEDS]
+        if unknown:
+            raise ConfigError("needs", unknown, f"entries of {', '.join(NEEDS)}")
+        if isinstance(self.implementation, str) and ":" not in self.implementation:
+            raise ConfigError("implementation", self.implementation, "'module:function'")
+
+    def resolve(self) -> Callable[..., Any]:
+        """The implementation as a callable (importing ``module`` of ``"module:function"``)."""
+        if self.implementation is None:
+            raise ConfigError("implementation", None, f"a callable for {self.name!r}")
+        if callable(self.implementation):
+            return self.implementation
+        module, _, function = self.implementation.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+class Registry:
+    """Name -> :class:`MethodSpec`, in registration order, for one kind of method.
+
+    ``parameter`` is the run-config key that selects from it (errors name it); ``model_prefix``
+    gives a registered method its default ``model_file`` (``model_prefix + name``).
+    """
+
+    def __init__(self, kind: str, parameter: str, *, model_prefix: str | None = None) -> None:
+        self.kind = kind
+        self.parameter = parameter
+        self.model_prefix = model_prefix
+        self._specs: dict[str, MethodSpec] = {}
+
+    def register(
+        self, name: str, implementation: str | Callable[..., Any] | None = None, **fields: Any
+    ) -> MethodSpec:
+        """Add a method; returns its spec. A name already registered is refused."""
+        if not isinstance(name, str) or not name or name != name.strip().lower() or "," in name:
+            raise ConfigError("name", name, "a lower-case name without spaces or commas")
+        if name in self._specs:
+            raise ConfigError(
+                "name", name, f"a {self.kind} name not registered yet ({', '.join(self.names())})"
+            )
+        if self.model_prefix is not None:
+            fields.setdefault("model_file", f"{self.model_prefix}{name}")
+        spec = MethodSpec(name, implementation, **fields)
+        self._specs[name] = spec
+        return spec
+
+    def unregister(self, name: str) -> MethodSpec:
+        """Remove a method (a test's toy); returns its spec."""
+        spec = self[name]
+        del self._specs[name]
+        return spec
+
+    @contextlib.contextmanager
+    def registered(self, name: str, implementation=None, **fields: Any) -> Iterator[MethodSpec]:
+        """Register a method for the duration of a ``with`` block (tests)."""
+        spec = self.register(name, implementation, **fields)
+        try:
+            yield spec
+        finally:
+            self._specs.pop(name, None)
+
+    def names(self, **where: Any) -> tuple[str, ...]:
+        """The registered names, in order; ``where`` keeps those whose fields equal the values
+        given (``names(adoptable=True)``)."""
+        return tuple(
+            name
+            for name, spec in self._specs.items()
+            if all(getattr(spec, key) == value for key, value in where.items())
+        )
+
+    def parse(self, value: str, *, allow_empty: bool = True) -> list[str]:
+        """The names in a comma-separated config value, in the order given, each registered."""
+        names = [m for m in str(value).replace(" ", "").lower().split(",") if m]
+        if any(m not in self._specs for m in names) or not (names or allow_empty):
+            raise ConfigError(
+                self.parameter, value, f"a comma-separated subset of {', '.join(self.names())}"
+            )
+        return list(dict.fromkeys(names))
+
+    def __getitem__(self, name: str) -> MethodSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise ConfigError(self.parameter, name, f"one of {', '.join(self.names())}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[MethodSpec]:
+        return iter(list(self._specs.values()))
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+#: Unlearning methods (Liu et al., FedEraser, Section V), run by ``server.unlearning``; their
+#: models are saved as ``model_<name>`` (``-<request>`` after the first request).
+UNLEARNING = Registry("unlearning method", "unlearn-methods", model_prefix="model_")
+#: Scrubbing methods (Golatkar et al.) and their baselines, run by ``server.scrubbing``; saved as
+#: ``model_scrub_<name>``. ``original`` and ``retrain`` always run and are not registered.
+SCRUBBING = Registry("scrubbing method", "scrub-methods", model_prefix="model_scrub_")
+#: Models the membership audit attacks beside every unlearning and scrubbing method
+#: (:func:`audited_models`): the original, and the certified heads.
+AUDITED = Registry("audited model", "mia")
+
+_TRAIN = ("train",)
+_SCRUB_QUERY = ("query.scrub_stats",)
+_UNLEARNING = "server.unlearning"
+_SCRUB = "server.scrub_methods"
+
+UNLEARNING.register(
+    "federaser",
+    f"{_UNLEARNING}:federaser",
+    needs=("retained-updates",),
+    messages=_TRAIN,
+    adoptable=True,
+    description="calibrated reconstruction from retained updates (Algorithm 1)",
+)
+UNLEARNING.register(
+    "fedaccum",
+    f"{_UNLEARNING}:fedaccum",
+    needs=("retained-updates",),
+    description="the remaining clients' retained updates, accumulated uncalibrated (eq. 5)",
+)
+UNLEARNING.register(
+    "fedretrain",
+    f"{_UNLEARNING}:fedretrain",
+    needs=("initial-model",),
+    messages=_TRAIN,
+    adoptable=True,
+    description="FedAvg from the same initial model without the targets (the reference)",
+)
+
+for _name, _gradient, _description in (
+    ("newton", "retained", "eq. 7 on the linear head with the exact Hessian of D_r"),
+    ("newton-forget-only", "forgotten", "Section 3.2: eq. 7 from D_f's gradient, cached H_D"),
+):
+    SCRUBBING.register(
+        _name,
+        f"{_SCRUB}:newton",
+        needs=("trained-model", "head-statistics"),
+        messages=_SCRUB_QUERY,
+        options={"lambda": "scrub-newton-lambda", "gradient": _gradient},
+        description=_description,
+    )
+SCRUBBING.register(
+    "newton-finite",
+    f"{_SCRUB}:newton_finite",
+    needs=("trained-model", "head-statistics"),
+    messages=_SCRUB_QUERY,
+    options={"lambda": "scrub-newton-lambda"},
+    description="eq. 6: the finite-time scrub of the head, plus eq. 7's noise",
+)
+for _name, _options, _description in (
+    ("fisher", {"power": -0.25}, "eq. 8: Fisher forgetting, std F^(-1/4)"),
+    ("fisher-sqrt", {"power": -0.5}, "the appendix's Fisher forgetting, std F^(-1/2)"),
+    ("fisher-reference", {"reference": True}, "the authors' released Fisher recipe"),
+):
+    SCRUBBING.register(
+        _name,
+        f"{_SCRUB}:fisher",
+        needs=("trained-model", "fisher-statistics"),
+        messages=_SCRUB_QUERY,
+        options={"lambda": f"scrub-{_name}-lambda", **_options},
+        description=_description,
+    )
+for _name, _objective, _clients, _description in (
+    ("finetune", "train", "retained", "Section 5.2's baseline: fine-tune on D_r"),
+    ("negative-gradient", "negative-gradient", "forgotten", "gradient ascent on D_f"),
+    ("random-labels", "random-labels", "forgotten", "train D_f with random labels"),
+):
+    SCRUBBING.register(
+        _name,
+        f"{_SCRUB}:baseline_rounds",
+        needs=("trained-model",),
+        messages=_TRAIN,
+        options={"objective": _objective, "clients": _clients},
+        description=_description,
+    )
+SCRUBBING.register(
+    "hiding",
+    f"{_SCRUB}:hiding",
+    needs=("trained-model",),
+    description="server only: the forgotten class's head row re-initialised (class cohorts)",
+)
+
+AUDITED.register("original", model_file="model_final", description="the trained model")
+# The trained certified head is never written: with the data it determines b (the certificate's
+# secret); server.certified_head.CertifiedHeadRun hands it over in memory. Its shadow is itself:
+# a linear head's normalised sigmoids are not the original network's softmax.
+AUDITED.register(
+    "certified-head-trained",
+    certifies=True,
+    options={"shadow": "certified-head-trained"},
+    description="the certified head before any removal (in memory only)",
+)
+AUDITED.register(
+    "certified-head",
+    model_file="certified_head",
+    certifies=True,
+    options={"shadow": "certified-head-trained"},
+    description="the certified head after its removals",
+)
+
+#: The method every other is judged against (the audit, the comparison tables).
+REFERENCE = "fedretrain"
+
+
+def audited_models() -> list[tuple[str, MethodSpec]]:
+    """Every model the membership audit compares, in its table's order: the original, the
+    reference (:data:`REFERENCE`), the other unlearning methods, the scrubbing methods, then the
+    rest of :data:`AUDITED` (the certified heads)."""
+    unlearning = sorted(UNLEARNING, key=lambda spec: spec.name != REFERENCE)
+    rest = [spec for spec in AUDITED if spec.name != "original"]
+    return [(spec.name, spec) for spec in [AUDITED["original"], *unlearning, *SCRUBBING, *rest]]

@@ -1,0 +1,114 @@
+"""The timed method loop shared by the unlearning and scrubbing phases: run whatever the registries
+(:mod:`fedunlearn.registry`) hold for this run, time each method, save its model, log it and
+publish the phase's table.
+
+A method is called as ``implementation(context, name)`` and returns the new model's state dict,
+``(state dict, details)``, or None when it does not apply to this run (it logs why; it then has no
+model, no time and no row). Statistics several methods need (``MethodSpec.needs``, e.g. the head's
+sums) are gathered once through :class:`SharedStatistics`; a method's time is its own work plus the
+gathering of every statistic it needs, whichever method happened to gather it first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import pandas as pd
+
+from fedunlearn.registry import MethodSpec
+from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.training.model_state import State
+
+Log = Callable[[str], None]
+
+
+class SharedStatistics:
+    """Statistics computed once per phase and reused by every method that needs them."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, object] = {}
+        self.seconds: dict[str, float] = {}
+
+    def get(self, key: str, compute: Callable[[], object]) -> object:
+        """``compute()`` the first time ``key`` is asked for (timed), the cached value after."""
+        if key not in self.values:
+            started = time.perf_counter()
+            self.values[key] = compute()
+            self.seconds[key] = time.perf_counter() - started
+        return self.values[key]
+
+
+class MethodRunner:
+    """Times, saves and logs the models of one phase; ``models``, ``seconds`` and ``details`` hold
+    them in the order they ran.
+
+    ``label`` prefixes each method's log line (``"scrub "``); ``suffix`` ends each model file's
+    name (``-<request>`` for a later unlearning request); ``shared``: the statistics the phase's
+    methods share (their context holds the same object).
+    """
+
+    def __init__(
+        self,
+        run: RunDirectory,
+        *,
+        log: Log,
+        label: str = "",
+        suffix: str = "",
+        shared: SharedStatistics | None = None,
+    ) -> None:
+        self.run = run
+        self.log = log
+        self.label = label
+        self.suffix = suffix
+        self.shared = shared if shared is not None else SharedStatistics()
+        self.models: dict[str, State] = {}
+        self.seconds: dict[str, float] = {}
+        self.details: dict[str, dict] = {}
+
+    def add(self, name: str, state: State) -> None:
+        """A model the phase compares but does not build (the trained model)."""
+        self.models[name] = state
+
+    def time(
+        self,
+        name: str,
+        build: Callable[[], State | tuple[State, dict] | None],
+        *,
+        model_file: str,
+        needs: Iterable[str] = (),
+    ) -> State | None:
+        """Run ``build``, charge it its time and that of the statistics it ``needs``, save the
+        model as ``model_file`` (plus the suffix) and log it; returns the state (None: skipped)."""
+        gathered = set(self.shared.seconds)
+        started = time.perf_counter()
+        result = build()
+        elapsed = time.perf_counter() - started
+        if result is None:
+            return None
+        state, details = result if isinstance(result, tuple) else (result, None)
+        fresh = sum(s for key, s in self.shared.seconds.items() if key not in gathered)
+        shared = sum(self.shared.seconds.get(key, 0.0) for key in needs)
+        self.models[name] = state
+        self.seconds[name] = elapsed - fresh + shared
+        if details is not None:
+            self.details[name] = details
+        self.run.save_model(f"{model_file}{self.suffix}", state)
+        self.log(f"{self.label}{name}: {self.seconds[name]:.1f}s")
+        return state
+
+    def run_all(self, specs: Iterable[MethodSpec], context) -> None:
+        """Run every registered method of ``specs`` on ``context``, in order."""
+        for spec in specs:
+            implementation = spec.resolve()
+            self.time(
+                spec.name,
+                lambda implementation=implementation, name=spec.name: implementation(context, name),
+                model_file=spec.model_file or f"model_{spec.name}",
+                needs=spec.needs,
+            )
+
+    def publish(self, name: str, table: pd.DataFrame, *, title: str, floatfmt: str) -> None:
+        """Write the phase's table (``<name><suffix>.csv/.md``) and log it."""
+        self.run.write_table(f"{name}{self.suffix}", table, floatfmt=floatfmt)
+        self.log(f"{title}:\n" + table.to_markdown(index=False, floatfmt=floatfmt))
