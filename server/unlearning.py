@@ -24,7 +24,7 @@ import torch
 from fedunlearn.errors import ConfigError
 from fedunlearn.unlearning.federaser import fedaccum
 from fedunlearn.training.model_state import State
-from fedunlearn.plots import plot_neuron_angles, plot_unlearning_comparison
+from fedunlearn.plots import forgetting_title, plot_neuron_angles, plot_unlearning_comparison
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.unlearning.metrics import (
     angle_degrees,
@@ -99,7 +99,7 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
 
     table, angles = measure(outcome, models, seconds, targets)
     outcome.run.write_table(f"unlearning{suffix}", table)
-    title = f"{config.dataset}, K={config.num_clients}, forget {targets}"
+    title = forgetting_title(config.dataset, config.num_clients, targets, already)
     plot_unlearning_comparison(table, outcome.run.path / f"unlearning{suffix}.png", title=title)
     if angles:
         plot_neuron_angles(angles, outcome.run.path / f"last_layer_angles{suffix}.png", title=title)
