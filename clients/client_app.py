@@ -52,18 +52,7 @@ def create_client_app(
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         """Loss and accuracy of the received global model on this client's partition."""
-        setup = client_setup(context, overrides, msg)
-        model = _received_model(msg, setup)
-        result = evaluate_model(model, setup.data.x, setup.data.y, device=setup.device)
-        metrics = MetricRecord(
-            {
-                "num-examples": result.num_examples,
-                "partition-id": setup.partition_id,
-                "eval-loss": result.loss,
-                "eval-accuracy": result.accuracy,
-            }
-        )
-        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+        return _evaluation(msg, client_setup(context, overrides, msg))
 
     @app.query("describe")
     def describe(msg: Message, context: Context) -> Message:
@@ -72,32 +61,7 @@ def create_client_app(
         The server asks this once before training, to map Flower's random node ids to partition ids and
         to catch a federation whose size does not match ``num-clients`` before anything is written.
         """
-        partition_id, num_partitions = node_partition(context)
-        settings = dict(overrides)
-        if "config" in msg.content.config_records:
-            settings.update(settings_in(msg.content["config"]))
-        expected = client_config(context, settings).num_clients
-        if num_partitions != expected:
-            # Report rather than raise: the server turns this into one clear error for the user.
-            metrics = MetricRecord(
-                {
-                    "partition-id": partition_id,
-                    "num-partitions": num_partitions,
-                    "num-examples": 0,
-                    "cuda": 0,
-                }
-            )
-            return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
-        setup = client_setup(context, overrides, msg)
-        metrics = MetricRecord(
-            {
-                "partition-id": setup.partition_id,
-                "num-partitions": num_partitions,
-                "num-examples": len(setup.data),
-                "cuda": int(setup.device.type == "cuda"),
-            }
-        )
-        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+        return _description(msg, context, overrides)
 
     @app.query("certified_head")
     def certified_head(msg: Message, context: Context) -> Message:
@@ -160,6 +124,51 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
     )
     content = RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()), "metrics": metrics})
     return Message(content=content, reply_to=msg)
+
+
+def _evaluation(msg: Message, setup: ClientSetup) -> Message:
+    model = _received_model(msg, setup)
+    result = evaluate_model(model, setup.data.x, setup.data.y, device=setup.device)
+    metrics = MetricRecord(
+        {
+            "num-examples": result.num_examples,
+            "partition-id": setup.partition_id,
+            "eval-loss": result.loss,
+            "eval-accuracy": result.accuracy,
+        }
+    )
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+def _description(msg: Message, context: Context, overrides: Mapping[str, Any]) -> Message:
+    """The ``describe`` reply: partition, federation size and sample count (a client whose
+    federation size is not ``num-clients`` reports it without loading its data)."""
+    partition_id, num_partitions = node_partition(context)
+    settings = dict(overrides)
+    if "config" in msg.content.config_records:
+        settings.update(settings_in(msg.content["config"]))
+    expected = client_config(context, settings).num_clients
+    if num_partitions != expected:
+        # Report rather than raise: the server turns this into one clear error for the user.
+        metrics = MetricRecord(
+            {
+                "partition-id": partition_id,
+                "num-partitions": num_partitions,
+                "num-examples": 0,
+                "cuda": 0,
+            }
+        )
+        return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+    setup = client_setup(context, overrides, msg)
+    metrics = MetricRecord(
+        {
+            "partition-id": setup.partition_id,
+            "num-partitions": num_partitions,
+            "num-examples": len(setup.data),
+            "cuda": int(setup.device.type == "cuda"),
+        }
+    )
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
 
 
 def _received_model(msg: Message, setup: ClientSetup):

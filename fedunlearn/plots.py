@@ -1,8 +1,17 @@
-"""Figures a person would rather look at than read (matplotlib, headless)."""
+"""Figures a person would rather look at than read (matplotlib, headless).
+
+Every figure follows the same house rules, kept here once as small helpers: rounds and counts get
+integer ticks (:func:`integer_ticks`), bars carry their values and a bar of height zero stays
+visible as an outline with its "0" (:func:`labelled_bars`), legends sit outside the axes
+(:func:`legend_outside`), and a figure about a forgetting request names every target forgotten so far
+(:func:`forgetting_title`). Each ``plot_*`` function draws with its ``*_figure`` twin, which returns
+the :class:`~matplotlib.figure.Figure` unsaved (for a notebook, or a test that inspects it).
+"""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -10,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedunlearn.store.durable_io import atomic_write_bytes  # noqa: E402
 
@@ -17,22 +27,69 @@ from fedunlearn.store.durable_io import atomic_write_bytes  # noqa: E402
 def save_figure(fig, path: Path) -> Path:
     """Lay out, save (120 dpi, the format of ``path``'s suffix, PNG without one) and close ``fig``.
 
-    Rendered to memory first, then written atomically with mode 0600 like every file of a run.
+    Rendered to memory first, then written atomically with mode 0600 like every file of a run. The
+    saved area is the figure's tight bounding box, so a legend outside the axes is never cut off.
     """
     path = Path(path)
     buffer = io.BytesIO()
     try:
         fig.tight_layout()
-        fig.savefig(buffer, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
+        fig.savefig(
+            buffer,
+            dpi=120,
+            format=path.suffix.lstrip(".").lower() or "png",
+            bbox_inches="tight",
+        )
     finally:
         plt.close(fig)
     atomic_write_bytes(path, buffer.getvalue())
     return path
 
 
-def plot_training_curves(metrics: pd.DataFrame, path: Path, title: str = "") -> Path:
+# ------------------------------------------------------------------------- shared helpers
+def integer_ticks(ax, *axes: str) -> None:
+    """Ticks only at whole numbers on ``axes`` (``"x"``, ``"y"``): rounds, requests and counts have
+    no half values."""
+    for name in axes or ("x",):
+        getattr(ax, f"{name}axis").set_major_locator(MaxNLocator(integer=True))
+
+
+def labelled_bars(ax, positions, heights, width=0.8, *, fmt: str = "{:.3g}", **style):
+    """Vertical bars with their values written above them. A bar of height zero (or NaN, drawn
+    as zero) would vanish: every bar gets an outline in its colour, so a zero bar shows as a line
+    on the axis, labelled "0"."""
+    heights = [0.0 if h != h else float(h) for h in heights]  # NaN != NaN
+    bars = ax.bar(positions, heights, width, **style)
+    for bar in bars:
+        bar.set_edgecolor(bar.get_facecolor())
+        bar.set_linewidth(1.5)
+    ax.bar_label(bars, labels=[fmt.format(h) for h in heights], padding=2, fontsize=8)
+    return bars
+
+
+def legend_outside(ax, **options):
+    """The axes' legend to the right of the axes, where it cannot cover the data."""
+    if not ax.get_legend_handles_labels()[0] and "handles" not in options:
+        return None
+    options = {"fontsize": 8, **options}
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **options)
+
+
+def forgetting_title(
+    dataset: str, num_clients: int, targets: Sequence[int], earlier: Sequence[int] = ()
+) -> str:
+    """The title of a forgetting request's figures: the new targets and, after earlier requests,
+    every client forgotten so far (the model also lacks those)."""
+    title = f"{dataset}, K={num_clients}, forget {sorted(targets)}"
+    if earlier:
+        title += f" (forgotten so far: {sorted(set(targets) | set(earlier))})"
+    return title
+
+
+# ------------------------------------------------------------------------------ figures
+def training_curves_figure(metrics: pd.DataFrame, title: str = ""):
     """Test accuracy and losses per round, retained rounds marked (``metrics.csv`` of a run)."""
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.8))
     ax_acc.plot(metrics["round"], metrics["test_accuracy"], marker="o", label="test accuracy")
     if "retained" in metrics:
         kept = metrics[metrics["retained"].astype(bool)]
@@ -45,53 +102,68 @@ def plot_training_curves(metrics: pd.DataFrame, path: Path, title: str = "") -> 
             label="retained round",
             zorder=3,
         )
-    ax_acc.set_xlabel("round")
     ax_acc.set_ylabel("accuracy")
-    ax_acc.grid(alpha=0.3)
-    ax_acc.legend(loc="lower right")
     ax_loss.plot(metrics["round"], metrics["test_loss"], marker="o", label="test loss")
     if "train_loss" in metrics:
         ax_loss.plot(
             metrics["round"], metrics["train_loss"], marker="s", label="train loss (clients)"
         )
-    ax_loss.set_xlabel("round")
     ax_loss.set_ylabel("cross-entropy")
-    ax_loss.grid(alpha=0.3)
-    ax_loss.legend()
+    for ax in (ax_acc, ax_loss):
+        ax.set_xlabel("round")
+        integer_ticks(ax, "x")
+        ax.grid(alpha=0.3)
+        legend_outside(ax)
     if title:
         fig.suptitle(title)
-    return save_figure(fig, path)
+    return fig
 
 
-def plot_unlearning_comparison(table: pd.DataFrame, path: Path, title: str = "") -> Path:
-    """Test and target accuracy per method, bars side by side (Fig. 2 of Liu et al.)."""
+def plot_training_curves(metrics: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """:func:`training_curves_figure`, saved to ``path``."""
+    return save_figure(training_curves_figure(metrics, title), path)
+
+
+def unlearning_figure(table: pd.DataFrame, title: str = ""):
+    """Test and target accuracy per method, bars side by side (Fig. 2 of Liu et al.), and each
+    method's wall time."""
     methods = list(table["method"])
-    positions = range(len(methods))
+    positions = list(range(len(methods)))
     width = 0.38
     fig, (ax_acc, ax_time) = plt.subplots(
-        1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]}
+        1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]}
     )
-    ax_acc.bar([p - width / 2 for p in positions], table["test_accuracy"], width, label="test data")
-    ax_acc.bar(
-        [p + width / 2 for p in positions], table["target_accuracy"], width, label="target's data"
+    labelled_bars(
+        ax_acc, [p - width / 2 for p in positions], table["test_accuracy"], width,
+        fmt="{:.2f}", label="test data",
     )
-    ax_acc.set_xticks(list(positions), methods)
+    labelled_bars(
+        ax_acc, [p + width / 2 for p in positions], table["target_accuracy"], width,
+        fmt="{:.2f}", label="target's data",
+    )
+    ax_acc.set_xticks(positions, methods)
     ax_acc.set_ylabel("accuracy")
-    ax_acc.set_ylim(0, 1.05)
+    ax_acc.set_ylim(0, 1.12)  # room for the value labels above a bar at 1.0
     ax_acc.grid(axis="y", alpha=0.3)
-    ax_acc.legend(loc="lower right")
+    legend_outside(ax_acc)
     timed = table[table["seconds"].notna()]
-    ax_time.bar(list(timed["method"]), timed["seconds"], color="tab:gray")
+    labelled_bars(ax_time, list(timed["method"]), timed["seconds"], color="tab:gray", fmt="{:.2g}")
     ax_time.set_ylabel("unlearning wall time (s)")
+    ax_time.margins(y=0.15)
     ax_time.grid(axis="y", alpha=0.3)
     if title:
         fig.suptitle(title)
-    return save_figure(fig, path)
+    return fig
 
 
-def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = "") -> Path:
+def plot_unlearning_comparison(table: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """:func:`unlearning_figure`, saved to ``path``."""
+    return save_figure(unlearning_figure(table, title), path)
+
+
+def neuron_angles_figure(angles: dict[str, list[float]], title: str = ""):
     """Histogram of per-neuron last-layer angles to the retrained model (Fig. 4 of Liu et al.)."""
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
     finite = [a for values in angles.values() for a in values if a == a]
     top = max(finite) if finite else 1.0
     bins = [top * i / 20 for i in range(21)] if top > 0 else 20
@@ -99,16 +171,20 @@ def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = 
         ax.hist(values, bins=bins, alpha=0.55, label=method)
     ax.set_xlabel("angle to FedRetrain's neuron (degrees)")
     ax.set_ylabel("neurons of the last layer")
+    integer_ticks(ax, "y")
     ax.grid(alpha=0.3)
-    ax.legend()
+    legend_outside(ax)
     if title:
         ax.set_title(title)
-    return save_figure(fig, path)
+    return fig
 
 
-def plot_roc_curves(
-    curves: dict[str, tuple], path: Path, title: str = "", *, reference: str = "fedretrain"
-) -> Path:
+def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = "") -> Path:
+    """:func:`neuron_angles_figure`, saved to ``path``."""
+    return save_figure(neuron_angles_figure(angles, title), path)
+
+
+def roc_figure(curves: dict[str, tuple], title: str = "", *, reference: str = "fedretrain"):
     """Log-log ROC curves of a membership-inference attack, one per model (Carlini et al. 2022 plot
     the low-FPR region this way: an attack that works only at FPR << 1 is invisible on linear axes).
 
@@ -117,7 +193,7 @@ def plot_roc_curves(
     """
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(5.5, 5))
+    fig, ax = plt.subplots(figsize=(7, 5))
     floor = 1e-5
     for name, (fpr, tpr) in curves.items():
         fpr = np.maximum(np.asarray(fpr, dtype=float), floor)
@@ -132,6 +208,13 @@ def plot_roc_curves(
     ax.set_xlabel("false-positive rate")
     ax.set_ylabel("true-positive rate")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
+    legend_outside(ax)
     ax.set_title(title or "membership inference ROC (log-log)")
-    return save_figure(fig, path)
+    return fig
+
+
+def plot_roc_curves(
+    curves: dict[str, tuple], path: Path, title: str = "", *, reference: str = "fedretrain"
+) -> Path:
+    """:func:`roc_figure`, saved to ``path``."""
+    return save_figure(roc_figure(curves, title, reference=reference), path)

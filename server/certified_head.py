@@ -46,7 +46,7 @@ from fedunlearn.certified.statistics import (
     unpack_symmetric,
 )
 from fedunlearn.certified.losses import one_vs_rest_targets, predict_labels
-from fedunlearn.plots import save_figure
+from fedunlearn.plots import integer_ticks, legend_outside, plt, save_figure
 from fedunlearn.seeding import derive_seed
 from server.certified_head_replies import (
     BadReplyError,
@@ -402,74 +402,24 @@ def run_certified_head(
     """
     config: ExperimentConfig = outcome.config
     run = outcome.run
-    splits = outcome.data.splits
-    classes = list(range(splits.num_classes))
+    classes = list(range(outcome.data.splits.num_classes))
     model = outcome.new_model()
     model.load_state_dict(outcome.final_state)
     params = certified_params(config)
-    dp_delta = config.dp_delta if config.dp_noise_multiplier > 0 else 0.0
-
-    log("certified head: clients compute the body's features")
-    data = FederatedHeadData(
-        grid,
-        outcome.members,
-        outcome.final_state,
-        params.loss,
-        classes,
-        settings=run_settings(config),
-        timeout=config.reply_timeout,
-        log=log,
-    )
-    head = CertifiedHead(
-        data,
-        params,
-        ledger=run.path / "certified_removal.jsonl",
-        dp_epsilon=dp_epsilon,
-        dp_delta=dp_delta,
-    )
-    start = time.perf_counter()
-    head.fit()
-    train_seconds = time.perf_counter() - start
+    head, data, summary = _train_head(grid, outcome, params, classes, dp_epsilon, log)
     trained = _head_state(head.weights)
-    test_x = head_features(model, splits.test.x)
-    test_y = splits.test.y.numpy()
-
-    def accuracy() -> float:
-        return float(np.mean(predict_labels(head.scores(test_x), classes) == test_y))
-
-    summary: dict[str, Any] = {
-        "n": data.count(),
-        "dim": data.dim,
-        "heads": data.num_heads,
-        "budget": head.budget,
-        "train_seconds": train_seconds,
-        "test_accuracy_trained": accuracy(),
-        "dp_epsilon": dp_epsilon,
-        "dp_delta": dp_delta,
-    }
+    accuracy = _test_accuracy(head, model, outcome.data.splits.test, classes)
+    summary["test_accuracy_trained"] = accuracy()
     log(
         f"certified head: trained on {summary['n']} samples x {data.dim} features in "
-        f"{train_seconds:.1f} s, test accuracy {summary['test_accuracy_trained']:.4f}, "
+        f"{summary['train_seconds']:.1f} s, test accuracy {summary['test_accuracy_trained']:.4f}, "
         f"budget {head.budget:.4g}"
     )
     if config.certified_verify_central:
         summary.update(_verify_central(outcome, model, head, params, classes, log))
 
-    rows = [_row(0, head, accuracy(), 0, 0.0, "trained")]
     requests = _plan_requests(config, data)
-    retrains, seconds = 0, []
-    for number, (kind, ids) in enumerate(requests, start=1):
-        certificate = head.remove(ids)
-        retrains += int(certificate.retrained)
-        seconds.append(certificate.seconds)
-        last = number == len(requests)
-        if kind == "client" or number % config.certified_eval_every == 0 or last:
-            label = f"client {ids[0][0]}" if kind == "client" else "samples"
-            rows.append(_row(number, head, accuracy(), retrains, float(np.median(seconds)), label))
-            log(
-                f"certified head: {number}/{len(requests)} requests, beta {head.beta:.4g} / "
-                f"{head.budget:.4g}, retrains {retrains}, test accuracy {rows[-1]['test_accuracy']:.4f}"
-            )
+    rows, retrains, seconds = _stream_requests(config, head, requests, accuracy, log)
     table = pd.DataFrame(rows)
     run.write_table("certified_removal", table)
     save_head(run, "certified_head", head.weights)
@@ -487,6 +437,75 @@ def run_certified_head(
     run.write_json("certified_summary.json", summary)
     _plot(table, head.budget, run.path / "certified_removal.png")
     return CertifiedHeadRun(table, trained)
+
+
+def _train_head(grid: Grid, outcome, params, classes, dp_epsilon: float, log: Log):
+    """The federation's head data and the certified head trained on it (its ledger in the run
+    directory), with the first entries of the run's summary."""
+    config: ExperimentConfig = outcome.config
+    dp_delta = config.dp_delta if config.dp_noise_multiplier > 0 else 0.0
+    log("certified head: clients compute the body's features")
+    data = FederatedHeadData(
+        grid,
+        outcome.members,
+        outcome.final_state,
+        params.loss,
+        classes,
+        settings=run_settings(config),
+        timeout=config.reply_timeout,
+        log=log,
+    )
+    head = CertifiedHead(
+        data,
+        params,
+        ledger=outcome.run.path / "certified_removal.jsonl",
+        dp_epsilon=dp_epsilon,
+        dp_delta=dp_delta,
+    )
+    start = time.perf_counter()
+    head.fit()
+    summary: dict[str, Any] = {
+        "n": data.count(),
+        "dim": data.dim,
+        "heads": data.num_heads,
+        "budget": head.budget,
+        "train_seconds": time.perf_counter() - start,
+        "dp_epsilon": dp_epsilon,
+        "dp_delta": dp_delta,
+    }
+    return head, data, summary
+
+
+def _test_accuracy(head: CertifiedHead, model, test, classes) -> Callable[[], float]:
+    """The head's test accuracy now, on the body's features of the test set (computed once)."""
+    test_x = head_features(model, test.x)
+    test_y = test.y.numpy()
+
+    def accuracy() -> float:
+        return float(np.mean(predict_labels(head.scores(test_x), classes) == test_y))
+
+    return accuracy
+
+
+def _stream_requests(config: ExperimentConfig, head: CertifiedHead, requests, accuracy, log: Log):
+    """Send ``requests`` to ``head`` one by one; a table row (and a log line) every
+    ``certified-eval-every`` requests, after each whole client and after the last. Returns the rows,
+    the number of retrains and each request's seconds."""
+    rows = [_row(0, head, accuracy(), 0, 0.0, "trained")]
+    retrains, seconds = 0, []
+    for number, (kind, ids) in enumerate(requests, start=1):
+        certificate = head.remove(ids)
+        retrains += int(certificate.retrained)
+        seconds.append(certificate.seconds)
+        last = number == len(requests)
+        if kind == "client" or number % config.certified_eval_every == 0 or last:
+            label = f"client {ids[0][0]}" if kind == "client" else "samples"
+            rows.append(_row(number, head, accuracy(), retrains, float(np.median(seconds)), label))
+            log(
+                f"certified head: {number}/{len(requests)} requests, beta {head.beta:.4g} / "
+                f"{head.budget:.4g}, retrains {retrains}, test accuracy {rows[-1]['test_accuracy']:.4f}"
+            )
+    return rows, retrains, seconds
 
 
 def _plan_requests(config: ExperimentConfig, data: FederatedHeadData):
@@ -544,23 +563,19 @@ def _verify_central(outcome, model, head, params, classes, log: Log) -> dict[str
 
 
 def _plot(table: pd.DataFrame, budget: float, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     left.plot(table["requests"], table["test_accuracy"], marker="o")
-    left.set_xlabel("removal requests")
     left.set_ylabel("test accuracy")
     left.set_title("Accuracy of the certified head")
     right.plot(
         table["requests"], table["beta"], marker="o", label="beta (certified residual bound)"
     )
     right.axhline(budget, color="red", linestyle="--", label=f"budget {budget:.3g}")
-    right.set_xlabel("removal requests")
     right.set_ylabel("cumulative bound")
     right.set_yscale("log")
-    right.legend()
+    legend_outside(right)
     right.set_title("Gradient residual bound vs budget")
+    for ax in (left, right):
+        ax.set_xlabel("removal requests")
+        integer_ticks(ax, "x")
     save_figure(fig, path)

@@ -29,7 +29,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.registry import UNLEARNING
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
 from fedunlearn.training.model_state import State
-from fedunlearn.plots import plot_neuron_angles, plot_unlearning_comparison
+from fedunlearn.plots import forgetting_title, plot_neuron_angles, plot_unlearning_comparison
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.unlearning.metrics import (
     angle_degrees,
@@ -105,7 +105,7 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
 
     table, angles = measure(outcome, runner.models, runner.seconds, targets)
     runner.publish("unlearning", table, title="unlearning results", floatfmt=".4f")
-    title = f"{config.dataset}, K={config.num_clients}, forget {targets}"
+    title = forgetting_title(config.dataset, config.num_clients, targets, already)
     plot_unlearning_comparison(table, outcome.run.path / f"unlearning{suffix}.png", title=title)
     if angles:
         plot_neuron_angles(angles, outcome.run.path / f"last_layer_angles{suffix}.png", title=title)

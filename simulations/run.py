@@ -9,7 +9,9 @@ It is ``flwr run <app> --stream`` plus what that command cannot do for you:
 * resolves ``data-root`` and ``output-dir`` against *your* working directory (the ServerApp runs in
   the SuperLink's process, whose working directory is not yours);
 * sizes the federation to ``num-clients`` and sets the client resources (CPU and GPU fractions);
-* exits non-zero when the run fails (``flwr run`` itself exits 0), quoting the failure.
+* exits non-zero when the run fails (``flwr run`` itself exits 0), quoting the failure;
+* shows our progress lines only: Flower's log lines and Ray's warnings with ``--verbose``
+  (:mod:`simulations.console`), and no ANSI colour codes unless the output is a terminal.
 
 Examples
 --------
@@ -29,15 +31,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import tomllib
 
 from fedunlearn.config import ExperimentConfig, check_path_text
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.preflight import complete_unlearn_request, preflight
+from simulations.console import ConsoleFilter, use_color
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PATH_KEYS = ("data-root", "output-dir")
@@ -195,7 +198,7 @@ def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
     return config, render_run_config({key: validated[key] for key in values})
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedunlearn-run",
         description=__doc__.split("\n\n")[0],
@@ -221,8 +224,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dry-run", action="store_true", help="validate and print the flwr command only"
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show Flower's log lines and Ray's warnings (hidden by default)",
+    )
+    return parser
 
+
+def stream_run(
+    command: Sequence[str], env: Mapping[str, str], console: ConsoleFilter, out: TextIO
+) -> tuple[int, str | None]:
+    """Run ``command`` (``flwr run --stream``), copy what ``console`` lets through to ``out`` as it
+    comes; returns its exit status and the run id it announced (None if it did not)."""
+    process = subprocess.Popen(
+        list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(env)
+    )
+    run_id = None
+    assert process.stdout is not None
+    for line in process.stdout:
+        match = re.search(r"started run (\d+)", line)
+        if match:
+            run_id = match.group(1)
+        shown = console(line)
+        if shown is not None:
+            out.write(shown)
+            out.flush()
+    return process.wait(), run_id
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
         config, text = check_run(args)
     except FedUnlearnError as error:
@@ -253,18 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "PATH": search_path,
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         }
-        process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        run_id = None
-        assert process.stdout is not None
-        for line in process.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            match = re.search(r"started run (\d+)", line)
-            if match:
-                run_id = match.group(1)
-        code = process.wait()
+        console = ConsoleFilter(verbose=args.verbose, color=use_color(sys.stdout))
+        code, run_id = stream_run(command, env, console, sys.stdout)
     if code != 0:
         return code
     if run_id is None:

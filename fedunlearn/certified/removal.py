@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -94,6 +93,7 @@ from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.certified.statistics import HeadData, HeadSums, id_list
 from fedunlearn.certified.losses import LOGISTIC_GAMMA, lipschitz_gamma
 from fedunlearn.certified.perturbation import NOISES, check_generator, sample_perturbation
+from fedunlearn.store.durable_io import append_jsonl, log_size, read_jsonl, truncate_log
 
 __all__ = ["NOISES", "sample_perturbation"]  # re-exported: b's densities live in perturbation.py
 
@@ -376,31 +376,6 @@ def _fast_solve(factors, delta: np.ndarray, mu: float) -> tuple[np.ndarray, np.n
     return np.stack([v for v, _ in solved]), np.asarray([r for _, r in solved])
 
 
-def _ledger_mark(path: Path | None) -> int | None:
-    """The ledger's size before a request (-1: absent), to undo a failed append."""
-    if path is None:
-        return None
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return -1
-
-
-def _rollback_ledger(path: Path | None, mark: int | None) -> None:
-    """Give the ledger back the bytes it had at :func:`_ledger_mark` (it is append-only, so cutting
-    it to its old length does)."""
-    if path is None or mark is None:
-        return
-    if mark < 0:
-        path.unlink(missing_ok=True)
-        return
-    if path.is_file() and path.stat().st_size > mark:
-        with open(path, "r+b") as handle:
-            handle.truncate(mark)
-            handle.flush()
-            os.fsync(handle.fileno())
-
-
 class CertifiedHead:
     """A linear head trained and unlearned with certificates; the same engine centrally and federated.
 
@@ -493,7 +468,7 @@ class CertifiedHead:
         and the ledger's bytes and re-raise (module docstring, "Transactions")."""
         saved = self._capture()
         data_state = self.data.snapshot()
-        mark = _ledger_mark(self.ledger)
+        mark = log_size(self.ledger) if self.ledger is not None else None
         try:
             updates, record = work()
             certificate = self._certificate({**saved, **updates}, record)
@@ -502,7 +477,8 @@ class CertifiedHead:
         except BaseException:
             self.data.restore(data_state)
             self._reinstate(saved)
-            _rollback_ledger(self.ledger, mark)
+            if self.ledger is not None:
+                truncate_log(self.ledger, mark)
             raise
         self._reinstate({**saved, **updates, "requests": certificate.request})
         if self.progress is not None:
@@ -826,8 +802,6 @@ def append_certificate(path: str | Path, certificate: Certificate) -> None:
     """Append one certificate as a JSON line (file 0600) and make it durable (the ledger is
     append-only; a torn last line left by a crash is cut off first, see
     :func:`fedunlearn.store.durable_io.append_jsonl`)."""
-    from fedunlearn.store.durable_io import append_jsonl
-
     append_jsonl(path, certificate.to_record())
 
 
@@ -835,6 +809,4 @@ def read_ledger(path: str | Path) -> list[dict[str, Any]]:
     """The ledger's certificates, in order ([] if absent); a torn last line is skipped with a
     :class:`fedunlearn.store.durable_io.TornLineWarning`, a damaged earlier one raises
     :class:`fedunlearn.store.durable_io.LogCorruptionError` naming the file and line."""
-    from fedunlearn.store.durable_io import read_jsonl
-
     return read_jsonl(path)

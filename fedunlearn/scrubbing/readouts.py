@@ -34,7 +34,7 @@ from matplotlib.patches import Patch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.plots import save_figure
+from fedunlearn.plots import legend_outside, save_figure
 
 #: Number of bins of each entropy histogram (shared by every split and method).
 ENTROPY_BINS = 30
@@ -248,6 +248,37 @@ def relearn_time(
     -------
     RelearnResult
     """
+    _check_relearn_inputs(
+        (x_train, y_train), (x_forget, y_forget), threshold, lr, momentum, batch_size, max_epochs,
+        check_every,
+    )
+    device = torch.device(device)
+    student = copy.deepcopy(model).to(device)
+    steps_per_epoch = math.ceil(len(x_train) / batch_size)
+    # The tiny slack keeps e.g. 0.3 * 10 from flooring to 2 through rounding error.
+    budget = int(math.floor(max_epochs * steps_per_epoch + 1e-9))
+    optimizer = torch.optim.SGD(student.parameters(), lr=lr, momentum=momentum)
+    generator = torch.Generator().manual_seed(seed)
+    steps, curve = _fine_tune_until_relearned(
+        student, optimizer, (x_train, y_train), (x_forget, y_forget), generator, device,
+        threshold=threshold, batch_size=batch_size, budget=budget, check_every=check_every,
+    )
+    return RelearnResult(
+        steps=steps,
+        epochs=None if steps is None else steps / steps_per_epoch,
+        reached=steps is not None,
+        curve=curve,
+        threshold=float(threshold),
+        steps_per_epoch=steps_per_epoch,
+        budget_steps=budget,
+    )
+
+
+def _check_relearn_inputs(
+    train, forget, threshold, lr, momentum, batch_size, max_epochs, check_every
+) -> None:
+    """:class:`ConfigError` naming the first argument of :func:`relearn_time` that is not allowed."""
+    (x_train, y_train), (x_forget, y_forget) = train, forget
     if not (_is_real(threshold) and threshold > 0 and math.isfinite(threshold)):
         raise ConfigError("threshold", threshold, "a finite loss level > 0 (nats)")
     if not (_is_integer(check_every) and check_every >= 1):
@@ -272,35 +303,33 @@ def relearn_time(
             "y_train", f"{len(y_train)} labels", f"one label per input ({len(x_train)} inputs)"
         )
 
-    device = torch.device(device)
-    student = copy.deepcopy(model).to(device)
-    optimizer = torch.optim.SGD(student.parameters(), lr=lr, momentum=momentum)
-    generator = torch.Generator().manual_seed(seed)
-    n = len(x_train)
-    steps_per_epoch = math.ceil(n / batch_size)
-    # The tiny slack keeps e.g. 0.3 * 10 from flooring to 2 through rounding error.
-    budget = int(math.floor(max_epochs * steps_per_epoch + 1e-9))
 
-    def result(steps: int | None, curve: list[tuple[int, float]]) -> RelearnResult:
-        return RelearnResult(
-            steps=steps,
-            epochs=None if steps is None else steps / steps_per_epoch,
-            reached=steps is not None,
-            curve=curve,
-            threshold=float(threshold),
-            steps_per_epoch=steps_per_epoch,
-            budget_steps=budget,
-        )
-
+def _fine_tune_until_relearned(
+    student: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train: tuple[torch.Tensor, torch.Tensor],
+    forget: tuple[torch.Tensor, torch.Tensor],
+    generator: torch.Generator,
+    device: torch.device,
+    *,
+    threshold: float,
+    batch_size: int,
+    budget: int,
+    check_every: int,
+) -> tuple[int | None, list[tuple[int, float]]]:
+    """SGD on D (reshuffled every epoch) until the mean loss on D_f is ``<= threshold`` at a check:
+    the first such checked step (None within ``budget`` steps) and the loss curve on D_f."""
+    (x_train, y_train), (x_forget, y_forget) = train, forget
+    steps_per_epoch = math.ceil(len(x_train) / batch_size)
     curve = [(0, _mean_loss(student, x_forget, y_forget, device, batch_size))]
     if curve[-1][1] <= threshold:
-        return result(0, curve)
+        return 0, curve
     step = 0
     order = torch.empty(0, dtype=torch.long)
     while step < budget:
         position = step % steps_per_epoch
         if position == 0:
-            order = torch.randperm(n, generator=generator)
+            order = torch.randperm(len(x_train), generator=generator)
         index = order[position * batch_size : (position + 1) * batch_size]
         student.train()
         optimizer.zero_grad(set_to_none=True)
@@ -313,8 +342,8 @@ def relearn_time(
         if step % check_every == 0 or step == budget:
             curve.append((step, _mean_loss(student, x_forget, y_forget, device, batch_size)))
             if curve[-1][1] <= threshold:
-                return result(step, curve)
-    return result(None, curve)
+                return step, curve
+    return None, curve
 
 
 # ---------------------------------------------------------------------------------- plots
@@ -348,21 +377,8 @@ def plot_entropy_histograms(
         raise ConfigError("entropies", dict(entropies), "at least one method's entropies")
     if num_classes is not None and not (_is_integer(num_classes) and num_classes >= 2):
         raise ConfigError("num_classes", num_classes, "an integer >= 2, or None")
-    cleaned: dict[str, dict[str, np.ndarray]] = {}
-    for method, splits in entropies.items():
-        cleaned[method] = {}
-        for split, values in splits.items():
-            values = np.asarray(values, dtype=np.float64).ravel()
-            values = values[np.isfinite(values)]
-            if values.size:
-                cleaned[method][split] = values
-    if num_classes is not None:
-        top = math.log(num_classes)
-    else:
-        seen = [v.max() for splits in cleaned.values() for v in splits.values()]
-        top = float(max(seen)) if seen else 0.0
-        if top <= 0:
-            top = 1.0
+    cleaned = _finite_entropies(entropies)
+    top = _entropy_range(cleaned, num_classes)
     bins = np.linspace(0.0, top, ENTROPY_BINS + 1)
     split_names = list(dict.fromkeys(s for splits in entropies.values() for s in splits))
     colors = {split: plt.get_cmap("tab10")(index % 10) for index, split in enumerate(split_names)}
@@ -373,26 +389,7 @@ def plot_entropy_histograms(
         rows, columns, figsize=(4.2 * columns, 3.4 * rows + 0.8), squeeze=False
     )
     for ax, (method, splits) in zip(axes.flat, cleaned.items()):
-        for split, values in splits.items():
-            clipped = np.clip(values, 0.0, top)
-            ax.hist(
-                clipped,
-                bins=bins,
-                density=True,
-                alpha=0.45,
-                color=colors[split],
-                label=f"{split} (n={values.size}, mean {values.mean():.2f})",
-            )
-            ax.hist(clipped, bins=bins, density=True, histtype="step", color=colors[split])
-        if not splits:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(method)
-        ax.set_xlim(0.0, top)
-        ax.set_xlabel("entropy of softmax output (nats)")
-        ax.set_ylabel("density")
-        ax.grid(alpha=0.3)
-        if splits:
-            ax.legend(fontsize=8)
+        _entropy_panel(ax, method, splits, bins, colors)
     for ax in list(axes.flat)[len(cleaned) :]:
         ax.set_visible(False)
     fig.suptitle(
@@ -401,6 +398,56 @@ def plot_entropy_histograms(
         fontsize=10,
     )
     return save_figure(fig, Path(path))
+
+
+def _finite_entropies(
+    entropies: Mapping[str, Mapping[str, np.ndarray]],
+) -> dict[str, dict[str, np.ndarray]]:
+    """``{method: {split: values}}`` with non-finite values and empty splits left out."""
+    cleaned: dict[str, dict[str, np.ndarray]] = {}
+    for method, splits in entropies.items():
+        cleaned[method] = {}
+        for split, values in splits.items():
+            values = np.asarray(values, dtype=np.float64).ravel()
+            values = values[np.isfinite(values)]
+            if values.size:
+                cleaned[method][split] = values
+    return cleaned
+
+
+def _entropy_range(cleaned: Mapping[str, Mapping[str, np.ndarray]], num_classes: int | None):
+    """The histograms' upper edge: log K, the largest entropy possible, when K is known; else the
+    largest entropy seen (1 when there is none above 0)."""
+    if num_classes is not None:
+        return math.log(num_classes)
+    seen = [v.max() for splits in cleaned.values() for v in splits.values()]
+    top = float(max(seen)) if seen else 0.0
+    return top if top > 0 else 1.0
+
+
+def _entropy_panel(ax, method: str, splits: Mapping[str, np.ndarray], bins, colors) -> None:
+    """One method's panel: a filled and an outlined density histogram per split."""
+    top = float(bins[-1])
+    for split, values in splits.items():
+        clipped = np.clip(values, 0.0, top)
+        ax.hist(
+            clipped,
+            bins=bins,
+            density=True,
+            alpha=0.45,
+            color=colors[split],
+            label=f"{split} (n={values.size}, mean {values.mean():.2f})",
+        )
+        ax.hist(clipped, bins=bins, density=True, histtype="step", color=colors[split])
+    if not splits:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(method)
+    ax.set_xlim(0.0, top)
+    ax.set_xlabel("entropy of softmax output (nats)")
+    ax.set_ylabel("density")
+    ax.grid(alpha=0.3)
+    if splits:
+        ax.legend(fontsize=8, loc="best")
 
 
 def _check_columns(frame: pd.DataFrame, required: tuple[str, ...]) -> None:
@@ -451,8 +498,8 @@ def plot_relearn_times(frame: pd.DataFrame, path: str | Path) -> Path:
     positions = np.arange(len(methods))
     for position, method, length, hit in zip(positions, methods, lengths, reached):
         color = "tab:green" if method == "retrain" else "tab:blue"
-        if hit:
-            ax.barh(position, length, color=color)
+        if hit:  # the outline keeps a bar of length 0 (relearned at once) visible
+            ax.barh(position, length, color=color, edgecolor=color, linewidth=1.5)
             ax.text(length, position, f" {length:.3g}", va="center", fontsize=8)
         else:
             ax.barh(position, length, color="white", edgecolor="tab:gray", hatch="//")
@@ -466,7 +513,7 @@ def plot_relearn_times(frame: pd.DataFrame, path: str | Path) -> Path:
             Patch(facecolor="white", edgecolor="tab:gray", hatch="//", label="not reached: budget")
         )
     if handles:
-        ax.legend(handles=handles, loc="lower right", fontsize=8)
+        legend_outside(ax, handles=handles)
     ax.set_yticks(positions, methods)
     ax.invert_yaxis()
     ax.set_xlim(0, max(float(lengths.max()) if lengths.size else 1.0, 1e-12) * 1.35)
@@ -532,7 +579,7 @@ def plot_information_tradeoff(frame: pd.DataFrame, path: str | Path) -> Path:
         else:
             ax.set_xscale("log")
             ax.margins(x=0.08, y=0.12)  # room for the lambda labels
-            ax.legend(fontsize=8)
+            legend_outside(ax)
         ax.set_xlabel("information left about D_f, upper bound (nats)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3, which="both")

@@ -13,8 +13,11 @@ from fedunlearn.store.durable_io import (
     private_directory,
     open_private_file,
     atomic_write_bytes,
+    atomic_write_json,
     append_jsonl,
     read_jsonl,
+    log_size,
+    truncate_log,
 )
 from fedunlearn.store.index import (
     INDEX_VERSION,
@@ -51,8 +54,11 @@ __all__ = [
     "private_directory",
     "open_private_file",
     "atomic_write_bytes",
+    "atomic_write_json",
     "append_jsonl",
     "read_jsonl",
+    "log_size",
+    "truncate_log",
     "INDEX_VERSION",
     "COLUMNS",
     "StoreBusyError",

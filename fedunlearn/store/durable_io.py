@@ -4,12 +4,14 @@ Three invariants, kept here once so that no writer needs its own copy:
 
 * **Atomic files.** :func:`atomic_write_bytes` writes a fsynced temporary file and renames it into
   place, then fsyncs the folder: a reader (or a crash) sees the old bytes or the new, never half.
+  :func:`atomic_write_json` is the same for a JSON document.
 * **Append-only logs that survive a crash mid-append.** :func:`append_jsonl` writes one JSON record
   per line with a single ``write`` and fsyncs it; a record exists once its newline is on disk. A crash
   can leave at most one torn last line; :func:`read_jsonl` skips it (with a :class:`TornLineWarning`
   naming the file) and the next :func:`append_jsonl` cuts it off first, so a new record never merges
   into it. A damaged line anywhere else is not a crash's doing: :class:`LogCorruptionError` names the
-  file and the line.
+  file and the line. A writer that must undo its own append (a transaction that failed after it)
+  takes :func:`log_size` before and hands it to :func:`truncate_log`.
 * **Least privilege.** Files are created ``0600`` and folders ``0700`` whatever the process umask
   (``fchmod``/``chmod`` after creation, since a umask can only take bits away, and a umask like
   ``0o277`` would otherwise leave a folder its owner cannot write to).
@@ -130,6 +132,14 @@ def atomic_write_bytes(
         fsync_directory(path.parent)
 
 
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """:func:`atomic_write_bytes` of ``obj`` as indented JSON with sorted keys and a final newline;
+    values JSON cannot encode are written as ``str``."""
+    text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
+    return Path(path)
+
+
 # ---------------------------------------------------------------------- JSON lines
 def _parse_record(raw: bytes) -> dict[str, Any]:
     """One log line as a JSON object; ``ValueError`` (with the reason) for anything else."""
@@ -234,3 +244,27 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     if tail:
         _warn_torn(path, len(tail), "skipped")
     return records
+
+
+def log_size(path: str | os.PathLike) -> int:
+    """The size of an append-only log now (-1: it does not exist), for :func:`truncate_log`."""
+    try:
+        return Path(path).stat().st_size
+    except FileNotFoundError:
+        return -1
+
+
+def truncate_log(path: str | os.PathLike, size: int) -> None:
+    """Give an append-only log back the bytes it had when :func:`log_size` returned ``size`` (cutting
+    it to that length undoes every later append; ``-1`` removes a log that did not exist), durably."""
+    path = Path(path)
+    if size < 0:
+        if path.exists():
+            path.unlink()
+            fsync_directory(path.parent)
+        return
+    if path.is_file() and path.stat().st_size > size:
+        with open(path, "r+b") as handle:
+            handle.truncate(size)
+            handle.flush()
+            os.fsync(handle.fileno())

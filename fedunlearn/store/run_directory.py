@@ -8,7 +8,6 @@ the umask: models, updates and logs reveal the clients' data.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,12 +22,13 @@ from fedunlearn.store.durable_io import (
     PRIVATE_DIRECTORY_MODE,
     append_jsonl,
     atomic_write_bytes,
+    atomic_write_json,
     private_directory,
     read_jsonl,
 )
 from fedunlearn.errors import ConfigError
 
-__all__ = ["CHECKPOINT", "RunDirectory", "atomic_write_bytes"]  # atomic_write_bytes: re-exported
+__all__ = ["CHECKPOINT", "RunDirectory"]
 
 CHECKPOINT = "checkpoint"
 
@@ -77,11 +77,7 @@ class RunDirectory:
         return self.path / "store"
 
     def write_json(self, name: str, obj: Any) -> Path:
-        target = self.path / name
-        atomic_write_bytes(
-            target, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
-        )
-        return target
+        return atomic_write_json(self.path / name, obj)
 
     def save_model(self, name: str, state: Mapping[str, torch.Tensor]) -> Path:
         """Save a state dict as ``<name>.safetensors``."""

@@ -53,6 +53,7 @@ from fedunlearn.store.durable_io import (
     PRIVATE_DIRECTORY_MODE,
     PRIVATE_FILE_MODE,
     atomic_write_bytes,
+    atomic_write_json,
     fsync_directory,
     open_private_file,
     private_directory,
@@ -749,9 +750,7 @@ class UpdateStore:
         return header
 
     def _write_header(self, header: dict) -> None:
-        atomic_write_bytes(
-            self.root / _HEADER, json.dumps(header, indent=2, sort_keys=True).encode()
-        )
+        atomic_write_json(self.root / _HEADER, header)
 
     def _read_blob(self, row: BlobRow, *, with_metadata: bool = False):
         """The blob's tensors (floats as float32), checksum-verified; with ``with_metadata`` also

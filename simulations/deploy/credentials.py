@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.store.durable_io import fsync_directory
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1")
 MAX_DAYS = 3650
@@ -166,15 +167,7 @@ def _fill(folder: Path, hosts: Sequence[str], supernodes: int, days: int) -> Non
     _write_new(folder / "server.key", key_pem, 0o600)
     for index in range(supernodes):
         write_supernode_key(folder / f"supernode-{index}")
-    _fsync_directory(folder)
-
-
-def _fsync_directory(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(folder)
 
 
 def _check_replaceable(out: Path, force: bool) -> None:
@@ -210,7 +203,7 @@ def _swap_in(new: Path, out: Path) -> None:
         os.rename(old / "set", out)  # should this fail too, the old set is kept in ``old``
         os.rmdir(old)
         raise
-    _fsync_directory(out.parent)
+    fsync_directory(out.parent)
     shutil.rmtree(old)
 
 

@@ -10,7 +10,8 @@ import torch
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
-from fedunlearn.store.run_directory import RunDirectory, atomic_write_bytes
+from fedunlearn.store.durable_io import atomic_write_bytes
+from fedunlearn.store.run_directory import RunDirectory
 from server.federated_training import train_federated
 
 

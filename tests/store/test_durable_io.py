@@ -16,8 +16,11 @@ from fedunlearn.store.durable_io import (
     TornLineWarning,
     append_jsonl,
     atomic_write_bytes,
+    atomic_write_json,
+    log_size,
     private_directory,
     read_jsonl,
+    truncate_log,
 )
 from fedunlearn.errors import FedUnlearnError
 
@@ -172,3 +175,22 @@ def test_any_crash_point_keeps_exactly_the_records_whose_newline_reached_the_dis
         warnings.simplefilter("error")
         assert read_jsonl(log) == [*survivors, {"after": "crash"}]
     assert json.loads(log.read_bytes().splitlines()[-1]) == {"after": "crash"}
+
+
+def test_a_json_document_is_written_private_and_reads_back(tmp_path):
+    path = atomic_write_json(tmp_path / "new" / "summary.json", {"b": 1, "a": tmp_path})
+    assert json.loads(path.read_text()) == {"a": str(tmp_path), "b": 1}
+    assert path.read_text().endswith("\n") and mode(path) == 0o600
+
+
+def test_truncating_to_an_earlier_size_undoes_exactly_the_later_appends(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    assert log_size(path) == -1
+    append_jsonl(path, {"request": 1})
+    mark = log_size(path)
+    append_jsonl(path, {"request": 2})
+    append_jsonl(path, {"request": 3})
+    truncate_log(path, mark)
+    assert read_jsonl(path) == [{"request": 1}]
+    truncate_log(path, -1)  # the log did not exist before the first append
+    assert not path.exists()

@@ -1,0 +1,85 @@
+"""What ``fedunlearn-run`` shows of the stream ``flwr run --stream`` prints.
+
+The stream mixes our progress lines (``[fedunlearn] ...`` and the tables after them) with lines of
+Flower (its CLI's chatter and its logger's ``INFO :`` lines, half the output of a run) and of Ray
+(warnings its worker prints when the simulation starts). By default only ours are shown;
+``--verbose`` shows everything. A line nobody recognises is always shown: an error or a traceback
+must never be hidden. Flower colours its levels with ANSI escape codes; they are removed unless
+the output is a terminal and ``NO_COLOR`` (https://no-color.org) is unset.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import TextIO
+
+#: An ANSI escape sequence (colour, cursor): CSI ... final byte.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+#: Lines of Flower and Ray that a user of fedunlearn does not need (after ANSI codes are removed).
+THIRD_PARTY_LINES = tuple(
+    re.compile(pattern)
+    for pattern in (
+        r"^(DEBUG|INFO|WARNING)\s*:",  # Flower's logger; its ERROR lines are kept
+        r"^Flower configuration not found",
+        r"^Starting local SuperLink",
+        r"^Using SuperLink",
+        r"^Successfully (started run|installed) ",
+        r"^Loading project configuration",
+        r"/site-packages/ray/.*Warning: ",  # Ray's warnings at start-up (warnings.warn format) ...
+        r"^\s*$",  # the CLI's blank separator lines
+    )
+)
+#: ... and the source line Python prints under such a warning.
+_WARNING_SOURCE = re.compile(r"^\s+warnings\.warn\(")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without ANSI escape sequences."""
+    return ANSI_ESCAPE.sub("", text)
+
+
+def use_color(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether colour codes may reach ``stream``: it is a terminal and ``NO_COLOR`` is unset or
+    empty."""
+    environ = os.environ if environ is None else environ
+    if environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+class ConsoleFilter:
+    """Decides, line by line, what of ``flwr run --stream``'s output reaches the user.
+
+    Parameters
+    ----------
+    verbose : bool
+        Show Flower's and Ray's lines too.
+    color : bool
+        Keep ANSI colour codes (see :func:`use_color`).
+    """
+
+    def __init__(self, *, verbose: bool = False, color: bool = False) -> None:
+        self.verbose, self.color = verbose, color
+        self._after_warning = False
+
+    def is_third_party(self, line: str) -> bool:
+        """Whether ``line`` (one line, ANSI codes allowed) is Flower's or Ray's."""
+        plain = strip_ansi(line)
+        after_warning, self._after_warning = self._after_warning, False
+        if after_warning and _WARNING_SOURCE.match(plain):
+            return True
+        if any(pattern.search(plain) for pattern in THIRD_PARTY_LINES):
+            self._after_warning = "Warning: " in plain
+            return True
+        return False
+
+    def __call__(self, line: str) -> str | None:
+        """The text to print for ``line``, or None to print nothing."""
+        hidden = self.is_third_party(line)
+        if hidden and not self.verbose:
+            return None
+        return line if self.color else strip_ansi(line)
