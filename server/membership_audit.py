@@ -40,8 +40,8 @@ from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import resolve_device
 from server.certified_head import HEAD_WEIGHTS
 from server.federated_training import TrainingOutcome, participant_rounds
+from server.progress import Log
 
-Log = Callable[[str], None]
 Probabilities = Callable[[torch.Tensor], np.ndarray]
 
 def shadow_of(name: str) -> str | None:

@@ -19,8 +19,8 @@ import pandas as pd
 from fedunlearn.registry import MethodSpec
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.training.model_state import State
+from server.progress import Log
 
-Log = Callable[[str], None]
 
 
 class SharedStatistics:

@@ -19,7 +19,7 @@ it costs (the paper's Fig. 2).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -47,12 +47,12 @@ from fedunlearn.scrubbing.readouts import (
 )
 from server.federated_training import TrainingOutcome
 from server.method_runner import MethodRunner, SharedStatistics
-from server.reply_screening import check_sources
+from server.progress import Log
+from server.queries import query_nodes
 from server.scrub_methods import ScrubContext, retrain
 from server.scrub_readouts import information_tradeoff, readout_data, readouts
 
 SCRUB_QUERY = "query.scrub_stats"
-Log = Callable[[str], None]
 
 
 class ScrubStatistics:
@@ -70,8 +70,11 @@ class ScrubStatistics:
         outcome: TrainingOutcome,
         forget: ForgetSet,
         masks: Mapping[int, np.ndarray],
+        log: Log | None = None,
     ) -> None:
         self.grid = grid
+        self.timeout = outcome.config.reply_timeout
+        self.log = log
         self.members = outcome.members
         self.node_of = dict(outcome.members.node_of_partition)
         self.forget = forget
@@ -105,11 +108,16 @@ class ScrubStatistics:
             )
             for p in partitions
         ]
-        replies = list(self.grid.send_and_receive(messages, timeout=3600))
-        self.messages += len(messages)
         asked = {self.node_of[p]: p for p in partitions}
+        replies = query_nodes(
+            self.grid, messages, op=op, who="scrubbing", timeout=self.timeout,
+            partition_of=asked, log=self.log,
+        )  # fmt: skip
+        self.messages += len(messages)
         totals: dict[str, dict] = {part: {"count": 0} for part in parts}
-        for partition, reply in check_sources(replies, asked, op, who="scrubbing").items():
+        # summed in partition order, so the totals do not depend on the order replies arrive in
+        for node, reply in sorted(replies.items(), key=lambda item: asked[item[0]]):
+            partition = asked[node]
             counts, arrays = self._checked(reply, partition, op, parts, state, config)
             for part in parts:
                 totals[part]["count"] += counts[part]
@@ -188,7 +196,7 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
         grid,
         outcome,
         forget,
-        ScrubStatistics(grid, outcome, forget, masks),
+        ScrubStatistics(grid, outcome, forget, masks, log=log),
         holders=[p for p in partitions if masks[p].any()],
         keepers=[p for p in partitions if (~masks[p]).any()],
         log=log,

@@ -17,7 +17,6 @@ from the run configuration for measurement only; no method ever reads them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -43,12 +42,12 @@ from server.federated_training import (
     participant_strategy,
     train_config_record,
 )
-from strategies.federaser import FedEraser
 from server.history import open_staging
 from server.method_runner import MethodRunner
+from server.progress import Log
 from server.queries import collect_replies
+from strategies.federaser import FedEraser
 
-Log = Callable[[str], None]
 LOG_NAME = "unlearning_log.jsonl"
 
 

@@ -17,6 +17,7 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.training.models import build_dataset_model
+from fake_grid import AnsweringGrid
 from server.federation import FederationMembers
 from server.scrubbing import ScrubStatistics, cohort_masks
 
@@ -25,37 +26,34 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 NODES = {0: 11, 1: 12, 2: 13}
 
 
-class ClientGrid:
+class ClientGrid(AnsweringGrid):
     """Answers with the real client code; ``tamper(node, content)`` may change a reply."""
 
     def __init__(self, config, data, tamper=None):
         self.config, self.data, self.tamper = config, data, tamper
 
-    def send_and_receive(self, messages, timeout=None):
-        replies = []
-        for message in messages:
-            node = message.metadata.dst_node_id
-            partition = {n: p for p, n in NODES.items()}[node]
-            setup = ClientSetup(
-                self.config, partition, self.data.client_split(partition),
-                tuple(self.data.splits.input_shape), self.data.splits.num_classes,
-                torch.device("cpu"),
-            )  # fmt: skip
-            content = answer_scrub_query(message, setup).content
-            if self.tamper is not None:
-                self.tamper(node, content)
-            reply = Mock(spec=Message)
-            reply.has_error.return_value = False
-            reply.metadata.src_node_id = node
-            reply.content = content
-            replies.append(reply)
-        return replies
+    def answer(self, message):
+        node = message.metadata.dst_node_id
+        partition = {n: p for p, n in NODES.items()}[node]
+        setup = ClientSetup(
+            self.config, partition, self.data.client_split(partition),
+            tuple(self.data.splits.input_shape), self.data.splits.num_classes,
+            torch.device("cpu"),
+        )  # fmt: skip
+        content = answer_scrub_query(message, setup).content
+        if self.tamper is not None:
+            self.tamper(node, content)
+        reply = Mock(spec=Message)
+        reply.has_error.return_value = False
+        reply.metadata.src_node_id = node
+        reply.content = content
+        return reply
 
 
 @pytest.fixture
 def scrub():
     config = ExperimentConfig.from_run_config(
-        {"num-clients": 3, "scrub": True, "scrub-forget": "class:3"}
+        {"num-clients": 3, "scrub": True, "scrub-forget": "class:3", "reply-timeout": 2.0}
     )
     data = load_federated_data(config)
     shape = tuple(data.splits.input_shape)
@@ -133,8 +131,10 @@ def test_a_failed_or_missing_scrub_reply_fails_the_query_naming_the_node(scrub):
     config, data, outcome, state, forget, masks = scrub
 
     class Silent(ClientGrid):
-        def send_and_receive(self, messages, timeout=None):
-            return super().send_and_receive(messages)[:2]  # node 13 never answers
+        def answer(self, message):
+            if message.metadata.dst_node_id == 13:
+                return None  # node 13 never answers
+            return super().answer(message)
 
     stats = ScrubStatistics(Silent(config, data), outcome, forget, masks)
     with pytest.raises(RuntimeError, match="scrubbing: head failed: .*node 13 \\(partition 2\\)"):
