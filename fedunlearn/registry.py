@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -31,6 +32,9 @@ from fedunlearn.errors import ConfigError
 #: store (FedEraser, FedAccum), the trained model only, or statistics the clients compute at the
 #: server's request (the head's sums, the diagonal Fisher of D_r). Shared statistics are collected
 #: once per run and their cost is added to every method that needs them.
+#: A method's name: it selects the method in the run config (a comma-separated list) and names its
+#: model file in the run directory, so nothing that could split a list or leave the directory.
+METHOD_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
 STORE_CONTENTS = ("retained-updates", "trained-model", "initial-model")
 STATISTICS = ("head-statistics", "fisher-statistics")
 NEEDS = STORE_CONTENTS + STATISTICS
@@ -113,8 +117,10 @@ class Registry:
         self, name: str, implementation: str | Callable[..., Any] | None = None, **fields: Any
     ) -> MethodSpec:
         """Add a method; returns its spec. A name already registered is refused."""
-        if not isinstance(name, str) or not name or name != name.strip().lower() or "," in name:
-            raise ConfigError("name", name, "a lower-case name without spaces or commas")
+        if not isinstance(name, str) or not METHOD_NAME.fullmatch(name):
+            raise ConfigError(
+                "name", name, "lower-case letters, digits and '-', starting with a letter"
+            )
         if name in self._specs:
             raise ConfigError(
                 "name", name, f"a {self.kind} name not registered yet ({', '.join(self.names())})"

@@ -22,7 +22,6 @@ from fedunlearn.training.model_state import State
 from server.progress import Log
 
 
-
 class SharedStatistics:
     """Statistics computed once per phase and reused by every method that needs them."""
 

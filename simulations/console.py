@@ -22,7 +22,11 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 THIRD_PARTY_LINES = tuple(
     re.compile(pattern)
     for pattern in (
-        r"^(DEBUG|INFO|WARNING)\s*:",  # Flower's logger; its ERROR lines are kept
+        r"^(DEBUG|INFO)\s*:",  # Flower's logger; its warnings and errors are kept, but for ...
+        # ... two known ones: the SuperNode default (the runner sizes the federation itself) and
+        # the evaluation fraction (evaluation is the server's, on its test set)
+        r"^WARNING\s*:\s+Since flwr \S+, default simulated SuperNodes changed",
+        r"^WARNING\s*:\s+fraction_evaluate is set to 0\.0\.",
         r"^Flower configuration not found",
         r"^Starting local SuperLink",
         r"^Using SuperLink",

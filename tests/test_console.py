@@ -36,6 +36,8 @@ OURS = [
     "|:-----------|----------------:|",
     # Lines nobody recognises are shown: an error must never be hidden.
     f"{RED}ERROR {RESET}:     ServerApp thread raised an exception",
+    # ... and so is a Flower warning that is not one of the two known ones.
+    f"{YELLOW}WARNING {RESET}:   Node 12 did not reply in time",
     "Traceback (most recent call last):",
     '  File "server/server_app.py", line 42, in main',
 ]
@@ -59,8 +61,11 @@ def test_by_default_only_our_lines_and_unknown_ones_are_printed():
     assert code == 0 and run_id == "17787992685208633057"  # read even though the line is hidden
     expected = [strip_ansi(line) for line in OURS]
     assert printed.splitlines() == expected
-    for marker in ("INFO", "WARNING", "Flower", "SuperLink", "ray", "warnings.warn", "Sampled"):
+    for marker in ("INFO", "Flower", "SuperLink", "ray", "warnings.warn", "Sampled", "fraction_"):
         assert marker not in printed
+    assert [line for line in printed.splitlines() if "WARNING" in line] == [
+        "WARNING :   Node 12 did not reply in time"
+    ]
 
 
 def test_verbose_prints_flowers_and_rays_lines_too():

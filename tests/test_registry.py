@@ -73,7 +73,7 @@ def test_the_registry_refuses_duplicates_bad_names_and_unknown_needs():
     registry.register("a", "some.module:function")
     with pytest.raises(ConfigError):
         registry.register("a", "some.module:other")
-    for bad in ("", "A", "a,b", " a"):
+    for bad in ("", "A", "a,b", " a", "a b", "../x", "a/b", "-a", "a" * 65, 3):
         with pytest.raises(ConfigError):
             registry.register(bad, "m:f")
     with pytest.raises(ConfigError):
