@@ -33,6 +33,8 @@ Nothing here imports ``flwr``; Opacus is imported only when an ε is computed.
 
 from __future__ import annotations
 
+import logging
+
 import math
 import numbers
 from collections.abc import Sequence
@@ -43,7 +45,14 @@ __all__ = ["compose_certificates", "dp_fedavg_epsilon"]
 
 
 def _rdp_accountant_class():
-    """Opacus's RDP accountant, imported on first use (Opacus is an optional dependency)."""
+    """Opacus's RDP accountant, imported on first use (Opacus is an optional dependency).
+
+    Opacus configures the root logger when it is imported (``logging.basicConfig`` in
+    ``opacus/utils/module_utils.py``), after which every library's log records, Flower's included,
+    are printed a second time in its format; the root logger's handlers are put back as they were.
+    """
+    root = logging.getLogger()
+    handlers = list(root.handlers)
     try:
         from opacus.accountants import RDPAccountant
     except ImportError as exc:  # pragma: no cover - exercised with a patched import
@@ -51,6 +60,9 @@ def _rdp_accountant_class():
             "fedunlearn.certified.dp_accounting needs Opacus for its RDP accountant; "
             "install it with `pip install opacus`"
         ) from exc
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
     return RDPAccountant
 
 

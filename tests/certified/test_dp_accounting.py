@@ -199,3 +199,16 @@ def test_module_imports_neither_flower_nor_opacus():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_accountant_leaves_the_processs_logging_as_it_was():
+    """Opacus calls logging.basicConfig when imported; after the accountant is loaded, Flower's log
+    records must not reach a second, root handler (the run's console would print each twice)."""
+    script = (
+        "import logging\n"
+        "from fedunlearn.certified.dp_accounting import dp_fedavg_epsilon\n"
+        "dp_fedavg_epsilon(1.0, 1.0, 5, 1e-5)\n"
+        "print(len(logging.getLogger().handlers))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "0"
