@@ -18,8 +18,8 @@ from flwr.clientapp.typing import Mod
 from clients.client_state import ClientSetup, client_config, client_setup, node_partition
 from clients.head_queries import answer_head_query
 from clients.scrub_queries import answer_scrub_query, forget_mask
-from fedunlearn.errors import ConfigError
 from fedunlearn.data.federated_data import settings_in
+from fedunlearn.errors import ConfigError
 from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_label_epochs
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import evaluate as evaluate_model

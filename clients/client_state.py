@@ -16,10 +16,10 @@ from flwr.app import Context, Message
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.datasets import TensorSplit
-from fedunlearn.errors import ConfigError
 from fedunlearn.data.federated_data import load_federated_data, settings_in
-from fedunlearn.training.models import BodyHeadNet, build_dataset_model
+from fedunlearn.errors import ConfigError
 from fedunlearn.training.local import resolve_device
+from fedunlearn.training.models import BodyHeadNet, build_dataset_model
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.client_state import ClientSetup
-from fedunlearn.errors import ConfigError
 from fedunlearn.certified.features import head_features
+from fedunlearn.certified.losses import check_loss, one_vs_rest_targets
 from fedunlearn.certified.statistics import (
     head_sums,
     is_integer_id,
@@ -34,7 +34,7 @@ from fedunlearn.certified.statistics import (
     step_sums,
     weighted_grams,
 )
-from fedunlearn.certified.losses import check_loss, one_vs_rest_targets
+from fedunlearn.errors import ConfigError
 
 OPS = ("prepare", "sums", "gram", "removed", "step")
 

@@ -20,9 +20,9 @@ import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.client_state import ClientSetup
-from fedunlearn.errors import ConfigError
-from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.certified.curvature import head_inputs, head_matrix, head_sums
+from fedunlearn.data.forget_sets import ForgetSet
+from fedunlearn.errors import ConfigError
 from fedunlearn.scrubbing.scrubbers import diagonal_fisher
 from fedunlearn.seeding import derive_seed
 

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from fedunlearn.config import ExperimentConfig, model_problem
-from fedunlearn.errors import ConfigError, DatasetNotFoundError
 from fedunlearn.data.federated_data import DATA_KEYS, FederatedData, load_federated_data
 from fedunlearn.data.forget_sets import ForgetSet
+from fedunlearn.errors import ConfigError, DatasetNotFoundError
 from fedunlearn.training.models import resolve_model_name
 
 #: The append-only log of a run's finished unlearning requests (one JSON object per line, with the

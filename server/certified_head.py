@@ -30,11 +30,9 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
-from fedunlearn.config import ExperimentConfig
-from fedunlearn.errors import ConfigError
-from fedunlearn.data.federated_data import run_settings
 from fedunlearn.certified.features import head_features
+from fedunlearn.certified.losses import one_vs_rest_targets, predict_labels
+from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
 from fedunlearn.certified.statistics import (
     HEAD_QUERY,
     CentralHeadData,
@@ -45,7 +43,9 @@ from fedunlearn.certified.statistics import (
     is_integer_id,
     unpack_symmetric,
 )
-from fedunlearn.certified.losses import one_vs_rest_targets, predict_labels
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.data.federated_data import run_settings
+from fedunlearn.errors import ConfigError
 from fedunlearn.plots import integer_ticks, legend_outside, plt, save_figure
 from fedunlearn.seeding import derive_seed
 from server.certified_head_replies import (
@@ -59,6 +59,7 @@ from server.certified_head_replies import (
 from server.federation import FederationMembers
 from server.progress import Log
 from server.queries import query_nodes
+
 SampleId = tuple[int, int]
 
 

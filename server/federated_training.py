@@ -20,16 +20,16 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
-from fedunlearn.config import ExperimentConfig
 from fedunlearn.certified.dp_accounting import dp_fedavg_epsilon
+from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import FederatedData, load_federated_data, run_settings
 from fedunlearn.memory import current_rss_bytes, megabytes, peak_rss_bytes
-from fedunlearn.training.models import BodyHeadNet, build_dataset_model, resolve_model_name
 from fedunlearn.plots import plot_training_curves
-from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.seeding import derive_seed
-from fedunlearn.training.local import EvaluationResult, evaluate, resolve_device
+from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.training.local import EvaluationResult, evaluate, resolve_device
+from fedunlearn.training.models import BodyHeadNet, build_dataset_model, resolve_model_name
 from server.federation import FederationMembers, discover_clients, failure_reasons
 from server.history import finish_pending
 from server.progress import Log

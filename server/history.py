@@ -29,16 +29,16 @@ import shutil
 import time
 from pathlib import Path
 
-from fedunlearn.store.durable_io import atomic_write_bytes, fsync_directory, private_directory
 from fedunlearn.errors import ConfigError
+from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import UNLEARNING
+from fedunlearn.store.durable_io import atomic_write_bytes, fsync_directory, private_directory
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.progress import Log
 
 JOURNAL = "history_rewrite.json"
 HISTORY_LOG = "history_log.jsonl"
-UNLEARNING_LOG = "unlearning_log.jsonl"
 
 
 def staging_path(run: RunDirectory, request: int) -> Path:

@@ -31,10 +31,11 @@ import torch
 
 from fedunlearn.certified.features import head_features
 from fedunlearn.certified.losses import class_probabilities
-from fedunlearn.membership.lira import logit_confidence
 from fedunlearn.membership.attacks import disjoint_indices, split_held_out
 from fedunlearn.membership.evaluation import MembershipAudit, ModelOutputs, softmax_outputs
+from fedunlearn.membership.lira import logit_confidence
 from fedunlearn.plots import plot_roc_curves
+from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import REFERENCE, UNLEARNING, audited_models
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import resolve_device
@@ -180,7 +181,7 @@ def _audited_states(run, in_memory: Mapping[str, Mapping[str, torch.Tensor]]):
     states: dict[str, Callable[[], Mapping[str, torch.Tensor]]] = {}
     # This request's unlearned models: a later request's files end in -<request>, and an earlier
     # request's models (still on disk) must not stand in for them.
-    requests = run.read_log("unlearning_log.jsonl")
+    requests = run.read_log(UNLEARNING_LOG)
     suffix = requests[-1].get("suffix", "") if requests else ""
     for name, spec in audited_models():
         filename = spec.model_file
@@ -266,7 +267,7 @@ def _reference_confidences(grid, outcome: TrainingOutcome, target: int, outputs,
 def _seconds(run) -> dict[str, float]:
     """Wall time of each method, from the unlearning and scrubbing logs of this run."""
     seconds: dict[str, float] = {}
-    for log_name in ("unlearning_log.jsonl", "scrubbing.jsonl"):
+    for log_name in (UNLEARNING_LOG, "scrubbing.jsonl"):
         if (run.path / log_name).is_file():
             for entry in run.read_log(log_name):
                 seconds.update(entry.get("seconds", {}))

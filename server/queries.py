@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 from fedunlearn.errors import FedUnlearnError
 from server.progress import HEARTBEAT_SECONDS, Heartbeat, Log
 
+
 class BadReplyError(FedUnlearnError, RuntimeError):
     """A client's reply to a plug-in's query (``who``: the certified head, scrubbing) was refused."""
 

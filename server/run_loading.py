@@ -11,15 +11,14 @@ import json
 from collections.abc import Callable
 
 from fedunlearn.config import ExperimentConfig
-from fedunlearn.errors import ConfigError
 from fedunlearn.data.federated_data import load_federated_data
+from fedunlearn.errors import ConfigError
 from fedunlearn.preflight import REQUEST_FIELDS
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.federated_training import TrainingOutcome, discover
 from server.history import adopt, finish_pending, pending_request
 from server.reply_screening import ReplyScreen
-
 
 
 def load_trained_run(

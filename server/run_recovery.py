@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from fedunlearn.config import ExperimentConfig
-from fedunlearn.errors import ConfigError
 from fedunlearn.data.federated_data import DATA_KEYS
+from fedunlearn.errors import ConfigError
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 

@@ -30,6 +30,7 @@ from flwr.serverapp import Grid
 
 from fedunlearn.certified.curvature import assemble_hessian, head_matrix, with_head
 from fedunlearn.data.forget_sets import ForgetSet
+from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import SCRUBBING
 from fedunlearn.scrubbing.baselines import hide_class
 from fedunlearn.scrubbing.scrubbers import (
@@ -42,7 +43,8 @@ from fedunlearn.scrubbing.scrubbers import (
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.model_state import State
 from server.federated_training import TrainingOutcome, participant_rounds
-from server.method_runner import Log, SharedStatistics
+from server.method_runner import SharedStatistics
+from server.progress import Log
 
 
 @dataclass
@@ -84,7 +86,7 @@ def retrain(context: ScrubContext):
     """FedRetrain without D_f (from the same initial weights and seed), or the unlearning step's
     FedRetrain model when it forgot exactly this client, as the run's first request."""
     outcome, forget, config = context.outcome, context.forget, context.config
-    requests = outcome.run.read_log("unlearning_log.jsonl")
+    requests = outcome.run.read_log(UNLEARNING_LOG)
     reusable = f"model_fedretrain{requests[-1].get('suffix', '')}" if len(requests) == 1 else None
     details: dict[str, Any] = {"clients": list(context.keepers), "rounds": config.rounds}
     if (

@@ -25,11 +25,12 @@ import torch
 from flwr.serverapp import Grid
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.registry import UNLEARNING
-from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
-from fedunlearn.training.model_state import State
 from fedunlearn.plots import forgetting_title, plot_neuron_angles, plot_unlearning_comparison
+from fedunlearn.preflight import UNLEARNING_LOG
+from fedunlearn.registry import UNLEARNING
 from fedunlearn.training.local import evaluate, resolve_device
+from fedunlearn.training.model_state import State
+from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
 from fedunlearn.unlearning.metrics import (
     angle_degrees,
     l2_distance,
@@ -48,7 +49,7 @@ from server.progress import Log
 from server.queries import collect_replies
 from strategies.federaser import FedEraser
 
-LOG_NAME = "unlearning_log.jsonl"
+LOG_NAME = UNLEARNING_LOG  # each request's record (fedunlearn.preflight reads it too)
 
 
 def unlearning_done(run, targets: list[int]) -> bool:

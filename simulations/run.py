@@ -31,11 +31,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
-
-import tomllib
 
 from fedunlearn.config import ExperimentConfig, check_path_text
 from fedunlearn.errors import ConfigError, FedUnlearnError

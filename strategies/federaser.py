@@ -15,14 +15,14 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
+from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.training.model_state import state_difference
 from fedunlearn.unlearning.federaser import (
     Reconstruction,
     ReconstructionStep,
     calibration_epochs,
     federaser,
 )
-from fedunlearn.training.model_state import state_difference
-from fedunlearn.store.update_store import UpdateStore
 
 logger = logging.getLogger(__name__)
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from fedunlearn import preflight as pf
 from fedunlearn.config import MODELS, SAMPLE_SHAPES, ExperimentConfig, model_problem
-from fedunlearn.errors import ConfigError
 from fedunlearn.data.federated_data import load_federated_data
+from fedunlearn.errors import ConfigError
 from fedunlearn.training.models import DEFAULT_MODEL, build_model
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Standard-library modules newer than Python 3.10, with the version that added them.

@@ -19,7 +19,6 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.store.update_store import UpdateStore
 from simulations import run as runner
 
-
 # Two files of the UCI Adult layout, small enough to write by hand (a fake download).
 _ADULT_TRAIN_ROWS = [
     "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K",
@@ -163,9 +162,9 @@ def test_store_verify_on_a_garbage_index_exits_1(tmp_path, capsys, garbage):
 
 
 def test_certificates_with_a_torn_last_line_prints_the_table_and_a_warning(tmp_path, capsys):
+    from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
     from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
     from fedunlearn.certified.statistics import CentralHeadData
-    from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
 
     rng = np.random.default_rng(1)
     x = normalize_features(rng.normal(size=(30, 3)) + 0.3)

@@ -34,7 +34,6 @@ Nothing here imports ``flwr``; Opacus is imported only when an ε is computed.
 from __future__ import annotations
 
 import logging
-
 import math
 import numbers
 from collections.abc import Sequence

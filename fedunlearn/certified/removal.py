@@ -83,6 +83,9 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
+from fedunlearn.certified.losses import LOGISTIC_GAMMA, lipschitz_gamma
+from fedunlearn.certified.perturbation import NOISES, check_generator, sample_perturbation
+from fedunlearn.certified.statistics import HeadData, HeadSums, id_list
 from fedunlearn.config import (
     ConfigGroup,
     Interval,
@@ -90,9 +93,6 @@ from fedunlearn.config import (
     validate_parameter_constraints,
 )
 from fedunlearn.errors import ConfigError, FedUnlearnError
-from fedunlearn.certified.statistics import HeadData, HeadSums, id_list
-from fedunlearn.certified.losses import LOGISTIC_GAMMA, lipschitz_gamma
-from fedunlearn.certified.perturbation import NOISES, check_generator, sample_perturbation
 from fedunlearn.store.durable_io import append_jsonl, log_size, read_jsonl, truncate_log
 
 __all__ = ["NOISES", "sample_perturbation"]  # re-exported: b's densities live in perturbation.py

@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedunlearn.errors import ConfigError
 from fedunlearn.certified.losses import (
     check_features,
     check_loss,
@@ -30,6 +29,7 @@ from fedunlearn.certified.losses import (
     loss_values,
     second_derivative,
 )
+from fedunlearn.errors import ConfigError
 
 #: Rows per block when forming Hessians: keeps the scaled copy of X in cache-sized pieces.
 _BLOCK = 2048

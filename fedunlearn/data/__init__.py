@@ -6,17 +6,17 @@ Each module is importable by its own path; this package re-exports their public 
 
 from fedunlearn.data.datasets import (
     DATASET_NAMES,
-    TensorSplit,
     DatasetSplits,
+    TensorSplit,
     load_dataset,
 )
 from fedunlearn.data.federated_data import (
     DATA_KEYS,
     RUN_SETTING_PREFIX,
-    run_settings,
-    settings_in,
     FederatedData,
     load_federated_data,
+    run_settings,
+    settings_in,
     training_pool,
 )
 from fedunlearn.data.forget_sets import (
@@ -25,8 +25,8 @@ from fedunlearn.data.forget_sets import (
 )
 from fedunlearn.data.partitioning import (
     PARTITIONINGS,
-    partition_indices,
     label_distribution,
+    partition_indices,
 )
 
 __all__ = [

@@ -14,10 +14,9 @@ import torch
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.datasets import DatasetSplits, TensorSplit, load_dataset
-from fedunlearn.errors import ConfigError
 from fedunlearn.data.partitioning import partition_indices
+from fedunlearn.errors import ConfigError
 from fedunlearn.seeding import derive_seed
-
 
 #: Run-config keys that decide which samples a client holds and which model it builds. A run's
 #: clients must use the values the run was trained with, also when a later request (``unlearn-only``,

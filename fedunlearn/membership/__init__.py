@@ -6,38 +6,38 @@ Each module is importable by its own path; this package re-exports their public 
 
 from fedunlearn.membership.attacks import (
     PROB_FLOOR,
-    loss_scores,
-    confidence_scores,
-    entropy_scores,
     THRESHOLD_SCORES,
-    threshold_attacks,
     ShadowModelAttack,
+    confidence_scores,
     disjoint_indices,
+    entropy_scores,
+    loss_scores,
     split_held_out,
+    threshold_attacks,
 )
 from fedunlearn.membership.evaluation import (
-    JUDGED,
     DEFAULT_TOLERANCE,
-    softmax_outputs,
-    ModelOutputs,
+    JUDGED,
     MembershipAudit,
-    null_auc_std,
+    ModelOutputs,
     judge,
     mean_std,
+    null_auc_std,
+    softmax_outputs,
 )
 from fedunlearn.membership.lira import (
-    logit_confidence,
-    other_classes_mass,
+    LiraReference,
     lira_offline,
     lira_online,
-    LiraReference,
+    logit_confidence,
+    other_classes_mass,
 )
 from fedunlearn.membership.metrics import (
-    roc_auc,
-    tpr_at_fpr,
-    roc_points,
     precision_recall_f1,
+    roc_auc,
+    roc_points,
     threshold_summary,
+    tpr_at_fpr,
 )
 
 __all__ = [

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.membership.lira import lira_offline, logit_confidence
 from fedunlearn.membership.attacks import ShadowModelAttack, loss_scores, threshold_attacks
+from fedunlearn.membership.lira import lira_offline, logit_confidence
 from fedunlearn.membership.metrics import roc_points, threshold_summary
 
 #: The attack scores compared with FedRetrain's, and the verdict's tolerance on each.

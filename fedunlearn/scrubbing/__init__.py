@@ -6,34 +6,34 @@ Each module is importable by its own path; this package re-exports their public 
 
 from fedunlearn.scrubbing.baselines import (
     chance_clamped_cross_entropy,
-    negative_gradient_epochs,
-    random_labels,
-    random_label_epochs,
     final_linear,
     hide_class,
+    negative_gradient_epochs,
+    random_label_epochs,
+    random_labels,
 )
 from fedunlearn.scrubbing.readouts import (
     ENTROPY_BINS,
+    RelearnResult,
     error_rate,
     output_entropy,
-    RelearnResult,
-    relearn_time,
     plot_entropy_histograms,
-    plot_relearn_times,
     plot_information_tradeoff,
+    plot_relearn_times,
+    relearn_time,
 )
 from fedunlearn.scrubbing.scrubbers import (
     EIGEN_FLOOR,
-    psd_power,
+    NewtonScrubber,
     Scrubbed,
     diagonal_fisher,
     finite_time_scrub,
-    kl_over_lambda,
-    NewtonScrubber,
-    reference_fisher_variance,
     fisher_gaussian,
-    reference_fisher_gaussian,
     fisher_sample,
+    kl_over_lambda,
+    psd_power,
+    reference_fisher_gaussian,
+    reference_fisher_variance,
 )
 
 __all__ = [

@@ -5,29 +5,29 @@ Each module is importable by its own path; this package re-exports their public 
 """
 
 from fedunlearn.store.durable_io import (
-    PRIVATE_FILE_MODE,
     PRIVATE_DIRECTORY_MODE,
+    PRIVATE_FILE_MODE,
     LogCorruptionError,
     TornLineWarning,
-    fsync_directory,
-    private_directory,
-    open_private_file,
+    append_jsonl,
     atomic_write_bytes,
     atomic_write_json,
-    append_jsonl,
-    read_jsonl,
+    fsync_directory,
     log_size,
+    open_private_file,
+    private_directory,
+    read_jsonl,
     truncate_log,
 )
 from fedunlearn.store.index import (
-    INDEX_VERSION,
     COLUMNS,
+    INDEX_VERSION,
+    BlobRow,
     StoreBusyError,
+    StoreIndex,
     StoreReadOnlyError,
     blob_path,
     describe,
-    BlobRow,
-    StoreIndex,
 )
 from fedunlearn.store.retention import is_retained_round
 from fedunlearn.store.run_directory import (
@@ -37,12 +37,12 @@ from fedunlearn.store.run_directory import (
 from fedunlearn.store.update_store import (
     FORMAT_NAME,
     FORMAT_VERSION,
-    STORE_DTYPES,
     SQUARES_KEY,
+    STORE_DTYPES,
     RetainedRound,
-    squared_norms,
     RoundWriter,
     UpdateStore,
+    squared_norms,
 )
 
 __all__ = [

@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
+from fedunlearn.errors import ConfigError
 from fedunlearn.store.durable_io import (
     PRIVATE_DIRECTORY_MODE,
     append_jsonl,
@@ -26,7 +27,6 @@ from fedunlearn.store.durable_io import (
     private_directory,
     read_jsonl,
 )
-from fedunlearn.errors import ConfigError
 
 __all__ = ["CHECKPOINT", "RunDirectory"]
 

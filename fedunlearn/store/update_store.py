@@ -49,6 +49,7 @@ import safetensors.torch
 import torch
 from safetensors import SafetensorError, safe_open
 
+from fedunlearn.errors import ConfigError, StoreCorruptionError
 from fedunlearn.store.durable_io import (
     PRIVATE_DIRECTORY_MODE,
     PRIVATE_FILE_MODE,
@@ -58,7 +59,6 @@ from fedunlearn.store.durable_io import (
     open_private_file,
     private_directory,
 )
-from fedunlearn.errors import ConfigError, StoreCorruptionError
 from fedunlearn.store.index import (
     COLUMNS,
     BlobRow,

@@ -5,24 +5,24 @@ Each module is importable by its own path; this package re-exports their public 
 """
 
 from fedunlearn.training.local import (
-    resolve_device,
     EvaluationResult,
-    train_epochs,
     evaluate,
+    resolve_device,
+    train_epochs,
 )
 from fedunlearn.training.model_state import (
     state_difference,
+    state_norm,
     state_sum,
     weighted_average,
-    state_norm,
 )
 from fedunlearn.training.models import (
     DEFAULT_MODEL,
-    BodyHeadNet,
     MODEL_NAMES,
+    BodyHeadNet,
+    build_dataset_model,
     build_model,
     resolve_model_name,
-    build_dataset_model,
 )
 
 __all__ = [

@@ -5,21 +5,21 @@ Each module is importable by its own path; this package re-exports their public 
 """
 
 from fedunlearn.unlearning.federaser import (
-    calibration_epochs,
-    calibration_scales,
+    Reconstruction,
+    ReconstructionStep,
+    aggregate_updates,
     apply_scales,
     calibrate_update,
-    aggregate_updates,
-    ReconstructionStep,
-    Reconstruction,
+    calibration_epochs,
+    calibration_scales,
     fedaccum,
     federaser,
 )
 from fedunlearn.unlearning.metrics import (
-    prediction_difference,
     angle_degrees,
-    per_neuron_angles,
     l2_distance,
+    per_neuron_angles,
+    prediction_difference,
 )
 
 __all__ = [

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.training.model_state import State, state_sum, weighted_average
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.training.model_state import State, state_sum, weighted_average
 
 #: ``calibrate(retained_round, model, clients) -> {client: Û_k}``: the remaining clients' updates
 #: after E_cali epochs of training from ``model`` (Û_k = M̂_k − M̃).

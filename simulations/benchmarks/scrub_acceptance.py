@@ -23,10 +23,10 @@ from safetensors.torch import load_file
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import load_federated_data
-from fedunlearn.training.models import build_dataset_model
-from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.scrubbing.readouts import relearn_time
 from fedunlearn.seeding import derive_seed
+from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.training.models import build_dataset_model
 
 
 def main(argv=None) -> int:

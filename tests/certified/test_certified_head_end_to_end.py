@@ -146,11 +146,11 @@ def _implied_perturbation(run_dir, overrides, weights):
     the final body): exactly b for the head trained with b, before any removal."""
     from safetensors.torch import load_file
 
+    from fedunlearn.certified.features import head_features
+    from fedunlearn.certified.losses import one_vs_rest_targets
+    from fedunlearn.certified.statistics import head_sums
     from fedunlearn.config import ExperimentConfig
     from fedunlearn.data.federated_data import load_federated_data
-    from fedunlearn.certified.features import head_features
-    from fedunlearn.certified.statistics import head_sums
-    from fedunlearn.certified.losses import one_vs_rest_targets
     from fedunlearn.training.models import build_dataset_model
 
     config = ExperimentConfig.from_run_config(overrides)

@@ -8,18 +8,18 @@ from unittest.mock import Mock
 import numpy as np
 import pytest
 import torch
+from fake_grid import AnsweringGrid
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.client_state import ClientSetup
-from fake_grid import AnsweringGrid
 from clients.head_queries import answer_head_query
-from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams, read_ledger
-from fedunlearn.config import ExperimentConfig
-from fedunlearn.errors import ConfigError
-from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.certified.features import head_features
-from fedunlearn.certified.statistics import CentralHeadData
 from fedunlearn.certified.losses import one_vs_rest_targets
+from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams, read_ledger
+from fedunlearn.certified.statistics import CentralHeadData
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.data.federated_data import load_federated_data
+from fedunlearn.errors import ConfigError
 from server.certified_head import FederatedHeadData
 from server.certified_head_replies import BadReplyError, QueryFailedError
 from server.federation import FederationMembers

@@ -9,6 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedunlearn.certified.losses import (
+    LOGISTIC_GAMMA,
+    FeatureNormError,
+    normalize_features,
+    one_vs_rest_targets,
+    second_derivative,
+)
 from fedunlearn.certified.removal import (
     CertifiedHead,
     CertifiedRemovalParams,
@@ -20,15 +27,8 @@ from fedunlearn.certified.removal import (
     sample_perturbation,
     worst_case_bound,
 )
-from fedunlearn.errors import ConfigError
 from fedunlearn.certified.statistics import CentralHeadData, head_sums, removed_parts, step_sums
-from fedunlearn.certified.losses import (
-    LOGISTIC_GAMMA,
-    FeatureNormError,
-    normalize_features,
-    one_vs_rest_targets,
-    second_derivative,
-)
+from fedunlearn.errors import ConfigError
 
 
 def _problem(seed: int, n: int, d: int, classes: int = 2, shift: float = 0.3):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedunlearn.config import ExperimentConfig
-from fedunlearn.errors import ConfigError
+from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
 from fedunlearn.certified.statistics import (
     CentralHeadData,
     HeadSums,
@@ -19,7 +18,8 @@ from fedunlearn.certified.statistics import (
     unpack_symmetric,
     weighted_grams,
 )
-from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.errors import ConfigError
 
 
 def _data(seed=0, n=90, d=6, classes=3):

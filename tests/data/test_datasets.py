@@ -4,7 +4,6 @@ the real copies under $FEDUNLEARN_DATA_ROOT. Nothing here touches the network.""
 from __future__ import annotations
 
 import os
-
 import pickle
 import subprocess
 import sys

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedunlearn.errors import ConfigError
 from fedunlearn.data.forget_sets import ForgetSet
+from fedunlearn.errors import ConfigError
 
 LABELS = np.array([0, 5, 1, 5, 5, 2, 5, 3])
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedunlearn.errors import ConfigError
 from fedunlearn.data.partitioning import PARTITIONINGS, label_distribution, partition_indices
+from fedunlearn.errors import ConfigError
 
 NUM_CLASSES = 10
 

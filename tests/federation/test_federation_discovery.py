@@ -5,9 +5,9 @@ from __future__ import annotations
 from unittest.mock import Mock
 
 import pytest
+from fake_grid import AnsweringGrid
 from flwr.app import Message, MetricRecord, RecordDict
 
-from fake_grid import AnsweringGrid
 from fedunlearn.errors import ConfigError
 from server.federation import DESCRIBE, discover_clients
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.membership.lira import logit_confidence
 from fedunlearn.membership.evaluation import (
     MembershipAudit,
     ModelOutputs,
@@ -16,6 +15,7 @@ from fedunlearn.membership.evaluation import (
     mean_std,
     softmax_outputs,
 )
+from fedunlearn.membership.lira import logit_confidence
 
 K = 5
 

@@ -19,8 +19,8 @@ from fedunlearn.scrubbing.baselines import (
     random_label_epochs,
     random_labels,
 )
-from fedunlearn.training.models import build_dataset_model
 from fedunlearn.training.local import evaluate, train_epochs
+from fedunlearn.training.models import build_dataset_model
 
 K = 10
 

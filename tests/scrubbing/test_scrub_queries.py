@@ -9,10 +9,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from clients.client_state import ClientSetup
 from clients.scrub_queries import answer_scrub_query
-from fedunlearn.config import ExperimentConfig
-from fedunlearn.errors import ConfigError
-from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.certified.curvature import head_inputs, head_matrix, head_sums
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.data.federated_data import load_federated_data
+from fedunlearn.errors import ConfigError
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from torch import nn
 
 from fedunlearn.data.datasets import load_dataset
 from fedunlearn.errors import ConfigError
-from fedunlearn.training.models import build_dataset_model
 from fedunlearn.scrubbing.readouts import (
     RelearnResult,
     error_rate,
@@ -23,6 +22,7 @@ from fedunlearn.scrubbing.readouts import (
     relearn_time,
 )
 from fedunlearn.training.local import evaluate, train_epochs
+from fedunlearn.training.models import build_dataset_model
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FORGOTTEN_CLASS = 0

@@ -9,7 +9,8 @@ from unittest.mock import Mock
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from fake_grid import AnsweringGrid
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from clients.client_state import ClientSetup
 from clients.scrub_queries import answer_scrub_query
@@ -17,7 +18,6 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.training.models import build_dataset_model
-from fake_grid import AnsweringGrid
 from server.federation import FederationMembers
 from server.scrubbing import ScrubStatistics, cohort_masks
 

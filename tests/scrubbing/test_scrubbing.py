@@ -5,10 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from reference_scrub import (
+    fisher_forgetting,
+    forget_only_curvature,
+    gaussian_kl,
+    newton_scrub,
+    softmax_head_sums,
+)
 from torch import nn
 
-from fedunlearn.errors import ConfigError
 from fedunlearn.certified.curvature import assemble_hessian, head_sums
+from fedunlearn.errors import ConfigError
 from fedunlearn.scrubbing.scrubbers import (
     diagonal_fisher,
     fisher_gaussian,
@@ -16,13 +23,6 @@ from fedunlearn.scrubbing.scrubbers import (
     psd_power,
     reference_fisher_gaussian,
     reference_fisher_variance,
-)
-from reference_scrub import (
-    fisher_forgetting,
-    forget_only_curvature,
-    gaussian_kl,
-    newton_scrub,
-    softmax_head_sums,
 )
 
 

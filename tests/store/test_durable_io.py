@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedunlearn.errors import FedUnlearnError
 from fedunlearn.store.durable_io import (
     LogCorruptionError,
     TornLineWarning,
@@ -22,7 +23,6 @@ from fedunlearn.store.durable_io import (
     read_jsonl,
     truncate_log,
 )
-from fedunlearn.errors import FedUnlearnError
 
 
 def mode(path) -> int:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server import history
@@ -29,7 +30,7 @@ def _request(tmp_path, *, adopted="federaser", methods=("federaser", "fedaccum",
         run.save_model(f"model_{name}", {"w": torch.full((2,), value)})
     run.save_model("certified_head", {"certified_head.weights": torch.ones(1, 2)})
     run.append_log(
-        history.UNLEARNING_LOG,
+        UNLEARNING_LOG,
         {"request": 1, "suffix": "", "targets": [1], "methods": list(methods), "adopted": adopted},
     )
     return run

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from fedunlearn import cli
+from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
 from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
 from fedunlearn.certified.statistics import CentralHeadData
-from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
 from fedunlearn.store.update_store import UpdateStore
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]

@@ -5,9 +5,14 @@ from __future__ import annotations
 import torch
 
 from fedunlearn.data.datasets import load_dataset
-from fedunlearn.training.model_state import state_difference, state_norm, state_sum, weighted_average
-from fedunlearn.training.models import build_model
 from fedunlearn.training.local import evaluate, train_epochs
+from fedunlearn.training.model_state import (
+    state_difference,
+    state_norm,
+    state_sum,
+    weighted_average,
+)
+from fedunlearn.training.models import build_model
 
 
 def _digits_model_and_data():

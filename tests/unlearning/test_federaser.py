@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from fedunlearn.data.datasets import load_dataset
+from fedunlearn.data.partitioning import partition_indices
 from fedunlearn.errors import ConfigError
+from fedunlearn.seeding import derive_seed
+from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.training.local import train_epochs
+from fedunlearn.training.model_state import state_difference, state_sum, weighted_average
+from fedunlearn.training.models import build_model
 from fedunlearn.unlearning.federaser import (
     aggregate_updates,
     calibrate_update,
@@ -16,12 +22,6 @@ from fedunlearn.unlearning.federaser import (
     fedaccum,
     federaser,
 )
-from fedunlearn.training.model_state import state_difference, state_sum, weighted_average
-from fedunlearn.training.models import build_model
-from fedunlearn.data.partitioning import partition_indices
-from fedunlearn.seeding import derive_seed
-from fedunlearn.training.local import train_epochs
-from fedunlearn.store.update_store import UpdateStore
 
 T = torch.tensor
 

@@ -7,11 +7,11 @@ from unittest.mock import Mock
 
 import pytest
 import torch
+from fake_grid import AnsweringGrid
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-from fake_grid import AnsweringGrid
-from server.queries import collect_replies
 from fedunlearn.store.update_store import UpdateStore
+from server.queries import collect_replies
 from strategies.federaser import CALIBRATE, FedEraser
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
