@@ -24,6 +24,13 @@ from fedunlearn.training.models import (
     build_model,
     resolve_model_name,
 )
+from fedunlearn.training.stacked import (
+    ModelStack,
+    build_model_stack,
+    evaluate_stack,
+    member_seeds,
+    train_stack_epochs,
+)
 
 __all__ = [
     "resolve_device",
@@ -40,4 +47,9 @@ __all__ = [
     "build_model",
     "resolve_model_name",
     "build_dataset_model",
+    "ModelStack",
+    "member_seeds",
+    "build_model_stack",
+    "train_stack_epochs",
+    "evaluate_stack",
 ]
