@@ -4,6 +4,15 @@ Each module is importable by its own path; this package re-exports their public 
 (as torchvision's ``datasets/__init__.py`` does).
 """
 
+from fedunlearn.data.backdoor import (
+    Trigger,
+    attack_success_rate,
+    image_trigger,
+    make_trigger,
+    plant_backdoor,
+    tabular_trigger,
+    triggered_test_set,
+)
 from fedunlearn.data.datasets import (
     DATASET_NAMES,
     DatasetSplits,
@@ -30,6 +39,13 @@ from fedunlearn.data.partitioning import (
 )
 
 __all__ = [
+    "Trigger",
+    "image_trigger",
+    "tabular_trigger",
+    "make_trigger",
+    "plant_backdoor",
+    "triggered_test_set",
+    "attack_success_rate",
     "DATASET_NAMES",
     "TensorSplit",
     "DatasetSplits",

@@ -245,9 +245,9 @@ def evaluate_stack(
         return [EvaluationResult(float("nan"), float("nan"), 0)] * stack.num_members
     logits = stack.logits(x, batch_size=batch_size, device=device)
     targets = y.cpu().expand(stack.num_members, n)
-    loss_sums = nn.functional.cross_entropy(
-        logits.transpose(1, 2), targets, reduction="none"
-    ).sum(dim=1)
+    loss_sums = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(
+        dim=1
+    )
     correct = (logits.argmax(dim=2) == targets).sum(dim=1)
     return [
         EvaluationResult(loss / n, hits / n, n)

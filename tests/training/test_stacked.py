@@ -33,8 +33,7 @@ def _random_data(shape, n=70, num_classes=10, seed=0):
 
 def _max_difference(a: nn.Module, b: nn.Module) -> float:
     return max(
-        (pa - pb).abs().max().item()
-        for pa, pb in zip(a.parameters(), b.parameters(), strict=True)
+        (pa - pb).abs().max().item() for pa, pb in zip(a.parameters(), b.parameters(), strict=True)
     )
 
 
