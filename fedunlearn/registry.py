@@ -1,5 +1,5 @@
-"""Method registries: one per kind (unlearning methods, scrubbing methods, audited models), each
-mapping a name to its implementation and to what it needs.
+"""Method registries: one per kind (unlearning methods, scrubbing methods, audited models, the
+judge's metrics), each mapping a name to its implementation and to what it needs.
 
 The core never imports the server layer (nor Flower): an entry names its implementation as a
 ``"module:function"`` string, imported when the method runs (:meth:`MethodSpec.resolve`), or holds
@@ -288,6 +288,32 @@ AUDITED.register(
     options={"shadow": "certified-head-trained"},
     description="the certified head after its removals",
 )
+
+#: The judge's metrics (:mod:`fedunlearn.judge.metrics`): each is called as
+#: ``implementation(data, population, rng)`` on a :class:`fedunlearn.judge.JudgeData` and returns
+#: ``{column: Estimate}``; ``options["columns"]`` lists its columns, in the table's order.
+JUDGE_METRICS = Registry("judge metric", "judge-metrics")
+
+for _name, _function, _columns, _description in (
+    ("forgetting-score", "forgetting_score_metric", ("f", "final-score"),
+     "the NeurIPS 2023 unlearning challenge's F and final score"),
+    ("ulira", "ulira_metric", ("ulira-accuracy", "ulira-tpr-1pct", "ulira-tpr-0.1pct"),
+     "U-LiRA, Hayes et al. 2025: per-example Gaussians, leave one model out"),
+    ("rmia", "rmia_metric", ("rmia-auc", "rmia-tpr-0.1pct"),
+     "offline RMIA, Zarifzadeh et al. 2024, retrained models as reference"),
+    ("lira", "lira_metric", ("lira-auc",), "offline LiRA, Carlini et al. 2022, same setting"),
+    ("backdoor", "backdoor_metric", ("backdoor-success",), "planted trigger's attack success"),
+    ("exposure", "exposure_metric", ("exposure-f", "exposure-ulira-accuracy"),
+     "a retained client's exposure: F and U-LiRA on its samples"),
+    ("utility", "utility_metric", ("test-accuracy", "retain-accuracy", "seconds"),
+     "accuracy on test and retained data, seconds per model"),
+):
+    JUDGE_METRICS.register(
+        _name,
+        f"fedunlearn.judge.metrics:{_function}",
+        options={"columns": _columns},
+        description=_description,
+    )
 
 #: The method every other is judged against (the audit, the comparison tables).
 REFERENCE = "fedretrain"

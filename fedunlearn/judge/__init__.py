@@ -1,5 +1,76 @@
 """The judge: per-example forgetting tests over populations of models (Flower-free)."""
 
+from fedunlearn.judge.bootstrap import (
+    Estimate,
+    bootstrap_interval,
+    bootstrap_two_samples,
+    mean_interval,
+)
+from fedunlearn.judge.forgetting_score import (
+    ForgettingScore,
+    bucket_scores,
+    challenge_confidence,
+    final_score,
+    forgetting_score,
+    per_example_epsilons,
+)
+from fedunlearn.judge.metrics import (
+    comparison_population,
+    lira_confidences,
+    rmia_population_scores,
+    rmia_reference_sweep,
+)
 from fedunlearn.judge.populations import INDEPENDENT, ORIGINAL, REFERENCE, JudgeData, Outputs
+from fedunlearn.judge.report import (
+    NO_SIGNAL,
+    judge_figure,
+    judge_markdown,
+    judge_table,
+    population_order,
+    separated,
+    write_judge_report,
+)
+from fedunlearn.judge.rmia import (
+    attack_summary,
+    rmia_member_scores,
+    rmia_scores,
+    true_label_probability,
+)
+from fedunlearn.judge.ulira import ULiraResult, ulira, ulira_scores, ulira_summary
 
-__all__ = ["INDEPENDENT", "ORIGINAL", "REFERENCE", "JudgeData", "Outputs"]
+__all__ = [
+    "INDEPENDENT",
+    "NO_SIGNAL",
+    "ORIGINAL",
+    "REFERENCE",
+    "Estimate",
+    "ForgettingScore",
+    "JudgeData",
+    "Outputs",
+    "ULiraResult",
+    "attack_summary",
+    "bootstrap_interval",
+    "bootstrap_two_samples",
+    "bucket_scores",
+    "challenge_confidence",
+    "comparison_population",
+    "final_score",
+    "forgetting_score",
+    "judge_figure",
+    "judge_markdown",
+    "judge_table",
+    "lira_confidences",
+    "mean_interval",
+    "per_example_epsilons",
+    "population_order",
+    "rmia_member_scores",
+    "rmia_population_scores",
+    "rmia_reference_sweep",
+    "rmia_scores",
+    "separated",
+    "true_label_probability",
+    "ulira",
+    "ulira_scores",
+    "ulira_summary",
+    "write_judge_report",
+]

@@ -1,0 +1,154 @@
+"""The judge's table, its verdict and its files (``judge.csv``, ``judge.md``, ``judge_rmia.csv``,
+``judge.png``).
+
+One row per population in the order original, methods, ``fedretrain``, ``retrain-independent``;
+every registered metric's columns (:data:`fedunlearn.registry.JUDGE_METRICS`) with ``<col>-low``
+and ``<col>-high`` beside each. The table ranks methods only when the floor (original) and the
+ceiling (retrain against retrain) are told apart: their F intervals must not overlap
+(:func:`separated`); otherwise the setting carries no signal and no ranking is printed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedunlearn.judge.forgetting_score import challenge_confidence, per_example_epsilons
+from fedunlearn.judge.metrics import comparison_population, rmia_population_scores
+from fedunlearn.judge.metrics import rmia_reference_sweep
+from fedunlearn.judge.populations import INDEPENDENT, ORIGINAL, REFERENCE, JudgeData
+from fedunlearn.membership.metrics import roc_points
+from fedunlearn.plots import integer_ticks, labelled_bars, legend_outside, save_figure
+from fedunlearn.registry import JUDGE_METRICS
+from fedunlearn.store.durable_io import atomic_write_bytes
+
+NO_SIGNAL = "no signal in this setting"
+
+
+def population_order(data: JudgeData) -> list[str]:
+    """original, the methods (in the data's order), fedretrain, retrain-independent."""
+    fixed = (ORIGINAL, REFERENCE, INDEPENDENT)
+    methods = [name for name in data.populations if name not in fixed]
+    return [ORIGINAL, *methods, REFERENCE, INDEPENDENT]
+
+
+def judge_table(
+    data: JudgeData, metrics: list[str] | None = None, rng: np.random.Generator | None = None
+) -> pd.DataFrame:
+    """Every metric (registered names, all by default) on every population: a ``population``
+    column, then per metric column its value, ``-low`` and ``-high`` (95% bootstrap interval)."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    specs = [JUDGE_METRICS[name] for name in (metrics or JUDGE_METRICS.names())]
+    rows = []
+    for population in population_order(data):
+        row: dict[str, object] = {"population": population}
+        for spec in specs:
+            for column, estimate in spec.resolve()(data, population, rng).items():
+                row.update(
+                    {column: estimate.value, f"{column}-low": estimate.low,
+                     f"{column}-high": estimate.high}
+                )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def separated(table: pd.DataFrame) -> bool:
+    """Whether F's 95% intervals of ``original`` (floor) and ``retrain-independent`` (ceiling)
+    do not overlap: the setting can tell a model that forgot nothing from one that never saw D_f."""
+    rows = table.set_index("population")
+    floor, ceiling = rows.loc[ORIGINAL], rows.loc[INDEPENDENT]
+    bounds = [floor["f-low"], floor["f-high"], ceiling["f-low"], ceiling["f-high"]]
+    if not np.all(np.isfinite(np.asarray(bounds, dtype=float))):
+        return False
+    return bool(floor["f-high"] < ceiling["f-low"] or ceiling["f-high"] < floor["f-low"])
+
+
+def _value_columns(table: pd.DataFrame) -> list[str]:
+    return [c for c in table.columns[1:] if not c.endswith(("-low", "-high"))]
+
+
+def judge_markdown(table: pd.DataFrame) -> str:
+    """``judge.md``: "value [low, high]" cells, then the verdict (a ranking by final score, or
+    :data:`NO_SIGNAL`)."""
+    columns = _value_columns(table)
+    lines = [
+        "| population | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for _, row in table.iterrows():
+        cells = [
+            "n/a" if not np.isfinite(row[c]) else
+            f"{row[c]:.3g} [{row[f'{c}-low']:.3g}, {row[f'{c}-high']:.3g}]"
+            for c in columns
+        ]
+        lines.append(f"| {row['population']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if not separated(table):
+        lines.append(f"**{NO_SIGNAL}**: F(original) and F(retrain-independent) overlap.")
+        return "\n".join(lines) + "\n"
+    fixed = {ORIGINAL, REFERENCE, INDEPENDENT}
+    methods = table[~table["population"].isin(fixed)]
+    if "final-score" in table and len(methods):
+        ranked = methods.sort_values("final-score", ascending=False)
+        lines.append("Methods ranked by final score (higher forgets better):")
+        lines += [
+            f"{i}. {row['population']} ({row['final-score']:.3g})"
+            for i, (_, row) in enumerate(ranked.iterrows(), start=1)
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def judge_figure(data: JudgeData, table: pd.DataFrame):
+    """Per-example ε histograms per population, backdoor success with intervals, and RMIA's ROC
+    on log-log axes (Carlini et al. 2022's convention), side by side."""
+    import matplotlib.pyplot as plt
+
+    order = population_order(data)
+    fig, (ax_eps, ax_backdoor, ax_roc) = plt.subplots(1, 3, figsize=(16, 4.2))
+    bins = np.linspace(0.0, 6.0, 25)
+    for population in order:
+        p, c = data[population], data[comparison_population(population)]
+        eps = per_example_epsilons(
+            challenge_confidence(p.forget_logits, p.forget_labels),
+            challenge_confidence(c.forget_logits, c.forget_labels),
+        )
+        ax_eps.hist(np.minimum(eps, bins[-1]), bins=bins, histtype="step", label=population)
+        fpr, tpr = roc_points(*(np.ravel(s) for s in rmia_population_scores(data, population)))
+        ax_roc.plot(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), label=population)
+    ax_eps.set(xlabel="per-example ε (forget set, capped at 6)", ylabel="examples")
+    integer_ticks(ax_eps, "y")
+    legend_outside(ax_eps)
+    rows = table.set_index("population").loc[order]
+    if "backdoor-success" in rows and np.isfinite(rows["backdoor-success"]).any():
+        heights = rows["backdoor-success"].to_numpy(dtype=float)
+        errors = np.abs(rows[["backdoor-success-low", "backdoor-success-high"]].to_numpy().T
+                        - heights)
+        labelled_bars(ax_backdoor, range(len(order)), heights, fmt="{:.2f}", color="tab:red")
+        ax_backdoor.errorbar(range(len(order)), heights, yerr=np.nan_to_num(errors), fmt="none",
+                             ecolor="black", capsize=3)
+        ax_backdoor.set_ylim(0, 1.15)
+    else:
+        ax_backdoor.text(0.5, 0.5, "no backdoor planted", ha="center", transform=ax_backdoor.transAxes)
+    ax_backdoor.set_xticks(range(len(order)), order, rotation=30, ha="right")
+    ax_backdoor.set_ylabel("backdoor success")
+    ax_roc.plot([1e-5, 1], [1e-5, 1], color="gray", linestyle=":", label="chance")
+    ax_roc.set(xscale="log", yscale="log", xlabel="false-positive rate", ylabel="true-positive rate",
+               title="RMIA, forget set vs population data")
+    legend_outside(ax_roc)
+    return fig
+
+
+def write_judge_report(data: JudgeData, table: pd.DataFrame, directory: Path) -> dict[str, Path]:
+    """Write ``judge.csv``, ``judge.md``, ``judge_rmia.csv`` (RMIA per number of reference models,
+    every population) and ``judge.png`` into ``directory``; returns their paths by name."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {name: directory / name for name in ("judge.csv", "judge.md", "judge_rmia.csv")}
+    atomic_write_bytes(paths["judge.csv"], table.to_csv(index=False).encode())
+    atomic_write_bytes(paths["judge.md"], judge_markdown(table).encode())
+    sweep = [row for p in population_order(data) for row in rmia_reference_sweep(data, p)]
+    atomic_write_bytes(paths["judge_rmia.csv"], pd.DataFrame(sweep).to_csv(index=False).encode())
+    paths["judge.png"] = save_figure(judge_figure(data, table), directory / "judge.png")
+    return paths
