@@ -21,7 +21,8 @@ def test_intervals_contain_the_value_and_shrink_with_more_data():
         assert estimate.value == pytest.approx(values.mean())
         fast = mean_interval(values, resamples=500, rng=rng)
         assert fast.value == estimate.value and fast.high - fast.low == pytest.approx(
-            estimate.high - estimate.low, rel=0.3)
+            estimate.high - estimate.low, rel=0.3
+        )
         widths.append(estimate.high - estimate.low)
     assert widths[1] < widths[0] / 5  # ~ 1/sqrt(100)
 

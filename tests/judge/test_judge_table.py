@@ -36,7 +36,12 @@ def world_and_table():
 def test_rows_are_ordered_and_every_registered_column_has_its_interval(world_and_table):
     data, table = world_and_table
     assert list(table["population"]) == [
-        "original", "leaky", "exact", "fedretrain", "retrain-independent"]
+        "original",
+        "leaky",
+        "exact",
+        "fedretrain",
+        "retrain-independent",
+    ]
     for spec in JUDGE_METRICS:
         for column in spec.options["columns"]:
             assert {column, f"{column}-low", f"{column}-high"} <= set(table.columns)
@@ -51,8 +56,9 @@ def test_forgetting_shows_between_the_floor_and_the_ceiling(world_and_table):
     assert abs(rows.loc["exact", "ulira-accuracy"] - 0.5) < 0.1
     assert rows.loc["original", "rmia-auc"] > 0.9 and rows.loc["original", "lira-auc"] > 0.9
     assert abs(rows.loc["retrain-independent", "rmia-auc"] - 0.5) < 0.1
-    assert rows.loc["original", "backdoor-success"] > 0.9 > 0.1 > rows.loc["exact",
-                                                                             "backdoor-success"]
+    assert (
+        rows.loc["original", "backdoor-success"] > 0.9 > 0.1 > rows.loc["exact", "backdoor-success"]
+    )
     for column in ("f", "ulira-accuracy", "rmia-auc", "test-accuracy"):
         assert np.all(table[f"{column}-low"] <= table[column])
         assert np.all(table[column] <= table[f"{column}-high"])
@@ -74,7 +80,11 @@ def test_the_report_files_are_written(world_and_table, tmp_path):
     data, table = world_and_table
     paths = write_judge_report(data, table, tmp_path)
     assert sorted(p.name for p in paths.values()) == [
-        "judge.csv", "judge.md", "judge.png", "judge_rmia.csv"]
+        "judge.csv",
+        "judge.md",
+        "judge.png",
+        "judge_rmia.csv",
+    ]
     assert pd.read_csv(paths["judge.csv"]).shape == table.shape
     sweep = pd.read_csv(paths["judge_rmia.csv"])
     assert list(sweep[sweep["population"] == "original"]["reference-models"]) == [1, 2, 4, 6]

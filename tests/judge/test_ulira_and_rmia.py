@@ -64,13 +64,15 @@ def _overfit_world(seed: int, n: int = 2000):
 def test_rmia_with_one_reference_model_beats_offline_lira_at_low_false_positive_rates():
     target_f, target_p, reference_f, reference_p = _overfit_world(0)
     members, nonmembers = rmia_member_scores(
-        expit(target_f)[None], expit(target_p)[None], expit(reference_f[:1]),
+        expit(target_f)[None],
+        expit(target_p)[None],
+        expit(reference_f[:1]),
         expit(reference_p[:1]),
     )
     rmia_tpr = attack_summary(members, nonmembers)[1]
     # LiRA needs two reference models for a variance; it gets both and still finds fewer.
     lira = lira_offline(np.r_[target_f, target_p], np.c_[reference_f, reference_p])
-    lira_tpr = attack_summary(lira[: len(target_f)], lira[len(target_f):])[1]
+    lira_tpr = attack_summary(lira[: len(target_f)], lira[len(target_f) :])[1]
     assert rmia_tpr > 3 * lira_tpr and rmia_tpr > 0.01
 
 
@@ -88,8 +90,12 @@ def test_ulira_refuses_bad_inputs(arguments, parameter):
 
 
 def test_rmia_refuses_bad_inputs():
-    good = dict(target_x=np.array([0.5]), target_z=np.array([0.5, 0.2]),
-                reference_x=np.array([[0.5]]), reference_z=np.array([[0.5, 0.2]]))
+    good = dict(
+        target_x=np.array([0.5]),
+        target_z=np.array([0.5, 0.2]),
+        reference_x=np.array([[0.5]]),
+        reference_z=np.array([[0.5, 0.2]]),
+    )
     for key, value, parameter in (
         ("target_x", np.array([np.nan]), "target_x"),
         ("target_z", np.array([1.5, 0.2]), "target_z"),
