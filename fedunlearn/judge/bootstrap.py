@@ -107,9 +107,7 @@ def bootstrap_two_samples(
     b = _check_sample(second, "second")
     rows_a = rng.integers(0, len(a), size=(resamples, len(a)))
     rows_b = rng.integers(0, len(b), size=(resamples, len(b)))
-    replicates = np.array(
-        [statistic(a[i], b[j]) for i, j in zip(rows_a, rows_b)], dtype=np.float64
-    )
+    replicates = np.array([statistic(a[i], b[j]) for i, j in zip(rows_a, rows_b)], dtype=np.float64)
     return _interval(statistic(a, b), replicates, level)
 
 

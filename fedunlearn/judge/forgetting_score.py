@@ -166,7 +166,9 @@ def _check_confidences(values: object, name: str, num_examples: int | None = Non
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != 2 or (num_examples is not None and array.shape[1] != num_examples):
         examples = "n" if num_examples is None else num_examples
-        raise ConfigError(name, f"array of shape {array.shape}", f"a 2-D array (models, {examples})")
+        raise ConfigError(
+            name, f"array of shape {array.shape}", f"a 2-D array (models, {examples})"
+        )
     if array.shape[0] < 2:
         raise ConfigError(name, f"{array.shape[0]} model(s)", "at least 2 models")
     if array.shape[1] < 1:

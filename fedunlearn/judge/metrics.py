@@ -113,9 +113,13 @@ def rmia_population_scores(
     p, c = _pair(data, population)
     count = c.num_models if reference_models is None else reference_models
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
-        raise ConfigError("reference_models", reference_models, f"an integer in [1, {c.num_models}]")
+        raise ConfigError(
+            "reference_models", reference_models, f"an integer in [1, {c.num_models}]"
+        )
     if not 1 <= count <= c.num_models:
-        raise ConfigError("reference_models", reference_models, f"an integer in [1, {c.num_models}]")
+        raise ConfigError(
+            "reference_models", reference_models, f"an integer in [1, {c.num_models}]"
+        )
     return rmia_member_scores(
         true_label_probability(p.forget_logits, p.forget_labels),
         true_label_probability(p.population_logits, p.population_labels),
@@ -228,7 +232,11 @@ def rmia_reference_sweep(
     for count in counts or reference_counts(available):
         auc, tpr = attack_summary(*rmia_population_scores(data, population, count))
         rows.append(
-            {"population": population, "reference-models": count, "rmia-auc": auc,
-             "rmia-tpr-0.1pct": tpr}
+            {
+                "population": population,
+                "reference-models": count,
+                "rmia-auc": auc,
+                "rmia-tpr-0.1pct": tpr,
+            }
         )
     return rows

@@ -16,8 +16,11 @@ import numpy as np
 import pandas as pd
 
 from fedunlearn.judge.forgetting_score import challenge_confidence, per_example_epsilons
-from fedunlearn.judge.metrics import comparison_population, rmia_population_scores
-from fedunlearn.judge.metrics import rmia_reference_sweep
+from fedunlearn.judge.metrics import (
+    comparison_population,
+    rmia_population_scores,
+    rmia_reference_sweep,
+)
 from fedunlearn.judge.populations import INDEPENDENT, ORIGINAL, REFERENCE, JudgeData
 from fedunlearn.membership.metrics import roc_points
 from fedunlearn.plots import integer_ticks, labelled_bars, legend_outside, save_figure
@@ -47,8 +50,11 @@ def judge_table(
         for spec in specs:
             for column, estimate in spec.resolve()(data, population, rng).items():
                 row.update(
-                    {column: estimate.value, f"{column}-low": estimate.low,
-                     f"{column}-high": estimate.high}
+                    {
+                        column: estimate.value,
+                        f"{column}-low": estimate.low,
+                        f"{column}-high": estimate.high,
+                    }
                 )
         rows.append(row)
     return pd.DataFrame(rows)
@@ -79,8 +85,9 @@ def judge_markdown(table: pd.DataFrame) -> str:
     ]
     for _, row in table.iterrows():
         cells = [
-            "n/a" if not np.isfinite(row[c]) else
-            f"{row[c]:.3g} [{row[f'{c}-low']:.3g}, {row[f'{c}-high']:.3g}]"
+            "n/a"
+            if not np.isfinite(row[c])
+            else f"{row[c]:.3g} [{row[f'{c}-low']:.3g}, {row[f'{c}-high']:.3g}]"
             for c in columns
         ]
         lines.append(f"| {row['population']} | " + " | ".join(cells) + " |")
@@ -123,19 +130,33 @@ def judge_figure(data: JudgeData, table: pd.DataFrame):
     rows = table.set_index("population").loc[order]
     if "backdoor-success" in rows and np.isfinite(rows["backdoor-success"]).any():
         heights = rows["backdoor-success"].to_numpy(dtype=float)
-        errors = np.abs(rows[["backdoor-success-low", "backdoor-success-high"]].to_numpy().T
-                        - heights)
+        errors = np.abs(
+            rows[["backdoor-success-low", "backdoor-success-high"]].to_numpy().T - heights
+        )
         labelled_bars(ax_backdoor, range(len(order)), heights, fmt="{:.2f}", color="tab:red")
-        ax_backdoor.errorbar(range(len(order)), heights, yerr=np.nan_to_num(errors), fmt="none",
-                             ecolor="black", capsize=3)
+        ax_backdoor.errorbar(
+            range(len(order)),
+            heights,
+            yerr=np.nan_to_num(errors),
+            fmt="none",
+            ecolor="black",
+            capsize=3,
+        )
         ax_backdoor.set_ylim(0, 1.15)
     else:
-        ax_backdoor.text(0.5, 0.5, "no backdoor planted", ha="center", transform=ax_backdoor.transAxes)
+        ax_backdoor.text(
+            0.5, 0.5, "no backdoor planted", ha="center", transform=ax_backdoor.transAxes
+        )
     ax_backdoor.set_xticks(range(len(order)), order, rotation=30, ha="right")
     ax_backdoor.set_ylabel("backdoor success")
     ax_roc.plot([1e-5, 1], [1e-5, 1], color="gray", linestyle=":", label="chance")
-    ax_roc.set(xscale="log", yscale="log", xlabel="false-positive rate", ylabel="true-positive rate",
-               title="RMIA, forget set vs population data")
+    ax_roc.set(
+        xscale="log",
+        yscale="log",
+        xlabel="false-positive rate",
+        ylabel="true-positive rate",
+        title="RMIA, forget set vs population data",
+    )
     legend_outside(ax_roc)
     return fig
 

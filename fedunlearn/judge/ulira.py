@@ -58,7 +58,9 @@ def _check(values: object, name: str, num_examples: int | None = None) -> np.nda
     array = np.asarray(values, dtype=np.float64)
     expected = "n" if num_examples is None else num_examples
     if array.ndim != 2 or (num_examples is not None and array.shape[1] != num_examples):
-        raise ConfigError(name, f"array of shape {array.shape}", f"a 2-D array (models, {expected})")
+        raise ConfigError(
+            name, f"array of shape {array.shape}", f"a 2-D array (models, {expected})"
+        )
     if array.shape[0] < 3:
         raise ConfigError(
             name, f"{array.shape[0]} model(s)", "at least 3 models (2 left after holding one out)"

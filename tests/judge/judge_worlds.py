@@ -18,10 +18,17 @@ def logits_from_margins(margins: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 def outputs(
-    rng, levels: dict[str, np.ndarray], labels: dict[str, np.ndarray], models: int,
-    *, member_boost: float = 0.0, backdoor: float | None = None, accuracy: float = 0.9,
+    rng,
+    levels: dict[str, np.ndarray],
+    labels: dict[str, np.ndarray],
+    models: int,
+    *,
+    member_boost: float = 0.0,
+    backdoor: float | None = None,
+    accuracy: float = 0.9,
 ) -> Outputs:
     """One population: margins = level + noise (+ ``member_boost`` on the forget set)."""
+
     def draw(name, boost=0.0):
         margins = levels[name] + boost + rng.normal(0.0, 1.0, (models, len(levels[name])))
         return logits_from_margins(margins, labels[name])
@@ -36,13 +43,15 @@ def outputs(
         test_accuracy=np.full(models, accuracy) + rng.normal(0, 0.01, models),
         retain_accuracy=np.full(models, accuracy) + rng.normal(0, 0.01, models),
         seconds=np.full(models, 2.0),
-        backdoor_success=None if backdoor is None else np.clip(
-            backdoor + rng.normal(0, 0.03, models), 0, 1),
+        backdoor_success=None
+        if backdoor is None
+        else np.clip(backdoor + rng.normal(0, 0.03, models), 0, 1),
     )
 
 
-def judge_world(seed: int = 0, *, models: int = 8, examples: int = 40, boost: float = 6.0,
-                backdoor: bool = True) -> JudgeData:
+def judge_world(
+    seed: int = 0, *, models: int = 8, examples: int = 40, boost: float = 6.0, backdoor: bool = True
+) -> JudgeData:
     """original (forget set memorised: +``boost``), ``leaky`` (half the boost), ``exact`` (as
     retrained), fedretrain and retrain-independent."""
     rng = np.random.default_rng(seed)
@@ -51,8 +60,9 @@ def judge_world(seed: int = 0, *, models: int = 8, examples: int = 40, boost: fl
     labels = {name: rng.integers(0, CLASSES, n) for name, n in sizes.items()}
 
     def make(boost_, rate):
-        return outputs(rng, levels, labels, models, member_boost=boost_,
-                       backdoor=rate if backdoor else None)
+        return outputs(
+            rng, levels, labels, models, member_boost=boost_, backdoor=rate if backdoor else None
+        )
 
     return JudgeData(
         populations={

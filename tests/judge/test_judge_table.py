@@ -1,0 +1,107 @@
+"""The judge's table on a synthetic run: the floor and ceiling rows always there and told apart,
+a method that forgot sits with the ceiling, one that did not with the floor; the files are written
+and say "no signal" when the floor and the ceiling overlap."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from judge_worlds import judge_world  # noqa: E402
+
+from fedunlearn.errors import ConfigError  # noqa: E402
+from fedunlearn.judge import (  # noqa: E402
+    NO_SIGNAL,
+    judge_figure,
+    judge_markdown,
+    judge_table,
+    rmia_reference_sweep,
+    separated,
+    write_judge_report,
+)
+from fedunlearn.judge.metrics import reference_counts, rmia_metric  # noqa: E402
+from fedunlearn.registry import JUDGE_METRICS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def world_and_table():
+    data = judge_world(0, models=6, examples=30)
+    return data, judge_table(data, rng=np.random.default_rng(0))
+
+
+def test_rows_are_ordered_and_every_registered_column_has_its_interval(world_and_table):
+    data, table = world_and_table
+    assert list(table["population"]) == [
+        "original",
+        "leaky",
+        "exact",
+        "fedretrain",
+        "retrain-independent",
+    ]
+    for spec in JUDGE_METRICS:
+        for column in spec.options["columns"]:
+            assert {column, f"{column}-low", f"{column}-high"} <= set(table.columns)
+
+
+def test_forgetting_shows_between_the_floor_and_the_ceiling(world_and_table):
+    _, table = world_and_table
+    rows = table.set_index("population")
+    assert separated(table)
+    assert rows.loc["original", "f"] < rows.loc["leaky", "f"] < rows.loc["exact", "f"]
+    assert rows.loc["original", "ulira-accuracy"] > 0.9
+    assert abs(rows.loc["exact", "ulira-accuracy"] - 0.5) < 0.1
+    assert rows.loc["original", "rmia-auc"] > 0.9 and rows.loc["original", "lira-auc"] > 0.9
+    assert abs(rows.loc["retrain-independent", "rmia-auc"] - 0.5) < 0.1
+    assert (
+        rows.loc["original", "backdoor-success"] > 0.9 > 0.1 > rows.loc["exact", "backdoor-success"]
+    )
+    for column in ("f", "ulira-accuracy", "rmia-auc", "test-accuracy"):
+        assert np.all(table[f"{column}-low"] <= table[column])
+        assert np.all(table[column] <= table[f"{column}-high"])
+
+
+def test_markdown_ranks_methods_only_when_the_floor_and_ceiling_separate(world_and_table):
+    _, table = world_and_table
+    text = judge_markdown(table)
+    assert "1. exact" in text and "2. leaky" in text and NO_SIGNAL not in text
+    blurred = table.copy()
+    floor = blurred["population"] == "original"
+    blurred.loc[floor, ["f-low", "f-high"]] = [0.0, 1.0]
+    assert not separated(blurred)
+    text = judge_markdown(blurred)
+    assert NO_SIGNAL in text and "ranked" not in text
+
+
+def test_the_report_files_are_written(world_and_table, tmp_path):
+    data, table = world_and_table
+    paths = write_judge_report(data, table, tmp_path)
+    assert sorted(p.name for p in paths.values()) == [
+        "judge.csv",
+        "judge.md",
+        "judge.png",
+        "judge_rmia.csv",
+    ]
+    assert pd.read_csv(paths["judge.csv"]).shape == table.shape
+    sweep = pd.read_csv(paths["judge_rmia.csv"])
+    assert list(sweep[sweep["population"] == "original"]["reference-models"]) == [1, 2, 4, 6]
+    fig = judge_figure(data, table)
+    ax_eps, ax_backdoor, ax_roc = fig.axes[:3]
+    assert ax_roc.get_xscale() == "log" and ax_roc.get_yscale() == "log"
+    assert len(ax_backdoor.patches) == 5 and ax_eps.get_legend() is not None
+    plt.close(fig)
+
+
+def test_backdoor_is_missing_without_a_trigger_and_unknown_populations_are_refused():
+    data = judge_world(1, models=4, examples=10, backdoor=False)
+    table = judge_table(data, metrics=["backdoor", "utility"], rng=np.random.default_rng(0))
+    assert table["backdoor-success"].isna().all() and (table["seconds"] == 2.0).all()
+    with pytest.raises(ConfigError) as error:
+        rmia_metric(data, "nobody", np.random.default_rng(0))
+    assert error.value.parameter == "population"
+    assert reference_counts(32) == (1, 2, 4, 8, 16, 32) and reference_counts(1) == (1,)
+    rows = rmia_reference_sweep(data, "original", counts=(1, 4))
+    assert [row["reference-models"] for row in rows] == [1, 4]
