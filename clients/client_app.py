@@ -24,6 +24,13 @@ from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_labe
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import evaluate as evaluate_model
 from fedunlearn.training.local import train_epochs
+from fedunlearn.training.stacked import (
+    ModelStack,
+    evaluate_stack,
+    mean_evaluation,
+    stack_size,
+    train_stack_epochs,
+)
 
 
 def create_client_app(
@@ -98,22 +105,23 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
         lr=float(config.get("lr", setup.config.lr)),
         batch_size=int(config.get("batch-size", setup.config.batch_size)),
         momentum=float(config.get("momentum", setup.config.momentum)),
-        seed=derive_seed(setup.config.seed, "train", server_round, setup.partition_id),
         device=setup.device,
     )
-    if objective == "train":
-        loss = train_epochs(
-            model,
-            x,
-            y,
-            weight_decay=float(config.get("weight-decay", setup.config.weight_decay)),
-            **settings,
-        )
+    weight_decay = float(config.get("weight-decay", setup.config.weight_decay))
+    if isinstance(model, ModelStack):
+        loss = _train_stack(model, x, y, config, setup, objective, weight_decay, settings)
     else:
-        baseline = (
-            negative_gradient_epochs if objective == "negative-gradient" else random_label_epochs
-        )
-        loss = baseline(model, x, y, num_classes=setup.num_classes, **settings)
+        model_seed = int(config.get("model-seed", setup.config.training_seed))
+        settings["seed"] = derive_seed(model_seed, "train", server_round, setup.partition_id)
+        if objective == "train":
+            loss = train_epochs(model, x, y, weight_decay=weight_decay, **settings)
+        else:
+            baseline = (
+                negative_gradient_epochs
+                if objective == "negative-gradient"
+                else random_label_epochs
+            )
+            loss = baseline(model, x, y, num_classes=setup.num_classes, **settings)
     metrics = MetricRecord(
         {
             "num-examples": len(x),
@@ -126,9 +134,28 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
     return Message(content=content, reply_to=msg)
 
 
+def _train_stack(model, x, y, config, setup: ClientSetup, objective, weight_decay, settings):
+    """A judge run's stack of N models, trained at once (:func:`train_stack_epochs`): member i
+    sees the batches a single run with ``model-seed`` = ``stack-seeds[i]`` would see."""
+    if objective != "train":
+        raise ConfigError("objective", objective, "train for a stack of models")
+    seeds = [int(s) for s in config.get("stack-seeds", [])]
+    if len(seeds) != model.num_members:
+        raise ConfigError("stack-seeds", seeds, f"{model.num_members} seeds, one per model")
+    server_round = int(config.get("server-round", 0))
+    batch_seeds = [derive_seed(s, "train", server_round, setup.partition_id) for s in seeds]
+    losses = train_stack_epochs(
+        model, x, y, seeds=batch_seeds, weight_decay=weight_decay, **settings
+    )
+    return float(sum(losses) / len(losses))
+
+
 def _evaluation(msg: Message, setup: ClientSetup) -> Message:
     model = _received_model(msg, setup)
-    result = evaluate_model(model, setup.data.x, setup.data.y, device=setup.device)
+    if isinstance(model, ModelStack):
+        result = mean_evaluation(evaluate_stack(model, setup.data.x, setup.data.y))
+    else:
+        result = evaluate_model(model, setup.data.x, setup.data.y, device=setup.device)
     metrics = MetricRecord(
         {
             "num-examples": result.num_examples,
@@ -172,8 +199,12 @@ def _description(msg: Message, context: Context, overrides: Mapping[str, Any]) -
 
 
 def _received_model(msg: Message, setup: ClientSetup):
-    model = setup.new_model()
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    """The model a message carries: one network, or a judge run's stack of N
+    (``members.<i>.<tensor>`` keys)."""
+    state = msg.content["arrays"].to_torch_state_dict()
+    members = stack_size(state)
+    model = setup.new_model() if members == 0 else setup.new_stack(members)
+    model.load_state_dict(state)
     return model
 
 

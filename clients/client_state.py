@@ -19,7 +19,9 @@ from fedunlearn.data.datasets import TensorSplit
 from fedunlearn.data.federated_data import load_federated_data, settings_in
 from fedunlearn.errors import ConfigError
 from fedunlearn.training.local import resolve_device
+from fedunlearn.config.choices import MAX_JUDGE_MODELS
 from fedunlearn.training.models import BodyHeadNet, build_dataset_model
+from fedunlearn.training.stacked import ModelStack, build_model_stack
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,18 @@ class ClientSetup:
     def new_model(self) -> BodyHeadNet:
         return build_dataset_model(
             self.config.model, self.config.dataset, self.input_shape, self.num_classes
+        )
+
+    def new_stack(self, members: int) -> ModelStack:
+        """A stack of ``members`` networks (a judge run's message carries N models at once)."""
+        if not 1 <= members <= MAX_JUDGE_MODELS:
+            raise ConfigError("arrays", f"{members} models", f"at most {MAX_JUDGE_MODELS}")
+        return build_model_stack(
+            self.config.model,
+            self.config.dataset,
+            self.input_shape,
+            self.num_classes,
+            list(range(members)),
         )
 
 

@@ -30,6 +30,13 @@ from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.local import EvaluationResult, evaluate, resolve_device
 from fedunlearn.training.models import BodyHeadNet, build_dataset_model, resolve_model_name
+from fedunlearn.training.stacked import (
+    ModelStack,
+    build_model_stack,
+    evaluate_stack,
+    mean_evaluation,
+    member_seeds,
+)
 from server.federation import FederationMembers, discover_clients, failure_reasons
 from server.history import finish_pending
 from server.progress import Log
@@ -58,11 +65,42 @@ class TrainingOutcome:
     final_state: dict[str, torch.Tensor]
     screen: ReplyScreen | None = None
 
-    def new_model(self) -> BodyHeadNet:
-        splits = self.data.splits
-        return build_dataset_model(
-            self.config.model, self.config.dataset, splits.input_shape, splits.num_classes
-        )
+    def new_model(self) -> BodyHeadNet | ModelStack:
+        """The run's network (weights to be loaded), or its stack of N in a judge run."""
+        splits, config = self.data.splits, self.config
+        shape, classes = splits.input_shape, splits.num_classes
+        if config.judge_models:
+            seeds = list(range(config.judge_models))
+            return build_model_stack(config.model, config.dataset, shape, classes, seeds)
+        return build_dataset_model(config.model, config.dataset, shape, classes)
+
+
+def stack_seeds(config: ExperimentConfig, population: str = "") -> list[int]:
+    """The model seeds of a judge run's N members (:func:`member_seeds` of ``training_seed``);
+    ``population`` names an independent set (other seeds, the same partitions)."""
+    base = config.training_seed if not population else derive_seed(config.training_seed, population)
+    return member_seeds(base, config.judge_models)
+
+
+def initial_model(
+    config: ExperimentConfig, splits, seeds: list[int] | None = None
+) -> BodyHeadNet | ModelStack:
+    """M^0: one network seeded by ``training_seed``, or a judge run's stack whose member i is the
+    M^0 of a single run with ``model-seed`` = ``seeds[i]`` (default :func:`stack_seeds`)."""
+    shape, classes = splits.input_shape, splits.num_classes
+    if not config.judge_models:
+        seed = derive_seed(config.training_seed, "initial-model")
+        return build_dataset_model(config.model, config.dataset, shape, classes, seed=seed)
+    seeds = stack_seeds(config) if seeds is None else seeds
+    initial = [derive_seed(seed, "initial-model") for seed in seeds]
+    return build_model_stack(config.model, config.dataset, shape, classes, initial)
+
+
+def evaluate_run_model(model, x: torch.Tensor, y: torch.Tensor, *, device) -> EvaluationResult:
+    """:func:`evaluate` of the run's model; for a stack, its members' mean loss and accuracy."""
+    if isinstance(model, ModelStack):
+        return mean_evaluation(evaluate_stack(model, x, y, device=device))
+    return evaluate(model, x, y, device=device)
 
 
 def discover(grid: Grid, config: ExperimentConfig, data: FederatedData, *, log: Log = print):
@@ -90,12 +128,15 @@ def dp_epsilon_of(config: ExperimentConfig) -> float:
 def train_config_record(config: ExperimentConfig) -> dict[str, int | float | str]:
     """The client SGD settings sent with every training (and calibration) message, and the run's
     data settings (:func:`fedunlearn.data.federated_data.run_settings`)."""
+    seeds = {"stack-seeds": stack_seeds(config)} if config.judge_models else {}
     return {
         "local-epochs": config.local_epochs,
         "lr": config.lr,
         "batch-size": config.batch_size,
         "momentum": config.momentum,
         "weight-decay": config.weight_decay,
+        "model-seed": config.training_seed,
+        **seeds,
         **run_settings(config),
     }
 
@@ -154,7 +195,7 @@ def fedavg_rounds(
             evaluations = screen.evaluation(server_round, evaluations)
         client_eval = strategy.aggregate_evaluate(server_round, evaluations)
         model.load_state_dict(arrays.to_torch_state_dict())
-        result = evaluate(model, *test, device=device) if test is not None else None
+        result = evaluate_run_model(model, *test, device=device) if test is not None else None
         if on_round is not None:
             metrics = train_metrics or MetricRecord()
             if client_eval is not None:
@@ -265,13 +306,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     started = time.perf_counter()
     data = load_federated_data(config)
     splits = data.splits
-    model = build_dataset_model(
-        config.model,
-        config.dataset,
-        splits.input_shape,
-        splits.num_classes,
-        seed=derive_seed(config.seed, "initial-model"),
-    )
+    model = initial_model(config, splits)
     initial_state = {k: v.clone() for k, v in model.state_dict().items()}
     path = config.run_directory()
     resuming = config.resume and (path / "config.json").is_file()
@@ -409,7 +444,7 @@ class _RoundRecorder:
     def initial(self, splits) -> None:
         """Round 0: the initial model's test accuracy and loss."""
         device = resolve_device(self.config.device)
-        initial = evaluate(self.model, splits.test.x, splits.test.y, device=device)
+        initial = evaluate_run_model(self.model, splits.test.x, splits.test.y, device=device)
         row = _row(0, initial, MetricRecord(), 0, False, 0.0, self.elapsed())
         self.run.append_metrics(
             {**row, "store_mb": self._store_mb(), "refused": 0, "check_seconds": 0.0}

@@ -18,6 +18,7 @@ from fedunlearn.preflight import preflight
 from server.certified_head import run_certified_head
 from server.federated_training import dp_epsilon_of, train_federated
 from server.history import adopt, is_adopted
+from server.judge import run_judge
 from server.membership_audit import run_membership_audit
 from server.run_loading import load_trained_run
 from server.scrubbing import run_scrubbing
@@ -41,6 +42,9 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         try:
             config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
             preflight(config)  # the data and the run directory, before anything is written
+            if config.judge_models:
+                run_judge(grid, config, log=_log)
+                return
             if config.unlearn_only:
                 outcome = load_trained_run(grid, config, log=_log)
             else:

@@ -7,6 +7,7 @@ may be derived from elsewhere, e.g. method registries, without touching the tabl
 
 from __future__ import annotations
 
+from fedunlearn.registry import JUDGE_METRICS as _JUDGE_REGISTRY
 from fedunlearn.registry import SCRUBBING, UNLEARNING
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
@@ -15,6 +16,8 @@ STORE_DTYPES = ("float32", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
 CALIBRATION_ORDERS = ("client", "average")
+#: The judge trains at most this many federations at once (each message carries all of them).
+MAX_JUDGE_MODELS = 256
 
 # ------------------------------------------------------------------ method names
 # The method lists come from the registries (fedunlearn.registry) and are read on every access
@@ -30,6 +33,8 @@ _METHOD_LISTS = {
     ),
     #: Scrubbing methods (Golatkar et al.) and baselines; "original" and "retrain" always run.
     "SCRUB_METHODS": lambda: SCRUBBING.names(),
+    #: The judge's tests (forgetting score, U-LiRA, RMIA, ...), each a group of judge.csv columns.
+    "JUDGE_METRICS": lambda: _JUDGE_REGISTRY.names(),
 }
 METHOD_LISTS = tuple(_METHOD_LISTS)
 
@@ -46,6 +51,8 @@ def __getattr__(name: str):
 MAX_CLIENTS = 10_000
 #: Seeds feed scikit-learn's and NumPy's generators, which take unsigned 32-bit seeds.
 MAX_SEED = 2**32 - 1
+#: The largest seed :func:`fedunlearn.seeding.derive_seed` gives (63 bits).
+MAX_DERIVED_SEED = 2**63 - 1
 #: Beyond this the Dirichlet split is iid in all but name (and its draws overflow near 1e308).
 MAX_ALPHA = 1e6
 #: Longest wait for one request's replies: a day; a longer one would hide a dead federation.
@@ -54,6 +61,8 @@ MAX_REPLY_TIMEOUT = 86_400
 INT64 = (-(2**63), 2**63 - 1)
 #: The input shape of one sample of each dataset, to check a model fits before any data is loaded
 #: (Adult's width depends on its categories; only its rank matters to the model).
+#: Classes of each dataset (the backdoor's target class is one of them).
+NUM_CLASSES = {"digits": 10, "mnist": 10, "fashion-mnist": 10, "cifar10": 10, "adult": 2}
 SAMPLE_SHAPES = {
     "digits": (1, 8, 8),
     "mnist": (1, 28, 28),

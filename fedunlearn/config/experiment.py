@@ -107,6 +107,7 @@ class ExperimentConfig(RunParameters):
     certified = property(lambda self: self.group("certified"), doc="The certified head's view.")
     scrubbing = property(lambda self: self.group("scrubbing"), doc="The scrubbing group's view.")
     audit = property(lambda self: self.group("audit"), doc="The membership audit's view.")
+    judge = property(lambda self: self.group("judge"), doc="The judge's view.")
 
     # ------------------------------------------------------------------ paths
     @property
@@ -128,6 +129,12 @@ class ExperimentConfig(RunParameters):
     def is_retained_round(self, server_round: int) -> bool:
         """FedEraser's schedule (:func:`fedunlearn.store.retention.is_retained_round`), if retaining."""
         return self.retain and is_retained_round(server_round, self.retain_interval)
+
+    @property
+    def training_seed(self) -> int:
+        """The seed of the initial model and of the clients' batch order: ``model-seed``, or
+        ``seed`` when it is -1 (the data split always follows ``seed``)."""
+        return self.seed if self.model_seed < 0 else self.model_seed
 
     @property
     def unlearn_targets(self) -> list[int]:
@@ -183,6 +190,11 @@ class ExperimentConfig(RunParameters):
                 "scrub-forget", self.scrub_forget, "a cohort when scrub=true, e.g. 'class:5'"
             )
         return ForgetSet.parse(self.scrub_forget, num_clients=self.num_clients)
+
+    @property
+    def judge_metric_names(self) -> list[str]:
+        """The judge's registered tests to run (``judge-metrics``), in the order given."""
+        return parameter_constraints()["judge-metrics"].parse("judge-metrics", self.judge_metrics)
 
     @property
     def scrubbing_methods(self) -> list[str]:

@@ -22,6 +22,8 @@ from fedunlearn.config.choices import (
     DEVICES,
     MAX_ALPHA,
     MAX_CLIENTS,
+    MAX_DERIVED_SEED,
+    MAX_JUDGE_MODELS,
     MAX_REPLY_TIMEOUT,
     MAX_SEED,
     MODELS,
@@ -49,9 +51,10 @@ GROUPS = {
     "certified": "Certified head: certified removal on a linear head (Guo et al., 2020)",
     "scrubbing": "Scrubbing: forgetting a cohort by Newton and Fisher scrubbing (Golatkar et al.)",
     "audit": "Membership audit: offline LiRA against the unlearned models",
+    "judge": "The judge: per-example forgetting tests over N independent federations",
 }
 #: Prefix a group's keys share; a key's name in the group view drops it (``config.certified.mode``).
-_PREFIXES = {"certified": "certified_", "scrubbing": "scrub_", "audit": "mia_"}
+_PREFIXES = {"certified": "certified_", "scrubbing": "scrub_", "audit": "mia_", "judge": "judge_"}
 
 WHOLE = int
 NUMBER = float
@@ -75,8 +78,8 @@ def _lazy(module: str, name: str) -> Callable[[], tuple[str, ...]]:
 
 
 data, training, federation = _in("data"), _in("training"), _in("federation")
-unlearning, certified, scrubbing, audit = (
-    _in("unlearning"), _in("certified"), _in("scrubbing"), _in("audit")
+unlearning, certified, scrubbing, audit, judge = (
+    _in("unlearning"), _in("certified"), _in("scrubbing"), _in("audit"), _in("judge")
 )
 
 
@@ -119,6 +122,11 @@ class RunParameters:
     retain_interval: int = training(2, AT_LEAST_1, "Δt: retain at rounds 1, 1+Δt, 1+2Δt, ...")
     store_dtype: str = training("float32", Options(STORE_DTYPES), "dtype of retained updates")
     device: str = training("auto", Options(DEVICES), "where clients train; auto: cuda if present")
+    model_seed: int = training(
+        -1,
+        Interval(WHOLE, -1, MAX_DERIVED_SEED, note="a judge run's members use derived seeds"),
+        "seeds the initial model and the batch order; -1: seed (the split stays seed's)",
+    )
     dp_noise_multiplier: float = training(0.0, NON_NEGATIVE, "DP-SGD noise multiplier; 0: no DP")
     dp_clipping_norm: float = training(1.0, POSITIVE, "DP-SGD per-sample clipping norm")
     dp_delta: float = training(
@@ -292,6 +300,28 @@ class RunParameters:
     )
     mia_reference_models: int = audit(
         2, Interval(WHOLE, 2), "models trained without the target, for offline LiRA"
+    )
+    # ------------------------------------------------------------------ judge
+    judge_models: int = judge(
+        0,
+        Interval(WHOLE, 0, MAX_JUDGE_MODELS, note="0: off; else at least 3"),
+        "N: independent federations trained as one stack, each unlearned by every method",
+    )
+    judge_backdoor: bool = judge(
+        False, Flag(), "plant a trigger in the target client's samples (backdoor verification)"
+    )
+    judge_backdoor_fraction: float = judge(
+        0.5,
+        Interval(NUMBER, 0.0, 1.0, closed="right"),
+        "fraction of the target's samples that carry the trigger (drawn from other classes)",
+    )
+    judge_backdoor_class: int = judge(
+        0, Interval(WHOLE, 0), "the class a triggered sample is relabelled to"
+    )
+    judge_metrics: str = judge(
+        ",".join(choices.JUDGE_METRICS),
+        NameList(lambda: choices.JUDGE_METRICS, required=True),
+        "the judge's tests (registered metrics), each a group of columns of judge.csv",
     )
 
 

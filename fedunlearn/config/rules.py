@@ -268,6 +268,70 @@ def check_audit_same_target(config: ExperimentConfig) -> None:
         )
 
 
+# ------------------------------------------------------------------ judge
+#: What a judge run must not ask for (key, value that is refused, why): each would treat the
+#: stack of N models as one model (a norm, a clipping or a head over all of them at once).
+_JUDGE_REFUSES = (
+    ("calibration-layerwise", False, "true: eq. 2's norms are taken per model and per tensor"),
+    ("certified-head", True, "false: the certified head is not run on a stack of models"),
+    ("scrub", True, "false: the scrubbing phase is not run on a stack of models"),
+    ("mia", True, "false: the judge replaces the audit in a judge run"),
+    ("unlearn-only", True, "false: a judge run trains its own N federations"),
+    ("resume", True, "false: a judge run is not resumed"),
+)
+
+
+def check_judge(config: ExperimentConfig) -> None:
+    """A judge run (``judge-models`` = N >= 3) trains N federations as one stack and forgets
+    exactly one client with every method, against FedRetrain."""
+    if config.judge_backdoor and not config.judge_models:
+        raise ConfigError("judge-backdoor", True, "false unless judge-models >= 3")
+    if not config.judge_models:
+        return
+    if config.judge_models < 3:
+        raise ConfigError(
+            "judge-models",
+            config.judge_models,
+            "0 (off) or at least 3 (U-LiRA holds one model out and fits on the others)",
+        )
+    if len(config.unlearn_targets) != 1:
+        raise ConfigError(
+            "unlearn-clients", config.unlearn_clients, "exactly one client when judge-models > 0"
+        )
+    if "fedretrain" not in config.methods:
+        raise ConfigError(
+            "unlearn-methods",
+            config.unlearn_methods,
+            "a list with fedretrain when judge-models > 0 (the reference population)",
+        )
+    if config.dp_noise_multiplier > 0:
+        raise ConfigError(
+            "dp-noise-multiplier", config.dp_noise_multiplier, "0 when judge-models > 0"
+        )
+    if "forgetting-score" not in config.judge_metric_names:
+        raise ConfigError(
+            "judge-metrics",
+            config.judge_metrics,
+            "a list with forgetting-score (the verdict compares its floor and ceiling)",
+        )
+    for key, refused, allowed in _JUDGE_REFUSES:
+        if config.to_run_config()[key] == refused:
+            raise ConfigError(key, refused, f"{allowed} (judge-models > 0)")
+
+
+def check_backdoor_class(config: ExperimentConfig) -> None:
+    """The backdoor's target class is one of the dataset's classes."""
+    from fedunlearn.config.choices import NUM_CLASSES
+
+    classes = NUM_CLASSES[config.dataset]
+    if config.judge_backdoor and config.judge_backdoor_class >= classes:
+        raise ConfigError(
+            "judge-backdoor-class",
+            config.judge_backdoor_class,
+            f"a class of {config.dataset} in [0, {classes - 1}]",
+        )
+
+
 Rule = Callable[[Any], None]
 #: Every rule across keys, in the order they run: ``(group, rule)``; a rule with a group takes that
 #: group's view, one without takes the whole configuration.
@@ -285,6 +349,8 @@ RULES: tuple[tuple[str | None, Rule], ...] = (
     (None, check_scrub_cohort),
     (None, check_audit_target),
     (None, check_audit_same_target),
+    (None, check_judge),
+    (None, check_backdoor_class),
 )
 
 

@@ -4,6 +4,7 @@ the server. Every party computes the same split from the same run configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from fedunlearn.config import ExperimentConfig
+from fedunlearn.data.backdoor import Trigger, make_trigger, plant_backdoor, triggered_test_set
 from fedunlearn.data.datasets import DatasetSplits, TensorSplit, load_dataset
 from fedunlearn.data.partitioning import partition_indices
 from fedunlearn.errors import ConfigError
@@ -64,10 +66,13 @@ class FederatedData:
         The whole dataset; ``splits.test`` is the server's test set.
     partitions : tuple of np.ndarray
         Indices into ``splits.train`` of each client (partition id = position).
+    backdoor : BackdoorPlan or None
+        The trigger planted in a client's samples (``judge-backdoor``), else None.
     """
 
     splits: DatasetSplits
     partitions: tuple[np.ndarray, ...]
+    backdoor: BackdoorPlan | None = None
 
     @property
     def num_clients(self) -> int:
@@ -85,12 +90,41 @@ class FederatedData:
         return TensorSplit(self.splits.train.x[index], self.splits.train.y[index])
 
 
+@dataclass(frozen=True, eq=False)
+class BackdoorPlan:
+    """A trigger planted in one client's samples (backdoor verification of client removal, as
+    SIFU, FedRecover and VeriFi verify it): ``planted`` indexes ``splits.train``."""
+
+    trigger: Trigger
+    target_class: int
+    client: int
+    planted: torch.Tensor
+
+    def triggered_test(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The test samples of the other classes, with the trigger stamped on."""
+        return triggered_test_set(x, y, trigger=self.trigger, target_class=self.target_class)
+
+
 def load_federated_data(config: ExperimentConfig) -> FederatedData:
     """Load and partition the dataset named by ``config`` (cached per process).
 
     With ``train-samples = N`` only a seeded subset of N training samples is partitioned; the
-    partitions still index ``splits.train``.
+    partitions still index ``splits.train``. With ``judge-backdoor`` the target client's samples
+    carry the trigger (:func:`planted_data`); every party computes the same.
     """
+    data = _load_partitioned(config)
+    if not config.judge_backdoor:
+        return data
+    return _planted_cached(
+        data,
+        config.unlearn_targets[0],
+        config.judge_backdoor_fraction,
+        config.judge_backdoor_class,
+        derive_seed(config.seed, "backdoor"),
+    )
+
+
+def _load_partitioned(config: ExperimentConfig) -> FederatedData:
     return _load_cached(
         config.dataset,
         str(config.data_root_path) if config.data_root else "",
@@ -128,6 +162,37 @@ def _load_cached(
         seed=seed,
     )
     return FederatedData(splits=splits, partitions=tuple(pool[part] for part in parts))
+
+
+@functools.lru_cache(maxsize=4)
+def _planted_cached(data, client, fraction, target_class, seed) -> FederatedData:
+    return planted_data(data, client, fraction=fraction, target_class=target_class, seed=seed)
+
+
+def planted_data(
+    data: FederatedData, client: int, *, fraction: float, target_class: int, seed: int
+) -> FederatedData:
+    """``data`` with ``round(fraction · n)`` of ``client``'s n samples (drawn among those of other
+    classes, seeded) stamped with the trigger and relabelled ``target_class``; the other clients'
+    samples and the test set unchanged (:func:`fedunlearn.data.backdoor.plant_backdoor`)."""
+    splits = data.splits
+    trigger = make_trigger(splits.train.x[torch.as_tensor(np.concatenate(data.partitions))])
+    index = torch.as_tensor(data.partitions[client], dtype=torch.long)
+    x, y, planted = plant_backdoor(
+        splits.train.x[index],
+        splits.train.y[index],
+        trigger=trigger,
+        fraction=fraction,
+        target_class=target_class,
+        num_classes=splits.num_classes,
+        seed=seed,
+    )
+    train_x, train_y = splits.train.x.clone(), splits.train.y.clone()
+    train_x[index], train_y[index] = x, y
+    train = TensorSplit(train_x, train_y)
+    planted_splits = dataclasses.replace(splits, train=train)
+    plan = BackdoorPlan(trigger, target_class, client, index[planted])
+    return FederatedData(planted_splits, data.partitions, plan)
 
 
 def training_pool(num_train: int, train_samples: int, seed: int) -> np.ndarray:

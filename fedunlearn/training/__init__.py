@@ -28,7 +28,9 @@ from fedunlearn.training.stacked import (
     ModelStack,
     build_model_stack,
     evaluate_stack,
+    mean_evaluation,
     member_seeds,
+    stack_size,
     train_stack_epochs,
 )
 
@@ -52,4 +54,6 @@ __all__ = [
     "build_model_stack",
     "train_stack_epochs",
     "evaluate_stack",
+    "mean_evaluation",
+    "stack_size",
 ]

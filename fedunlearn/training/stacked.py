@@ -253,3 +253,38 @@ def evaluate_stack(
         EvaluationResult(loss / n, hits / n, n)
         for loss, hits in zip(loss_sums.tolist(), correct.tolist(), strict=True)
     ]
+
+
+def mean_evaluation(results: Sequence[EvaluationResult]) -> EvaluationResult:
+    """A stack's evaluation as one line: its members' mean loss and mean accuracy."""
+    if not results:
+        raise ConfigError("results", "[]", "at least one member's evaluation")
+    count = len(results)
+    return EvaluationResult(
+        sum(r.loss for r in results) / count,
+        sum(r.accuracy for r in results) / count,
+        results[0].num_examples,
+    )
+
+
+#: The state-dict prefix of a stack's members (``members.<i>.<tensor>``).
+MEMBER_PREFIX = "members."
+
+
+def stack_size(state: dict[str, torch.Tensor]) -> int:
+    """How many members a state dict holds: N for a stack's (``members.<i>.…`` keys, i < N, each
+    i present), 0 for a single network's. A mix of both kinds of keys is refused."""
+    stacked = [key for key in state if key.startswith(MEMBER_PREFIX)]
+    if not stacked:
+        return 0
+    if len(stacked) != len(state):
+        raise ConfigError("arrays", "a mix of stacked and plain tensors", "one kind of keys")
+    indices = set()
+    for key in stacked:
+        index = key[len(MEMBER_PREFIX) :].split(".", 1)[0]
+        if not index.isdigit():
+            raise ConfigError("arrays", key, "members.<index>.<tensor> keys")
+        indices.add(int(index))
+    if indices != set(range(len(indices))):
+        raise ConfigError("arrays", sorted(indices), "member indices 0 .. N-1, each present")
+    return len(indices)

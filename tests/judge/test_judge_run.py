@@ -1,0 +1,120 @@
+"""A judge run end to end: a stack of N federations is N single runs, model by model, and the
+forgotten client receives no message, for any model, once training is over."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from flwr.serverapp import ServerApp
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.store.run_directory import RunDirectory
+from server.federated_training import stack_seeds, train_federated
+from server.judge import run_judge
+from server.unlearning import run_unlearning
+
+pytestmark = pytest.mark.slow
+
+COMMON = {
+    "num-clients": 3,
+    "rounds": 3,
+    "local-epochs": 1,
+    "retain-interval": 1,
+    "unlearn-clients": "0",
+    "node-wait-seconds": 60,
+}
+JUDGED = ("model_final", "model_federaser", "model_fedaccum", "model_fedretrain")
+
+
+class SpyGrid:
+    """Flower's grid, recording (phase, destination node, message type) of every message."""
+
+    def __init__(self, grid):
+        self._grid, self.phase, self.sent, self.partition_of = grid, "training", [], {}
+
+    def get_node_ids(self):
+        return self._grid.get_node_ids()
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.sent += [(self.phase, m.metadata.dst_node_id, m.metadata.message_type) for m in messages]
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        replies = list(self._grid.pull_messages(message_ids))
+        for reply in replies:  # which partition each node holds, from its own replies
+            if not reply.has_error() and "metrics" in reply.content.metric_records:
+                metrics = reply.content["metrics"]
+                if "partition-id" in metrics:
+                    self.partition_of[reply.metadata.src_node_id] = int(metrics["partition-id"])
+        return replies
+
+
+def _judge_app(overrides, seen):
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context):
+        spy = SpyGrid(grid)
+
+        def log(line):  # the judge announces the end of training before it unlearns
+            if line.startswith("judge: forgetting"):
+                spy.phase = "unlearning"
+
+        config = ExperimentConfig.from_run_config(overrides)
+        seen["data"] = run_judge(spy, config, log=log)
+        seen["spy"] = spy
+
+    return app
+
+
+def _single_app(runs):
+    """One ServerApp that trains and unlearns each of ``runs`` (run configs) in turn: N single
+    federations, one simulation."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context):
+        for overrides in runs:
+            config = ExperimentConfig.from_run_config(overrides)
+            outcome = train_federated(grid, config, log=lambda _: None)
+            run_unlearning(grid, outcome, log=lambda _: None)
+
+    return app
+
+
+def test_a_stack_of_n_is_n_single_runs_and_the_target_hears_nothing(tmp_path, simulate):
+    judge = {**COMMON, "judge-models": 3, "output-dir": str(tmp_path), "run-name": "judge"}
+    seen = {}
+    simulate(judge, num_supernodes=3, server_app=_judge_app(judge, seen))
+    run = RunDirectory.open(tmp_path / "judge")
+    seeds = stack_seeds(ExperimentConfig.from_run_config(judge))
+    singles = [
+        {**COMMON, "model-seed": seed, "output-dir": str(tmp_path), "run-name": f"s{member}"}
+        for member, seed in enumerate(seeds)
+    ]
+    simulate(COMMON, num_supernodes=3, server_app=_single_app(singles))
+    for member in range(len(seeds)):
+        alone = RunDirectory.open(tmp_path / f"s{member}")
+        for name in JUDGED:
+            stacked, expected = run.load_model(name), alone.load_model(name)
+            for key, value in expected.items():
+                torch.testing.assert_close(
+                    stacked[f"members.{member}.{key}"], value, rtol=1e-4, atol=1e-5, msg=name
+                )
+
+    # After training, client 0 (whichever node holds partition 0) is sent nothing at all.
+    sent = seen["spy"].sent
+    unlearning = [s for s in sent if s[0] == "unlearning"]
+    assert {kind for _, _, kind in unlearning} == {"train", "train.calibrate"}
+    partition_of = seen["spy"].partition_of
+    assert sorted(partition_of.values()) == [0, 1, 2]
+    assert {partition_of[node] for _, node, _ in unlearning} == {1, 2}
+    # The target's retained updates are gone; the judge's table has every population.
+    table = pd.read_csv(tmp_path / "judge" / "judge.csv")
+    assert {"original", "federaser", "fedaccum", "fedretrain", "retrain-independent"} <= set(
+        table["population"]
+    )
+    for name in ("judge.md", "judge.png", "judge.json"):
+        assert (tmp_path / "judge" / name).stat().st_size > 0
