@@ -56,7 +56,7 @@ def settings_in(record: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: the cache of planted data is keyed by it
 class FederatedData:
     """A dataset with its training set partitioned over ``num_clients`` clients.
 
