@@ -67,7 +67,7 @@ def _has_batched_formulation(layer: nn.Module) -> bool:
 
 
 def _is_plain_sequential(body: nn.Module) -> bool:
-    """Whether ``body`` is a :class:`nn.Sequential` of layers :func:`_stacked_layer` handles."""
+    """Whether ``body`` is a :class:`nn.Sequential` of layers :func:`_stacked_body` handles."""
     return isinstance(body, nn.Sequential) and all(map(_has_batched_formulation, body))
 
 
@@ -78,14 +78,15 @@ def _stacked_linear(params: dict[str, torch.Tensor], prefix: str, h: torch.Tenso
 
 
 def _stacked_conv(
-    layer: nn.Conv2d, params: dict[str, torch.Tensor], prefix: str, h: torch.Tensor
+    layer: nn.Conv2d, params: dict[str, torch.Tensor], prefix: str, h: torch.Tensor, members: int
 ) -> torch.Tensor:
-    """Member ``i``'s convolution on its batch: the members become the groups of one convolution."""
-    members, batch = h.shape[:2]
+    """Member ``i``'s convolution on its batch: the members are the groups of one convolution.
+
+    ``h`` is ``(B, N * C, H, W)``, member ``i``'s channels in the ``i``-th group, and so is the output.
+    """
     weight, bias = params[prefix + "weight"], params[prefix + "bias"]
-    grouped = h.transpose(0, 1).reshape(batch, -1, *h.shape[-2:])
-    out = nn.functional.conv2d(
-        grouped,
+    return nn.functional.conv2d(
+        h,
         weight.flatten(0, 1),
         bias.flatten(),
         stride=layer.stride,
@@ -93,22 +94,30 @@ def _stacked_conv(
         dilation=layer.dilation,
         groups=members * layer.groups,
     )
-    return out.view(batch, members, -1, *out.shape[-2:]).transpose(0, 1)
 
 
-def _stacked_layer(
-    layer: nn.Module, params: dict[str, torch.Tensor], prefix: str, h: torch.Tensor
+def _stacked_body(
+    body: nn.Sequential, params: dict[str, torch.Tensor], h: torch.Tensor
 ) -> torch.Tensor:
-    """One body layer applied to every member's batch, ``h`` of shape ``(N, B, ...)``."""
-    if isinstance(layer, nn.Linear):
-        return _stacked_linear(params, prefix, h)
-    if isinstance(layer, nn.Conv2d):
-        return _stacked_conv(layer, params, prefix, h)
-    if isinstance(layer, nn.Flatten):
-        return h.flatten(2)
-    # Parameter-free layers act on each sample alone: fold the members into the batch.
-    out = layer(h.flatten(0, 1))
-    return out.view(*h.shape[:2], *out.shape[1:])
+    """Every member's body on its own batch ``h`` of shape ``(N, B, ...)``; returns ``(N, B, F)``.
+
+    Images stay in the grouped layout ``(B, N * C, H, W)`` from the first convolution to the
+    flatten, so ReLU and pooling (per channel) run on all members at once without copies.
+    """
+    members, batch = h.shape[:2]
+    if h.dim() == 5:
+        h = h.transpose(0, 1).reshape(batch, -1, *h.shape[-2:])
+    for index, layer in enumerate(body):
+        prefix = f"body.{index}."
+        if isinstance(layer, nn.Linear):
+            h = _stacked_linear(params, prefix, h)
+        elif isinstance(layer, nn.Conv2d):
+            h = _stacked_conv(layer, params, prefix, h, members)
+        elif isinstance(layer, nn.Flatten):
+            h = h.reshape(batch, members, -1).transpose(0, 1) if h.dim() == 4 else h
+        else:
+            h = layer(h)
+    return h
 
 
 class ModelStack(nn.Module):
@@ -178,9 +187,7 @@ class ModelStack(nn.Module):
         skeleton = self._skeleton[0]
         if _is_plain_sequential(skeleton.body):
             h = x if per_member else x.expand(self.num_members, *x.shape)
-            for index, layer in enumerate(skeleton.body):
-                h = _stacked_layer(layer, params, f"body.{index}.", h)
-            return _stacked_linear(params, "head.", h)
+            return _stacked_linear(params, "head.", _stacked_body(skeleton.body, params, h))
 
         def one(member_params: dict[str, torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
             return functional_call(skeleton, member_params, (inputs,))
