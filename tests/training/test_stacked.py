@@ -171,3 +171,19 @@ def test_members_of_different_architectures_are_refused():
     b = build_dataset_model("adult-mlp", "adult", (13,), 2, seed=1)
     with pytest.raises(ConfigError, match=r"members\[1\]"):
         ModelStack([a, b])
+
+
+def test_a_body_without_a_batched_formulation_trains_through_vmap_equally():
+    # Tanh has no batched rule in the stack, so the whole body runs under vmap(functional_call).
+    def member(seed):
+        torch.manual_seed(seed)
+        return BodyHeadNet(nn.Sequential(nn.Linear(12, 16), nn.Tanh()), 16, 3)
+
+    stack = ModelStack([member(1), member(2)])
+    separate = [copy.deepcopy(m) for m in stack.members]
+    x, y = _random_data((12,), n=37, num_classes=3)
+    settings = dict(epochs=2, lr=0.1, batch_size=8, momentum=0.5, weight_decay=1e-3)
+    train_stack_epochs(stack, x, y, seeds=[3, 4], **settings)
+    for trained, alone, seed in zip(stack.members, separate, [3, 4], strict=True):
+        train_epochs(alone, x, y, seed=seed, **settings)
+        assert _max_difference(trained, alone) < 1e-5
