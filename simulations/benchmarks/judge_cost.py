@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path, help="a judge run config (judge-models = N)")
     parser.add_argument("--output-dir", type=Path, required=True)
-    parser.add_argument("--data-root", default=default_data_root(must_exist=False) or "")
+    parser.add_argument("--data-root", default=default_data_root(must_exist=True) or "")
     parser.add_argument("--set", action="append", default=[], help="extra key=value for both runs")
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
