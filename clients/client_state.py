@@ -15,11 +15,11 @@ import torch
 from flwr.app import Context, Message
 
 from fedunlearn.config import ExperimentConfig
+from fedunlearn.config.choices import MAX_JUDGE_MODELS
 from fedunlearn.data.datasets import TensorSplit
 from fedunlearn.data.federated_data import load_federated_data, settings_in
 from fedunlearn.errors import ConfigError
 from fedunlearn.training.local import resolve_device
-from fedunlearn.config.choices import MAX_JUDGE_MODELS
 from fedunlearn.training.models import BodyHeadNet, build_dataset_model
 from fedunlearn.training.stacked import ModelStack, build_model_stack
 

@@ -295,18 +295,38 @@ AUDITED.register(
 JUDGE_METRICS = Registry("judge metric", "judge-metrics")
 
 for _name, _function, _columns, _description in (
-    ("forgetting-score", "forgetting_score_metric", ("f", "final-score"),
-     "the NeurIPS 2023 unlearning challenge's F and final score"),
-    ("ulira", "ulira_metric", ("ulira-accuracy", "ulira-tpr-1pct", "ulira-tpr-0.1pct"),
-     "U-LiRA, Hayes et al. 2025: per-example Gaussians, leave one model out"),
-    ("rmia", "rmia_metric", ("rmia-auc", "rmia-tpr-0.1pct"),
-     "offline RMIA, Zarifzadeh et al. 2024, retrained models as reference"),
+    (
+        "forgetting-score",
+        "forgetting_score_metric",
+        ("f", "final-score"),
+        "the NeurIPS 2023 unlearning challenge's F and final score",
+    ),
+    (
+        "ulira",
+        "ulira_metric",
+        ("ulira-accuracy", "ulira-tpr-1pct", "ulira-tpr-0.1pct"),
+        "U-LiRA, Hayes et al. 2025: per-example Gaussians, leave one model out",
+    ),
+    (
+        "rmia",
+        "rmia_metric",
+        ("rmia-auc", "rmia-tpr-0.1pct"),
+        "offline RMIA, Zarifzadeh et al. 2024, retrained models as reference",
+    ),
     ("lira", "lira_metric", ("lira-auc",), "offline LiRA, Carlini et al. 2022, same setting"),
     ("backdoor", "backdoor_metric", ("backdoor-success",), "planted trigger's attack success"),
-    ("exposure", "exposure_metric", ("exposure-f", "exposure-ulira-accuracy"),
-     "a retained client's exposure: F and U-LiRA on its samples"),
-    ("utility", "utility_metric", ("test-accuracy", "retain-accuracy", "seconds"),
-     "accuracy on test and retained data, seconds per model"),
+    (
+        "exposure",
+        "exposure_metric",
+        ("exposure-f", "exposure-ulira-accuracy"),
+        "a retained client's exposure: F and U-LiRA on its samples",
+    ),
+    (
+        "utility",
+        "utility_metric",
+        ("test-accuracy", "retain-accuracy", "seconds"),
+        "accuracy on test and retained data, seconds per model",
+    ),
 ):
     JUDGE_METRICS.register(
         _name,

@@ -79,7 +79,11 @@ def _lazy(module: str, name: str) -> Callable[[], tuple[str, ...]]:
 
 data, training, federation = _in("data"), _in("training"), _in("federation")
 unlearning, certified, scrubbing, audit, judge = (
-    _in("unlearning"), _in("certified"), _in("scrubbing"), _in("audit"), _in("judge")
+    _in("unlearning"),
+    _in("certified"),
+    _in("scrubbing"),
+    _in("audit"),
+    _in("judge"),
 )
 
 
@@ -193,7 +197,9 @@ class RunParameters:
     )
     # ------------------------------------------------------------------ certified head
     certified_head: bool = certified(
-        False, Flag(), "train a certified head on the body's features and remove samples",
+        False,
+        Flag(),
+        "train a certified head on the body's features and remove samples",
         name="enabled",
     )
     certified_loss: str = certified(

@@ -47,11 +47,17 @@ def run_settings(config: ExperimentConfig) -> dict[str, Any]:
 def settings_in(record: Mapping[str, Any]) -> dict[str, Any]:
     """The :data:`DATA_KEYS` a message's config record carries (un-prefixed); unknown
     ``run.*`` keys are refused, since a client must not take other settings from a message."""
-    found = {k[len(RUN_SETTING_PREFIX) :]: v for k, v in record.items() if k.startswith(RUN_SETTING_PREFIX)}
+    found = {
+        k[len(RUN_SETTING_PREFIX) :]: v
+        for k, v in record.items()
+        if k.startswith(RUN_SETTING_PREFIX)
+    }
     unknown = sorted(set(found) - set(DATA_KEYS))
     if unknown:
         raise ConfigError(
-            "message config", RUN_SETTING_PREFIX + unknown[0], f"run settings among {', '.join(DATA_KEYS)}"
+            "message config",
+            RUN_SETTING_PREFIX + unknown[0],
+            f"run settings among {', '.join(DATA_KEYS)}",
         )
     return found
 

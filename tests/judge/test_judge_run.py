@@ -38,7 +38,9 @@ class SpyGrid:
 
     def push_messages(self, messages):
         messages = list(messages)
-        self.sent += [(self.phase, m.metadata.dst_node_id, m.metadata.message_type) for m in messages]
+        self.sent += [
+            (self.phase, m.metadata.dst_node_id, m.metadata.message_type) for m in messages
+        ]
         return self._grid.push_messages(messages)
 
     def pull_messages(self, message_ids):
