@@ -1,4 +1,5 @@
-"""A grid whose nodes answer at once, for tests that stand in for a federation without Ray.
+"""Test grids: one whose nodes answer at once, for tests that stand in for a federation without
+Ray, and a spy that records what Flower's real grid sends and who answered.
 
 The server sends through ``push_messages`` / ``pull_messages`` (:mod:`server.queries`); a fake
 grid subclasses :class:`AnsweringGrid` and says, in ``answer``, what a node replies to a message
@@ -33,3 +34,31 @@ class AnsweringGrid:
     def pull_messages(self, message_ids):
         replies = getattr(self, "_replies", {})
         return [replies.pop(i) for i in list(message_ids) if i in replies]
+
+
+class SpyGrid:
+    """Delegates to Flower's grid; records every message sent as (phase, destination node, message
+    type), with ``phase`` set by the test, and which partition each node holds (from the
+    ``partition-id`` its replies carry)."""
+
+    def __init__(self, grid):
+        self._grid, self.phase, self.sent, self.partition_of = grid, "training", [], {}
+
+    def get_node_ids(self):
+        return self._grid.get_node_ids()
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.sent += [
+            (self.phase, m.metadata.dst_node_id, m.metadata.message_type) for m in messages
+        ]
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        replies = list(self._grid.pull_messages(message_ids))
+        for reply in replies:
+            if not reply.has_error() and "metrics" in reply.content.metric_records:
+                metrics = reply.content["metrics"]
+                if "partition-id" in metrics:
+                    self.partition_of[reply.metadata.src_node_id] = int(metrics["partition-id"])
+        return replies

@@ -124,7 +124,11 @@ def judge_figure(data: JudgeData, table: pd.DataFrame):
         ax_eps.hist(np.minimum(eps, bins[-1]), bins=bins, histtype="step", label=population)
         fpr, tpr = roc_points(*(np.ravel(s) for s in rmia_population_scores(data, population)))
         ax_roc.plot(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), label=population)
-    ax_eps.set(xlabel="per-example ε (forget set, capped at 6)", ylabel="examples")
+    ax_eps.set(
+        xlabel="per-example ε (forget set, capped at 6)",
+        ylabel="examples",
+        title="ε against retraining (low: forgotten)",
+    )
     integer_ticks(ax_eps, "y")
     legend_outside(ax_eps)
     rows = table.set_index("population").loc[order]
@@ -148,7 +152,7 @@ def judge_figure(data: JudgeData, table: pd.DataFrame):
             0.5, 0.5, "no backdoor planted", ha="center", transform=ax_backdoor.transAxes
         )
     ax_backdoor.set_xticks(range(len(order)), order, rotation=30, ha="right")
-    ax_backdoor.set_ylabel("backdoor success")
+    ax_backdoor.set(ylabel="backdoor success", title="triggered test samples, other classes")
     ax_roc.plot([1e-5, 1], [1e-5, 1], color="gray", linestyle=":", label="chance")
     ax_roc.set(
         xscale="log",

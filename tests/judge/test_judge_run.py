@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+from fake_grid import SpyGrid
 from flwr.serverapp import ServerApp
 
 from fedunlearn.config import ExperimentConfig
@@ -25,32 +26,6 @@ COMMON = {
     "node-wait-seconds": 60,
 }
 JUDGED = ("model_final", "model_federaser", "model_fedaccum", "model_fedretrain")
-
-
-class SpyGrid:
-    """Flower's grid, recording (phase, destination node, message type) of every message."""
-
-    def __init__(self, grid):
-        self._grid, self.phase, self.sent, self.partition_of = grid, "training", [], {}
-
-    def get_node_ids(self):
-        return self._grid.get_node_ids()
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        self.sent += [
-            (self.phase, m.metadata.dst_node_id, m.metadata.message_type) for m in messages
-        ]
-        return self._grid.push_messages(messages)
-
-    def pull_messages(self, message_ids):
-        replies = list(self._grid.pull_messages(message_ids))
-        for reply in replies:  # which partition each node holds, from its own replies
-            if not reply.has_error() and "metrics" in reply.content.metric_records:
-                metrics = reply.content["metrics"]
-                if "partition-id" in metrics:
-                    self.partition_of[reply.metadata.src_node_id] = int(metrics["partition-id"])
-        return replies
 
 
 def _judge_app(overrides, seen):
@@ -87,7 +62,13 @@ def _single_app(runs):
 
 
 def test_a_stack_of_n_is_n_single_runs_and_the_target_hears_nothing(tmp_path, simulate):
-    judge = {**COMMON, "judge-models": 3, "output-dir": str(tmp_path), "run-name": "judge"}
+    judge = {
+        **COMMON,
+        "judge-models": 3,
+        "judge-metrics": "forgetting-score,utility",  # the tests themselves are tested alone
+        "output-dir": str(tmp_path),
+        "run-name": "judge",
+    }
     seen = {}
     simulate(judge, num_supernodes=3, server_app=_judge_app(judge, seen))
     run = RunDirectory.open(tmp_path / "judge")

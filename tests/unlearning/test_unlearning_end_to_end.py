@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 import pytest
+from fake_grid import SpyGrid
 from flwr.serverapp import ServerApp
 
 from fedunlearn.config import ExperimentConfig
@@ -14,26 +15,6 @@ from server.federated_training import train_federated
 from server.unlearning import LOG_NAME, run_unlearning
 
 pytestmark = pytest.mark.slow
-
-
-class SpyGrid:
-    """Delegates to Flower's grid and records every message with the phase it was sent in."""
-
-    def __init__(self, grid):
-        self._grid, self.phase, self.sent = grid, "training", []
-
-    def get_node_ids(self):
-        return self._grid.get_node_ids()
-
-    def push_messages(self, messages):
-        messages = list(messages)
-        self.sent += [
-            (self.phase, m.metadata.dst_node_id, m.metadata.message_type) for m in messages
-        ]
-        return self._grid.push_messages(messages)
-
-    def pull_messages(self, message_ids):
-        return self._grid.pull_messages(message_ids)
 
 
 def test_forget_one_client_then_another(tmp_path, simulate):
