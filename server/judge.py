@@ -81,10 +81,13 @@ def run_judge(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> Judg
         model_file=f"model_{INDEPENDENT}",
     )
     deleted = outcome.store.delete_client(target) if outcome.store is not None else 0
-    log(f"judge: deleted {deleted} retained update(s) of client {target}")
+    log(f"judge: deleted {deleted} retained update(s) of client {target}; reading every model")
     data = judge_data(outcome, runner.models, runner.seconds, judge_sets(outcome, target))
     rng = np.random.default_rng(derive_seed(config.seed, "judge-bootstrap"))
-    table = judge_table(data, config.judge_metric_names, rng=rng)
+    table = judge_table(
+        data, config.judge_metric_names, rng=rng, progress=lambda line: log(f"judge: {line}")
+    )
+    log("judge: writing judge.csv, judge.md, judge_rmia.csv and judge.png")
     write_judge_report(data, table, outcome.run.path)
     seconds = time.perf_counter() - started
     outcome.run.write_json(

@@ -5,6 +5,7 @@ from fedunlearn.judge.bootstrap import (
     bootstrap_interval,
     bootstrap_two_samples,
     mean_interval,
+    roc_bootstrap,
 )
 from fedunlearn.judge.forgetting_score import (
     ForgettingScore,
@@ -61,6 +62,7 @@ __all__ = [
     "judge_table",
     "lira_confidences",
     "mean_interval",
+    "roc_bootstrap",
     "per_example_epsilons",
     "population_order",
     "rmia_member_scores",

@@ -18,8 +18,8 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.judge.bootstrap import (
     Estimate,
     bootstrap_interval,
-    bootstrap_two_samples,
     mean_interval,
+    roc_bootstrap,
 )
 from fedunlearn.judge.forgetting_score import challenge_confidence, final_score, forgetting_score
 from fedunlearn.judge.populations import INDEPENDENT, REFERENCE, JudgeData, Outputs
@@ -132,16 +132,8 @@ def _auc_and_tpr(
     members: np.ndarray, nonmembers: np.ndarray, rng, which: tuple[int, ...] = (0, 1)
 ) -> list[Estimate]:
     """AUC (0) and TPR at 0.1% FPR (1) of pooled scores, intervals over examples of each set."""
-    return [
-        bootstrap_two_samples(
-            members,
-            nonmembers,
-            lambda m, n, k=k: attack_summary(m, n)[k],
-            resamples=RESAMPLES,
-            rng=rng,
-        )
-        for k in which
-    ]
+    both = roc_bootstrap(members, nonmembers, fpr=0.001, resamples=RESAMPLES, rng=rng)
+    return [both[k] for k in which]
 
 
 def rmia_metric(data: JudgeData, population: str, rng) -> dict[str, Estimate]:

@@ -10,6 +10,7 @@ ceiling (retrain against retrain) are told apart: their F intervals must not ove
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,14 +39,21 @@ def population_order(data: JudgeData) -> list[str]:
 
 
 def judge_table(
-    data: JudgeData, metrics: list[str] | None = None, rng: np.random.Generator | None = None
+    data: JudgeData,
+    metrics: list[str] | None = None,
+    rng: np.random.Generator | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """Every metric (registered names, all by default) on every population: a ``population``
-    column, then per metric column its value, ``-low`` and ``-high`` (95% bootstrap interval)."""
+    column, then per metric column its value, ``-low`` and ``-high`` (95% bootstrap interval).
+    ``progress(line)`` hears of each population as its tests start."""
     rng = np.random.default_rng(0) if rng is None else rng
     specs = [JUDGE_METRICS[name] for name in (metrics or JUDGE_METRICS.names())]
     rows = []
-    for population in population_order(data):
+    order = population_order(data)
+    for index, population in enumerate(order, start=1):
+        if progress is not None:
+            progress(f"testing {population} ({index}/{len(order)})")
         row: dict[str, object] = {"population": population}
         for spec in specs:
             for column, estimate in spec.resolve()(data, population, rng).items():
