@@ -69,14 +69,17 @@ def judge_table(
 
 
 def separated(table: pd.DataFrame) -> bool:
-    """Whether F's 95% intervals of ``original`` (floor) and ``retrain-independent`` (ceiling)
-    do not overlap: the setting can tell a model that forgot nothing from one that never saw D_f."""
+    """Whether F's 95% interval of ``original`` (floor) lies wholly below that of
+    ``retrain-independent`` (ceiling): the setting can tell a model that forgot nothing from one
+    that never saw D_f."""
     rows = table.set_index("population")
     floor, ceiling = rows.loc[ORIGINAL], rows.loc[INDEPENDENT]
     bounds = [floor["f-low"], floor["f-high"], ceiling["f-low"], ceiling["f-high"]]
     if not np.all(np.isfinite(np.asarray(bounds, dtype=float))):
         return False
-    return bool(floor["f-high"] < ceiling["f-low"] or ceiling["f-high"] < floor["f-low"])
+    # Only a floor *below* the ceiling is a signal: an original that is no easier to tell from
+    # retrained models than retrained models are from each other says nothing about forgetting.
+    return bool(floor["f-high"] < ceiling["f-low"])
 
 
 def _value_columns(table: pd.DataFrame) -> list[str]:

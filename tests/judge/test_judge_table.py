@@ -74,6 +74,13 @@ def test_markdown_ranks_methods_only_when_the_floor_and_ceiling_separate(world_a
     assert not separated(blurred)
     text = judge_markdown(blurred)
     assert NO_SIGNAL in text and "ranked" not in text
+    # A floor above the ceiling (the original no easier to tell from retraining than retraining
+    # from itself) is no signal either, however narrow the intervals.
+    inverted = table.copy()
+    ceiling = inverted["population"] == "retrain-independent"
+    inverted.loc[floor, ["f", "f-low", "f-high"]] = [0.30, 0.29, 0.31]
+    inverted.loc[ceiling, ["f", "f-low", "f-high"]] = [0.13, 0.12, 0.14]
+    assert not separated(inverted)
 
 
 def test_the_report_files_are_written(world_and_table, tmp_path):
