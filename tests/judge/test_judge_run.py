@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-import torch
 from fake_grid import SpyGrid
 from flwr.serverapp import ServerApp
 
@@ -78,14 +77,20 @@ def test_a_stack_of_n_is_n_single_runs_and_the_target_hears_nothing(tmp_path, si
         for member, seed in enumerate(seeds)
     ]
     simulate(COMMON, num_supernodes=3, server_app=_single_app(singles))
+    # Member by member equal up to float summation order: the stack's grouped convolutions add in
+    # another order, and a pre-activation near zero can turn a 1e-7 difference into 1e-3 in one
+    # client's update (measured: 9.6e-4 once, 1e-7 elsewhere). Two members differ by 0.1: a member
+    # trained from another member's seeds or batches could not pass.
+    worst, apart = 0.0, float("inf")
     for member in range(len(seeds)):
         alone = RunDirectory.open(tmp_path / f"s{member}")
         for name in JUDGED:
             stacked, expected = run.load_model(name), alone.load_model(name)
             for key, value in expected.items():
-                torch.testing.assert_close(
-                    stacked[f"members.{member}.{key}"], value, rtol=1e-4, atol=1e-5, msg=name
-                )
+                worst = max(worst, float((stacked[f"members.{member}.{key}"] - value).abs().max()))
+                other = stacked[f"members.{(member + 1) % len(seeds)}.{key}"]
+                apart = min(apart, float((other - value).abs().max()))
+    assert worst < 5e-3 and apart > 20 * worst, (worst, apart)
 
     # After training, client 0 (whichever node holds partition 0) is sent nothing at all.
     sent = seen["spy"].sent
