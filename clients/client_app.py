@@ -153,7 +153,8 @@ def _train_stack(model, x, y, config, setup: ClientSetup, objective, weight_deca
 def _evaluation(msg: Message, setup: ClientSetup) -> Message:
     model = _received_model(msg, setup)
     if isinstance(model, ModelStack):
-        result = mean_evaluation(evaluate_stack(model, setup.data.x, setup.data.y))
+        results = evaluate_stack(model, setup.data.x, setup.data.y, device=setup.device)
+        result = mean_evaluation(results)
     else:
         result = evaluate_model(model, setup.data.x, setup.data.y, device=setup.device)
     metrics = MetricRecord(

@@ -163,12 +163,12 @@ def population_outputs(
 ) -> Outputs:
     """One population's logits on the forget, retained and test sets; per-model accuracies and
     backdoor success; its time shared over its N models."""
-    stack = outcome.new_model().to(resolve_device(outcome.config.device))
+    device = resolve_device(outcome.config.device)  # CUDA when the server has it
+    stack = outcome.new_model()
     stack.load_state_dict(state)
-    stack.eval()
 
     def logits(x: torch.Tensor) -> np.ndarray:
-        return stack.logits(x).cpu().double().numpy()
+        return stack.logits(x, device=device).double().numpy()
 
     test_logits = logits(sets.test[0])
     n = stack.num_members

@@ -65,6 +65,7 @@ def test_a_stack_of_n_is_n_single_runs_and_the_target_hears_nothing(tmp_path, si
         **COMMON,
         "judge-models": 3,
         "judge-metrics": "forgetting-score,utility",  # the tests themselves are tested alone
+        "fraction-evaluate": 1.0,  # the clients evaluate the stack too
         "output-dir": str(tmp_path),
         "run-name": "judge",
     }
@@ -104,5 +105,8 @@ def test_a_stack_of_n_is_n_single_runs_and_the_target_hears_nothing(tmp_path, si
     assert {"original", "federaser", "fedaccum", "fedretrain", "retrain-independent"} <= set(
         table["population"]
     )
+    # The clients evaluated the stack every round (its members' mean accuracy on their data).
+    metrics = pd.read_csv(tmp_path / "judge" / "metrics.csv")
+    assert metrics["client_eval_accuracy"].dropna().iloc[-1] > 0.5
     for name in ("judge.md", "judge.png", "judge.json"):
         assert (tmp_path / "judge" / name).stat().st_size > 0
