@@ -157,10 +157,7 @@ def roc_bootstrap(
         )
 
     replicates = np.array(
-        [
-            statistics(_row_counts(len(m), rng), _row_counts(len(z), rng))
-            for _ in range(resamples)
-        ]
+        [statistics(_row_counts(len(m), rng), _row_counts(len(z), rng)) for _ in range(resamples)]
     )
     value = statistics(np.ones(len(m)), np.ones(len(z)))
     return (

@@ -61,7 +61,9 @@ def test_the_weighted_roc_bootstrap_is_the_statistic_of_the_resampled_arrays():
     rng = np.random.default_rng(3)
     members = np.round(rng.normal(0.4, 1.0, size=(40, 3)), 1)
     nonmembers = np.round(rng.normal(0.0, 1.0, size=(1500, 3)), 1)
-    _, inverse = np.unique(np.concatenate([members.ravel(), nonmembers.ravel()]), return_inverse=True)
+    _, inverse = np.unique(
+        np.concatenate([members.ravel(), nonmembers.ravel()]), return_inverse=True
+    )
     groups = (inverse[: members.size], inverse[members.size :], int(inverse.max()) + 1)
     for _ in range(5):
         count_m, count_z = _row_counts(40, rng), _row_counts(1500, rng)
