@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import pandas as pd
 import pytest
+from safetensors import SafetensorError, safe_open
 
 from simulations.deploy.credentials import Credentials, write_credentials
 
@@ -226,12 +227,22 @@ def post(host: str, port: int, path: str, ca: Path) -> tuple[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+def _checkpoint_round(run_path: Path) -> int:
+    """The round of the run's checkpoint (written atomically), -1 while there is none."""
+    path = run_path / "checkpoint.safetensors"
+    if not path.is_file():
+        return -1
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return int((handle.metadata() or {}).get("round", -1))
+    except (OSError, ValueError, SafetensorError):  # replaced between the check and the read
+        return -1
+
+
 def test_the_public_listener_forwards_only_fleet_calls_and_stops_with_the_superlink(
     tmp_path, processes
 ):
-    credentials = write_credentials(
-        tmp_path / f"credentials {NASTY}", hosts=[PUBLIC], supernodes=1
-    )
+    credentials = write_credentials(tmp_path / f"credentials {NASTY}", hosts=[PUBLIC], supernodes=1)
     server = start_server(tmp_path, processes, credentials)
     ca = credentials.ca_certificate
     # Routed by Flower from loopback; refused by nginx on the public listener, however spelled.
@@ -273,9 +284,7 @@ def test_the_public_listener_forwards_only_fleet_calls_and_stops_with_the_superl
 def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_stranger(
     tmp_path, processes
 ):
-    credentials = write_credentials(
-        tmp_path / f"credentials {NASTY}", hosts=[PUBLIC], supernodes=4
-    )
+    credentials = write_credentials(tmp_path / f"credentials {NASTY}", hosts=[PUBLIC], supernodes=4)
     server = start_server(tmp_path, processes, credentials)
     # The Control API is not reachable from other machines: registering the fourth key there fails.
     refused = flwr(processes, "supernode", "register", str(credentials.public_key(3)), "public")
@@ -314,7 +323,9 @@ def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_s
     first, first_log = processes.start("flwr-run-killed", [*flwr_run, str(run_config)])
     result = tmp_path / "runs" / "deployed"
     deadline = time.monotonic() + 180
-    while not (result / "metrics.csv").is_file() or len(pd.read_csv(result / "metrics.csv")) < 2:
+    # Kill once round 1 is checkpointed: its metrics row is written just before the checkpoint,
+    # so waiting for the row alone raced the kill against that write (resumed after round 0).
+    while _checkpoint_round(result) < 1:
         assert time.monotonic() < deadline, first_log.read_text()[-3000:]
         time.sleep(0.1)
     serverapps = [
