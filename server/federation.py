@@ -32,6 +32,12 @@ class FederationMembers:
     num_examples: dict[int, int]
     cuda_clients: int
     dropped: dict[int, str] = field(default_factory=dict)
+    #: partition_of's index (node -> partition): a reply is screened in O(1), not O(K).
+    _partition_of_node: dict[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index = {node: partition for partition, node in self.node_of_partition.items()}
+        object.__setattr__(self, "_partition_of_node", index)
 
     @property
     def partition_ids(self) -> list[int]:
@@ -40,11 +46,12 @@ class FederationMembers:
 
     def nodes(self, exclude: Collection[int] = ()) -> list[int]:
         """Node ids of the partitions still taking part, less the partitions ``exclude``."""
-        return [self.node_of_partition[p] for p in self.partition_ids if p not in set(exclude)]
+        excluded = set(exclude)
+        return [self.node_of_partition[p] for p in self.partition_ids if p not in excluded]
 
     def partition_of(self, node: int) -> int | None:
         """The partition ``node`` is bound to, or ``None`` for a node discovery did not map."""
-        return next((p for p, n in self.node_of_partition.items() if n == node), None)
+        return self._partition_of_node.get(node)
 
 
 def failure_reasons(replies) -> str:

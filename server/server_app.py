@@ -22,6 +22,7 @@ from server.judge import run_judge
 from server.membership_audit import run_membership_audit
 from server.run_loading import load_trained_run
 from server.scrubbing import run_scrubbing
+from server.threads import use_server_threads
 from server.unlearning import run_unlearning, unlearning_done
 
 
@@ -39,6 +40,7 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         """Validate the run config, train (FedAvg with retention), unlearn and compare; then, with
         ``certified-head``, train a certified head and stream removal requests to it; with ``scrub``, scrub a cohort with every
         scrubbing method and baseline."""
+        use_server_threads()  # the client workers hold the cores (server.threads)
         try:
             config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
             preflight(config)  # the data and the run directory, before anything is written
