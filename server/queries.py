@@ -16,6 +16,7 @@ calibration decide themselves what a missing reply means (``min-reply-fraction``
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
 from flwr.app import Message
@@ -84,6 +85,26 @@ def check_nodes(
 #: 3 s deployed).
 PULL_SECONDS = (0.05, 1.0)
 
+#: Messages in flight at once on Flower's in-memory simulation (:func:`in_flight_limit`).
+SIMULATION_IN_FLIGHT = 32
+
+
+def in_flight_limit(grid: Grid) -> int | None:
+    """How many messages :func:`collect_replies` keeps pushed but unanswered: all of them (None),
+    except on Flower's simulation, whose grid holds an in-memory LinkState
+    (``grid.state``, through any wrapper that forwards attributes).
+
+    Flower 1.41's simulation engine looks for each node's next message by scanning every stored
+    message, for every node, ten times a second, under the state's lock: O(nodes x messages)
+    per pass. With 1,000 clients and a round's 1,000 messages pushed at once that is a million
+    expiry checks a pass, in the ServerApp's own process. Only the client workers' concurrency
+    (2 on the CI machine) is run at once anyway, so :data:`SIMULATION_IN_FLIGHT` messages in
+    flight keep them busy and the scan O(nodes). A deployed federation gets every message at once:
+    its nodes train in parallel.
+    """
+    state = getattr(grid, "state", None)
+    return SIMULATION_IN_FLIGHT if type(state).__name__ == "InMemoryLinkState" else None
+
 
 def collect_replies(
     grid: Grid,
@@ -95,9 +116,11 @@ def collect_replies(
     heartbeat_seconds: float = HEARTBEAT_SECONDS,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    in_flight: int | None = -1,
 ) -> list[Message]:
     """Send ``messages`` and return their replies in arrival order once all have arrived or
-    ``timeout`` seconds have passed (a missing reply is simply absent; error replies are kept).
+    ``timeout`` seconds have passed (a missing reply is simply absent; error replies are kept; a
+    message still unsent at the timeout is not sent).
 
     Parameters
     ----------
@@ -115,28 +138,45 @@ def collect_replies(
         Seconds between two heartbeat lines.
     clock, sleep : callable
         Time source and pause between pulls (a test's fake time).
+    in_flight : int or None (default: :func:`in_flight_limit` of ``grid``)
+        Messages pushed but unanswered at most; the next are pushed as replies come in, and
+        the pulls then come every ``PULL_SECONDS[0]`` so the clients never wait. None: all at once.
     """
-    messages = list(messages)
+    unsent = deque(messages)
+    limit = in_flight_limit(grid) if in_flight == -1 else in_flight
     heartbeat = (
-        Heartbeat(log, label, len(messages), interval=heartbeat_seconds, clock=clock)
+        Heartbeat(log, label, len(unsent), interval=heartbeat_seconds, clock=clock)
         if log is not None
         else None
     )
     pause = PULL_SECONDS[0]
     deadline = clock() + timeout
-    pending = set(grid.push_messages(messages))
+    pending: set[str] = set()
     replies: list[Message] = []
+    _push(grid, unsent, pending, limit)
     while pending:
         arrived = list(grid.pull_messages(pending))
         replies += arrived
         pending -= {reply.metadata.reply_to_message_id for reply in arrived}
-        if not pending or clock() >= deadline:
+        if clock() >= deadline:
+            break
+        _push(grid, unsent, pending, limit)
+        if not pending:
             break
         if heartbeat is not None:
             heartbeat.beat(len(replies))
-        pause = PULL_SECONDS[0] if arrived else min(2 * pause, PULL_SECONDS[1])
+        fast = arrived or limit is not None  # a window refills only when it is pulled
+        pause = PULL_SECONDS[0] if fast else min(2 * pause, PULL_SECONDS[1])
         sleep(pause)
     return replies
+
+
+def _push(grid: Grid, unsent: deque, pending: set[str], limit: int | None) -> None:
+    """Push messages from ``unsent`` until ``limit`` are in flight (all when None)."""
+    room = len(unsent) if limit is None else max(limit - len(pending), 0)
+    batch = [unsent.popleft() for _ in range(min(room, len(unsent)))]
+    if batch:
+        pending.update(grid.push_messages(batch))
 
 
 def query_nodes(

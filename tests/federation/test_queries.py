@@ -172,3 +172,36 @@ def test_reply_timeout_is_a_number_of_seconds_up_to_a_day(value):
 def test_reply_timeout_defaults_to_an_hour():
     assert ExperimentConfig.from_run_config({}).reply_timeout == 3600.0
     assert ExperimentConfig.from_run_config({"reply-timeout": 30}).reply_timeout == 30.0
+
+
+def test_a_window_keeps_at_most_in_flight_messages_pushed_and_unanswered():
+    time = FakeTime()
+    delays = {n: 1.0 + 0.5 * n for n in range(1, 11)}
+    grid = SlowGrid(time, delays)
+    in_flight = []
+    pull = grid.pull_messages
+    grid.pull_messages = lambda ids: (in_flight.append(len(grid.outstanding)), pull(ids))[1]
+    replies = _collect(grid, time, list(delays), in_flight=3)
+    assert sorted(r.metadata.src_node_id for r in replies) == list(delays)
+    assert grid.pushed == list(delays)  # in the order given, each once
+    assert max(in_flight) == 3
+
+
+def test_messages_unsent_at_the_timeout_are_never_sent():
+    time = FakeTime()
+    grid = SlowGrid(time, {1: 5.0, 2: 5.0, 3: 0.0})
+    replies = _collect(grid, time, [1, 2, 3], timeout=2.0, in_flight=1)
+    assert replies == [] and grid.pushed == [1]
+
+
+def test_only_flowers_in_memory_simulation_gets_a_window():
+    from server.queries import SIMULATION_IN_FLIGHT, in_flight_limit
+
+    class InMemoryLinkState:
+        pass
+
+    class SimulationGrid:
+        state = InMemoryLinkState()
+
+    assert in_flight_limit(SimulationGrid()) == SIMULATION_IN_FLIGHT
+    assert in_flight_limit(SlowGrid(FakeTime(), {})) is None
