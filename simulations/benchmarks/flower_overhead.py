@@ -7,7 +7,8 @@ workers for every variant):
 
 * ``plain``: Flower's own :class:`flwr.serverapp.strategy.FedAvg` through ``strategy.start`` (the
   Message API), no retention, no reply screening; its ``evaluate_fn`` evaluates the global model
-  on the test set after every round, as our server does;
+  on the test set after every round, as our server does, with the same torch threads
+  (:func:`server.threads.use_server_threads`);
 * ``full``, ``norms`` (or any ``NAME:key=value,...`` given with ``--variant``): our ServerApp
   (:func:`server.server_app.create_server_app`) with retention on, training only.
 
@@ -57,6 +58,7 @@ from fedunlearn.data.federated_data import load_federated_data  # noqa: E402
 from fedunlearn.seeding import derive_seed  # noqa: E402
 from fedunlearn.training.local import evaluate, train_epochs  # noqa: E402
 from fedunlearn.training.models import build_dataset_model  # noqa: E402
+from server.threads import use_server_threads  # noqa: E402
 from simulations.benchmarks import default_data_root  # noqa: E402
 
 #: Our variants by default: retention of every round (Δt = 1), whole updates or norms only.
@@ -146,6 +148,7 @@ def plain_server_app(values: dict, marks: list[tuple[int, float, float]]) -> Ser
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        use_server_threads()  # as ours: the ratio measures our work, not a thread setting
         splits = load_federated_data(config).splits
         shape, classes = splits.input_shape, splits.num_classes
         seed = derive_seed(config.training_seed, "initial-model")  # ours' M^0

@@ -1,14 +1,18 @@
-"""Scale benchmark: a digits federation of 100 virtual clients on a small CPU, history kept on disk.
+"""Scale benchmark: a federation of 100 or 1,000 virtual clients on a small CPU, history kept on disk.
 
-Runs ``fedunlearn-run`` (``flwr run`` on the local simulation) with 100 clients, retention at every
+Runs ``fedunlearn-run`` (``flwr run`` on the local simulation) with ``--clients`` clients (digits by
+default, or the run config given, e.g. ``simulations/scale_mnist_1000.toml``), retention at every
 round (Δt = 1, every client), then forgets one client with FedEraser. The ServerApp records its own
 resident memory (RSS) and the store's size in ``metrics.csv`` after every round; meanwhile this script
 samples the memory of the local SuperLink's whole process tree (the ServerApp's ``flwr-simulation``
 process, Ray's GCS and raylet, and the client workers).
 
-It writes ``scale.csv``/``.md`` (one row per round), ``scale.png`` (RSS and store size against the
-round) and ``scale_summary.json``: peak RSS of the ServerApp's process and of the tree, store bytes,
-and the slope of the ServerApp's RSS over the rounds next to the store's growth per round. If the
+It writes ``scale.csv``/``.md`` (one row per round: the ServerApp's RSS, the store, the round's wall
+time and the wall time per client update), ``scale_samples.csv`` (the sampled RSS of the tree and
+of the ServerApp's process every 0.5 s, training and unlearning), ``scale.png`` (RSS and store size
+against the round) and ``scale_summary.json``: peak RSS of the ServerApp's process and of the tree,
+store bytes, and the slope of the ServerApp's RSS over the rounds next to the store's growth per
+round. If the
 retained history were held in memory, the two slopes would be about equal; ``--no-retain`` runs the
 same federation without a history, for the slope that has nothing to do with it.
 
@@ -17,6 +21,12 @@ Usage (about 5 minutes each on 2 cores)::
     pip install -e ".[bench]"
     python -m simulations.benchmarks.scale --output-dir results/scale
     python -m simulations.benchmarks.scale --output-dir results/scale-no-retain --no-retain
+
+1,000 MNIST clients (60 images each), norms-only retention, then FedEraser (the config's header
+gives the time)::
+
+    python -m simulations.benchmarks.scale simulations/scale_mnist_1000.toml --clients 1000 \
+        --rounds 20 --data-root PATH --output-dir results/scale-1000
 
 To run the clients on an existing Ray cluster, start the local SuperLink with ``RAY_ADDRESS`` set
 (README, "Scale"); the sampled tree then holds only the ServerApp's side.
@@ -52,6 +62,8 @@ class TreeProbe:
         self._psutil = psutil
         self.tree_peak = 0
         self.simulation_peak = 0
+        self.samples: list[tuple[float, int, int]] = []  # (seconds, tree RSS, ServerApp RSS)
+        self._started = time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
 
@@ -75,10 +87,11 @@ class TreeProbe:
                 tree = [root, *root.children(recursive=True)]
             except self._psutil.NoSuchProcess:
                 continue
-            self.tree_peak = max(self.tree_peak, sum(self._rss(p) for p in tree))
-            for process in tree:
-                if "flwr-simulation" in self._cmdline(process):
-                    self.simulation_peak = max(self.simulation_peak, self._rss(process))
+            total = sum(self._rss(p) for p in tree)
+            server = sum(self._rss(p) for p in tree if "flwr-simulation" in self._cmdline(p))
+            self.tree_peak = max(self.tree_peak, total)
+            self.simulation_peak = max(self.simulation_peak, server)
+            self.samples.append((time.perf_counter() - self._started, total, server))
 
     def _run(self, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -115,12 +128,20 @@ def plot(metrics: pd.DataFrame, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "config", nargs="?", type=Path, help="run-config TOML (default: digits, 1 local epoch)"
+    )
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--clients", type=int, default=100, help="virtual clients (default 100)")
     parser.add_argument("--rounds", type=int, default=100, help="training rounds (default 100)")
+    parser.add_argument("--retain-interval", type=int, default=1, help="Δt (default 1)")
     parser.add_argument("--unlearn", default="0", help="clients to forget with FedEraser ('' none)")
+    parser.add_argument("--data-root", help="dataset root (MNIST and the other downloads)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override one key"
+    )
     parser.add_argument(
         "--no-retain",
         action="store_true",
@@ -129,32 +150,79 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-rounds", type=int, default=5, help="rounds left out of the slope")
     parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT, help="the Flower app")
     args = parser.parse_args(argv)
-    for name in ("clients", "rounds"):
+    for name in ("clients", "rounds", "retain_interval"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup_rounds < 0:
         parser.error(f"--warmup-rounds must be >= 0, got {args.warmup_rounds}")
     try:
         import psutil  # noqa: F401
     except ImportError:
         parser.error('psutil is needed to sample memory: pip install -e ".[bench]"')
+    return args
 
-    output = args.output_dir.resolve()
-    name = f"scale-{args.clients}" + ("-no-retain" if args.no_retain else "")
-    sets = {
-        "dataset": "'digits'",
-        "num-clients": args.clients,
-        "rounds": args.rounds,
-        "local-epochs": 1,
-        "retain": str(not args.no_retain).lower(),
-        "retain-interval": 1,
-        "unlearn-clients": "''" if args.no_retain else repr(args.unlearn),
-        "unlearn-methods": "'federaser'",
-        "run-name": repr(name),
-        "node-wait-seconds": 600,
-    }
-    argv = ["--output-dir", str(output), "--app", str(args.app)]
+
+def launcher_argv(args: argparse.Namespace, output: Path, name: str) -> list[str]:
+    """``fedunlearn-run``'s arguments: the config (or digits), the scale settings, then ``--set``."""
+    sets: dict[str, object] = {}
+    if args.config is None:
+        sets.update({"dataset": "'digits'", "local-epochs": 1})
+    sets.update(
+        {
+            "num-clients": args.clients,
+            "rounds": args.rounds,
+            "retain": str(not args.no_retain).lower(),
+            "retain-interval": args.retain_interval,
+            "unlearn-clients": "''" if args.no_retain else repr(args.unlearn),
+            "unlearn-methods": "'federaser'",
+            "run-name": repr(name),
+            "node-wait-seconds": 600,
+        }
+    )
+    argv = [str(args.config)] if args.config is not None else []
+    argv += ["--output-dir", str(output), "--app", str(args.app)]
+    if args.data_root:
+        argv += ["--data-root", args.data_root]
     argv += [x for key, value in sets.items() for x in ("--set", f"{key}={value}")]
+    return argv + [x for item in args.set for x in ("--set", item)]
+
+
+def round_table(metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per round: accuracy, the ServerApp's RSS, the store, the round's wall time (between
+    the ends of two consecutive rounds' evaluations: everything the round cost) and that time per
+    client update (the clients that replied; 2 workers train side by side)."""
+    table = metrics.copy()
+    table["round_wall_seconds"] = table["elapsed_seconds"].diff()
+    table["seconds_per_update"] = table["round_wall_seconds"] / table["clients_replied"]
+    columns = ["round", "test_accuracy", "server_rss_mb", "store_mb", "clients_replied"]
+    return table[table["round"] >= 1][columns + ["round_wall_seconds", "seconds_per_update"]]
+
+
+def unlearning_costs(run: Path, clients: int, targets: int) -> dict:
+    """FedEraser's wall time and calibration updates (each retained round after t_1, every
+    remaining client), from the run's ``unlearning.csv`` and log."""
+    table_path, log_path = run / "unlearning.csv", run / "unlearning_log.jsonl"
+    if not table_path.is_file() or not log_path.is_file():
+        return {}
+    table = pd.read_csv(table_path).set_index("method")
+    entry = json.loads(log_path.read_text().splitlines()[-1])
+    steps = int(entry["details"].get("federaser", {}).get("steps", 0))
+    updates = max(steps - 1, 0) * (clients - targets)
+    seconds = float(table.loc["federaser", "seconds"]) if "federaser" in table.index else 0.0
+    return {
+        "federaser_seconds": round(seconds, 1),
+        "federaser_steps": steps,
+        "calibration_updates": updates,
+        "seconds_per_calibration_update": seconds / updates if updates else float("nan"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    output = args.output_dir.resolve()
+    dataset = "digits" if args.config is None else args.config.stem
+    name = f"scale-{dataset}-{args.clients}" + ("-no-retain" if args.no_retain else "")
+    argv = launcher_argv(args, output, name)
     print(f"=== fedunlearn-run {' '.join(argv)}", flush=True)
     started = time.perf_counter()
     with TreeProbe() as probe:
@@ -167,42 +235,54 @@ def main(argv: list[str] | None = None) -> int:
     run = output / name
     metrics = pd.read_csv(run / "metrics.csv")
     trained = json.loads((run / "summary.json").read_text())
-    rss_slope = slope(metrics, "server_rss_mb", args.warmup_rounds)
-    store_slope = slope(metrics, "store_mb", args.warmup_rounds)
-    store_bytes = sum(f.stat().st_size for f in (run / "store").rglob("*") if f.is_file())
+    rounds = round_table(metrics)
+    later = rounds[rounds["round"] > 1]
+    targets = 0 if args.no_retain or not args.unlearn else len(args.unlearn.split(","))
     summary = {
         "clients": args.clients,
         "rounds": args.rounds,
         "retain": not args.no_retain,
         "retained_rounds": len(trained["retained_rounds"]),
         "seconds": round(seconds, 1),
+        "training_seconds": round(float(trained["seconds"]), 1),
+        "mean_round_wall_seconds_after_round_1": float(later["round_wall_seconds"].mean()),
+        "mean_seconds_per_update_after_round_1": float(later["seconds_per_update"].mean()),
         "store_bytes_after_training": trained["store_bytes"],
-        "store_bytes_on_disk_at_end": store_bytes,
-        "server_rss_mb_first_round": float(metrics["server_rss_mb"].iloc[1]),
-        "server_rss_mb_last_round": float(metrics["server_rss_mb"].iloc[-1]),
-        "server_rss_slope_mb_per_round": rss_slope,
-        "store_growth_mb_per_round": store_slope,
+        "store_bytes_on_disk_at_end": sum(
+            f.stat().st_size for f in (run / "store").rglob("*") if f.is_file()
+        ),
+        "server_rss_mb_first_round": float(rounds["server_rss_mb"].iloc[0]),
+        "server_rss_mb_last_round": float(rounds["server_rss_mb"].iloc[-1]),
+        "server_rss_slope_mb_per_round": slope(metrics, "server_rss_mb", args.warmup_rounds),
+        "store_growth_mb_per_round": slope(metrics, "store_mb", args.warmup_rounds),
         "server_peak_rss_mb_training": trained["server_peak_rss_mb"],
         "serverapp_process_peak_rss_mb_sampled": probe.simulation_peak / MB,
         "process_tree_peak_rss_mb_sampled": probe.tree_peak / MB,
+        **unlearning_costs(run, args.clients, targets),
         "run_directory": str(run),
     }
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "scale_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    columns = ["round", "test_accuracy", "server_rss_mb", "store_mb", "round_seconds"]
-    metrics[columns].to_csv(output / "scale.csv", index=False)
-    (output / "scale.md").write_text(
-        metrics[columns].to_markdown(index=False, floatfmt=("g", ".4f", ".1f", ".1f", ".2f")) + "\n"
-    )
-    plot(
-        metrics,
-        output / "scale.png",
-        f"digits, {args.clients} clients, "
-        + ("no retention" if args.no_retain else "every round retained (Δt = 1)")
-        + f"; tree peak {probe.tree_peak / MB / 1024:.1f} GB",
-    )
+    write_outputs(output, rounds, probe, summary, args, dataset)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def write_outputs(output: Path, rounds: pd.DataFrame, probe: TreeProbe, summary, args, dataset):
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "scale_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    rounds.to_csv(output / "scale.csv", index=False)
+    (output / "scale.md").write_text(
+        rounds.to_markdown(index=False, floatfmt=("g", ".4f", ".1f", ".1f", "g", ".2f", ".4f"))
+        + "\n"
+    )
+    samples = pd.DataFrame(probe.samples, columns=["seconds", "tree_rss_bytes", "server_rss_bytes"])
+    samples.to_csv(output / "scale_samples.csv", index=False)
+    retention = "no retention" if args.no_retain else f"retained, Δt = {args.retain_interval}"
+    plot(
+        rounds,
+        output / "scale.png",
+        f"{dataset}, {args.clients} clients, {retention}; tree peak "
+        f"{probe.tree_peak / MB / 1024:.1f} GiB",
+    )
 
 
 if __name__ == "__main__":
