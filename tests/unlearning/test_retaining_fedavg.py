@@ -267,3 +267,29 @@ def test_norms_mode_keeps_round_1_whole_and_only_norms_after(tmp_path):
             for key, square in kept.squares[k].items():
                 assert square == pytest.approx(float(update[key].double().pow(2).sum()), rel=1e-6)
     assert store.metadata["retention"][INTERVAL] == {str(r): [0, 1, 2] for r in (1, 3, 5)}
+
+
+def test_a_norms_run_resumed_after_a_crash_redoes_its_norms_rounds_once(tmp_path):
+    store = UpdateStore(tmp_path / "store")
+
+    def strategy():
+        return RetainingFedAvg(
+            store,
+            policies={INTERVAL: IntervalRetention(1, "norms")},
+            min_train_nodes=3,
+            min_available_nodes=3,
+        )
+
+    first, global_state = strategy(), _state(0)
+    for server_round in (1, 2, 3):  # the crash comes after round 3 committed, before checkpoint 3
+        clients = [_state(10 * server_round + k) for k in range(3)]
+        global_state = _round(first, server_round, global_state, clients, [5, 6, 7])[0]
+        global_state = global_state.to_torch_state_dict()
+    assert store.delete_rounds_after(2) == [3]
+    resumed = strategy()
+    resumed.resume(2)
+    clients = [_state(99 + k) for k in range(3)]
+    _round(resumed, 3, global_state, clients, [5, 6, 7])
+    assert store.rounds() == [1, 2, 3] and store.read_round(3).norms_only == [0, 1, 2]
+    assert store.metadata["retention"][INTERVAL] == {str(r): [0, 1, 2] for r in (1, 2, 3)}
+    assert store.verify() == []
