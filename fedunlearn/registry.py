@@ -40,6 +40,8 @@ METHOD_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
 #: selection, every round's global model with the clients' sensitivity bounds (SIFU).
 RETENTION_NEEDS = ("retained-updates", "round-history", "selected-history", "sensitivity-bounds")
 STORE_CONTENTS = (*RETENTION_NEEDS, "trained-model", "initial-model")
+#: The retention needs that keep clients' whole updates (SIFU's keeps global models and bounds).
+UPDATE_NEEDS = ("retained-updates", "round-history", "selected-history")
 STATISTICS = ("head-statistics", "fisher-statistics")
 NEEDS = STORE_CONTENTS + STATISTICS
 
@@ -65,6 +67,9 @@ class MethodSpec:
     adoptable : bool
         Unlearning only: its trajectory can become the retained history after a request
         (``unlearn-adopt``).
+    norms_suffice : bool
+        Unlearning only: of the updates retained after round t_1 it reads only their norms per
+        tensor, so it runs on a ``retain-mode = norms`` history (FedEraser's eq. 2).
     default : bool
         Whether the config's method list includes it by default (``unlearn-methods``,
         ``scrub-methods``); a method that needs more retained than the default run keeps is
@@ -84,6 +89,7 @@ class MethodSpec:
     messages: tuple[str, ...] = ()
     certifies: bool = False
     adoptable: bool = False
+    norms_suffice: bool = False
     default: bool = True
     model_file: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -195,8 +201,19 @@ UNLEARNING = Registry("unlearning method", "unlearn-methods", model_prefix="mode
 #: Scrubbing methods (Golatkar et al.) and their baselines, run by ``server.scrubbing``; saved as
 #: ``model_scrub_<name>``. ``original`` and ``retrain`` always run and are not registered.
 SCRUBBING = Registry("scrubbing method", "scrub-methods", model_prefix="model_scrub_")
+
+
 #: Models the membership audit attacks beside every unlearning and scrubbing method
 #: (:func:`audited_models`): the original, and the certified heads.
+def norms_problem(spec: MethodSpec) -> str | None:
+    """Why ``spec`` cannot run on a ``retain-mode = norms`` history (None when it can): the whole
+    updates it needs after round t_1 are not kept."""
+    full = [need for need in spec.needs if need in UPDATE_NEEDS]
+    if not full or (spec.norms_suffice and full == ["retained-updates"]):
+        return None
+    return f"{spec.name} needs {', '.join(full)} as whole updates"
+
+
 AUDITED = Registry("audited model", "mia")
 
 _TRAIN = ("train",)
@@ -210,6 +227,7 @@ UNLEARNING.register(
     needs=("retained-updates",),
     messages=_TRAIN,
     adoptable=True,
+    norms_suffice=True,
     description="calibrated reconstruction from retained updates (Algorithm 1)",
 )
 UNLEARNING.register(

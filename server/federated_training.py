@@ -377,7 +377,8 @@ def _run_description(config: ExperimentConfig, data: FederatedData, members) -> 
     """The line that opens a training: data, federation, rounds and retention."""
     splits = data.splits
     needs = ", ".join(retention_policies(config)) or "nothing"
-    retention = f"{needs} (Δt = {config.retain_interval}), {config.store_dtype}"
+    mode = ", norms after t_1" if config.retain_mode == "norms" else ""
+    retention = f"{needs} (Δt = {config.retain_interval}{mode}), {config.store_dtype}"
     retention = retention if config.retain else "off"
     return (
         f"{config.dataset}: {sum(map(len, data.partitions))} of {len(splits.train)} training "
@@ -445,8 +446,10 @@ class _RoundRecorder:
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.started
 
-    def _store_mb(self) -> float:
-        return megabytes(self.store.total_bytes()) if self.store is not None else 0.0
+    def _store_size(self) -> dict[str, float]:
+        """The store's size in MB and, exactly, in bytes (a norms round adds a few KB)."""
+        size = self.store.total_bytes() if self.store is not None else 0
+        return {"store_mb": megabytes(size), "store_bytes": size}
 
     def initial(self, splits) -> None:
         """Round 0: the initial model's test accuracy and loss."""
@@ -454,7 +457,7 @@ class _RoundRecorder:
         initial = evaluate_run_model(self.model, splits.test.x, splits.test.y, device=device)
         row = _row(0, initial, MetricRecord(), 0, False, 0.0, self.elapsed())
         self.run.append_metrics(
-            {**row, "store_mb": self._store_mb(), "refused": 0, "check_seconds": 0.0}
+            {**row, **self._store_size(), "refused": 0, "check_seconds": 0.0}
         )
         self.log(
             f"round 0/{self.config.rounds}  test accuracy {initial.accuracy:.4f}  "
@@ -464,7 +467,7 @@ class _RoundRecorder:
     def __call__(self, server_round, result, train_metrics, replied, seconds) -> None:
         retained = self.retaining.is_retained_round(server_round)
         row = _row(server_round, result, train_metrics, replied, retained, seconds, self.elapsed())
-        row["store_mb"] = self._store_mb()
+        row.update(self._store_size())
         row["refused"] = int(train_metrics.get("refused", 0))
         row["check_seconds"] = round(float(train_metrics.get("check-seconds", 0.0)), 6)
         if "client-eval-accuracy" in train_metrics:

@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Callable, Iterable
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.registry import RETENTION_NEEDS, UNLEARNING
+from fedunlearn.registry import RETENTION_NEEDS, UNLEARNING, norms_problem
 from fedunlearn.store.retention import (
     EveryRound,
     HistoryView,
@@ -26,7 +26,7 @@ from strategies.retaining_fedavg import INTERVAL, RECORD_KEY, STATE_KEY
 
 #: The policy of each need: a factory ``f(config) -> RetentionPolicy`` (or ``"module:function"``).
 POLICIES: dict[str, Callable | str] = {
-    INTERVAL: lambda config: IntervalRetention(config.retain_interval),
+    INTERVAL: lambda config: IntervalRetention(config.retain_interval, config.retain_mode),
     "round-history": lambda config: EveryRound(),
     "selected-history": "server.recovery_methods:crab_policy",
     "sensitivity-bounds": "server.recovery_methods:sifu_policy",
@@ -96,6 +96,14 @@ def check_retained(store, methods: Iterable[str]) -> None:
                         "retain", False, f"true: {name} needs {need} kept during training"
                     )
                 history(store, need, method=name)
+        problem = norms_problem(UNLEARNING[name])
+        if problem and store is not None and store.keeps_norms:
+            raise ConfigError(
+                "unlearn-methods",
+                name,
+                f"methods that run on a retain-mode = norms history ({problem}; the store kept "
+                "only the norms of the updates after round t_1)",
+            )
 
 
 #: How a policy's saved state forgets clients: ``f(state, clients) -> state`` (or

@@ -46,6 +46,7 @@ TRAINING_KEYS = (
     "batch-size",
     "retain",
     "retain-interval",
+    "retain-mode",
     "store-dtype",
     "dp-noise-multiplier",
     "dp-clipping-norm",

@@ -176,6 +176,7 @@ def _parameters(config) -> dict:
         "calibration_layerwise": config.calibration_layerwise,
         "calibration_order": config.calibration_order,
         "retain_interval": config.retain_interval,
+        "retain_mode": config.retain_mode,
         "local_epochs": config.local_epochs,
         "rounds": config.rounds,
         "seed": config.seed,

@@ -80,6 +80,24 @@ class _ParticipantGrid:
         return [node for node in self._grid.get_node_ids() if node in self._participants]
 
 
+class _Updates(Mapping):
+    """Partition id -> U_k^t = M_k^t - M^t, computed from the reply's arrays on each read: a
+    round of many clients never holds all its updates besides the replies themselves."""
+
+    def __init__(self, arrays: Mapping[int, ArrayRecord], global_state) -> None:
+        self._arrays, self._global_state = arrays, global_state
+
+    def __getitem__(self, partition_id: int):
+        client_state = self._arrays[partition_id].to_torch_state_dict()
+        return state_difference(client_state, self._global_state)
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+
 class RetainingFedAvg(FedAvg):
     """FedAvg (weighted by ``num-examples``) that retains client updates for unlearning.
 
@@ -202,25 +220,31 @@ class RetainingFedAvg(FedAvg):
             )
         global_state = sent.to_torch_state_dict()
         updates, counts = self._updates(server_round, replies, global_state)
+        chosen = []
         for name, policy in self.policies.items():
             selection = Selection.of(policy.select(server_round, global_state, updates, counts))
             self.record.add(name, server_round, selection)
-        union = self.record.union(server_round)
-        if union is not None:
+            chosen.append(selection)
+        kept = Selection.merge(chosen)
+        if kept is not None:
             assert self.store is not None
-            with self.store.begin_round(server_round, global_state) as writer:
-                for partition_id in sorted(union.clients):
+            model = global_state if kept.keep_global else None
+            with self.store.begin_round(server_round, model) as writer:
+                for partition_id in sorted(kept.clients):
                     writer.add_update(partition_id, updates[partition_id], counts[partition_id])
+                for partition_id in sorted(kept.norms):
+                    writer.add_norms(partition_id, updates[partition_id], counts[partition_id])
         # A round no policy kept, with no policy state to carry, leaves the record as it was:
         # the header is rewritten only when something changed (not every round).
-        if union is not None or any(hasattr(p, "state_dict") for p in self.policies.values()):
+        if kept is not None or any(hasattr(p, "state_dict") for p in self.policies.values()):
             self._save_record(server_round)
-        if union is not None and self.on_retained is not None:
-            self.on_retained(server_round, sorted(union.clients))
+        if kept is not None and self.on_retained is not None:
+            self.on_retained(server_round, sorted(kept.kept))
 
     def _updates(self, server_round: int, replies: list[Message], global_state):
-        """U_k^t = M_k^t - M^t and N_k of every reply, by partition id."""
-        updates, counts = {}, {}
+        """U_k^t = M_k^t - M^t (computed when read, never all held at once) and N_k of every
+        reply, by partition id."""
+        arrays, counts = {}, {}
         for reply in replies:
             metrics = next(iter(reply.content.metric_records.values()))
             if PARTITION_ID_KEY not in metrics:
@@ -230,10 +254,9 @@ class RetainingFedAvg(FedAvg):
                     "ClientApp must report it"
                 )
             partition_id = int(metrics[PARTITION_ID_KEY])
-            client_state = reply.content[self.arrayrecord_key].to_torch_state_dict()
-            updates[partition_id] = state_difference(client_state, global_state)
+            arrays[partition_id] = reply.content[self.arrayrecord_key]
             counts[partition_id] = int(metrics[self.weighted_by_key])
-        return updates, counts
+        return _Updates(arrays, global_state), counts
 
     def _save_record(self, server_round: int) -> None:
         """The record and the policies' states after this round (and the round before, which a

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from fedunlearn.registry import JUDGE_METRICS as _JUDGE_REGISTRY
 from fedunlearn.registry import SCRUBBING, UNLEARNING
+from fedunlearn.store.retention import RETAIN_MODES
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
 PARTITIONINGS = ("iid", "dirichlet", "shards")
 STORE_DTYPES = ("float32", "float16")
+RETAIN_MODES = RETAIN_MODES  # full | norms (fedunlearn.store.retention)
 DEVICES = ("auto", "cpu", "cuda")
 MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
 CALIBRATION_ORDERS = ("client", "average")

@@ -29,6 +29,7 @@ from fedunlearn.config.choices import (
     MAX_SEED,
     MODELS,
     PARTITIONINGS,
+    RETAIN_MODES,
     STORE_DTYPES,
 )
 from fedunlearn.config.constraints import (
@@ -138,6 +139,11 @@ class RunParameters:
     )
     retain: bool = training(True, Flag(), "keep client updates for unlearning (FedEraser)")
     retain_interval: int = training(2, AT_LEAST_1, "Δt: retain at rounds 1, 1+Δt, 1+2Δt, ...")
+    retain_mode: str = training(
+        "full",
+        Options(RETAIN_MODES),
+        "full: whole updates at each retained round; norms: whole at t_1, then per-tensor norms",
+    )
     store_dtype: str = training("float32", Options(STORE_DTYPES), "dtype of retained updates")
     device: str = training("auto", Options(DEVICES), "where clients train; auto: cuda if present")
     model_seed: int = training(

@@ -17,6 +17,7 @@ from fedunlearn.config.choices import MODELS, SAMPLE_SHAPES
 from fedunlearn.config.constraints import Interval, validate_parameter_constraints
 from fedunlearn.config.parameters import parameter_constraints
 from fedunlearn.errors import ConfigError
+from fedunlearn.registry import UNLEARNING, norms_problem
 
 if TYPE_CHECKING:
     from fedunlearn.config.experiment import ExperimentConfig
@@ -163,6 +164,30 @@ def check_retention_for_methods(config: ExperimentConfig) -> None:
             config.retain,
             "true: FedEraser and FedAccum rebuild the model from retained updates "
             "(or set unlearn-methods='fedretrain')",
+        )
+
+
+def check_retain_mode(config: ExperimentConfig) -> None:
+    """``retain-mode = norms`` keeps whole updates of round t_1 only: every method of the run reads
+    no more (FedEraser with per-client calibration), or is refused before anything is trained."""
+    if config.retain_mode != "norms" or not config.retain:
+        return
+    problems = [norms_problem(UNLEARNING[name]) for name in config.methods]
+    problems = [problem for problem in problems if problem]
+    if problems:
+        keep = [name for name in config.methods if not norms_problem(UNLEARNING[name])]
+        raise ConfigError(
+            "retain-mode",
+            config.retain_mode,
+            f"'full' for these methods ({'; '.join(problems)}), or unlearn-methods without "
+            f"them (e.g. '{','.join(keep) or 'federaser'}')",
+        )
+    if config.calibration_order == "average" and "federaser" in config.methods:
+        raise ConfigError(
+            "calibration-order",
+            config.calibration_order,
+            "'client' when retain-mode = norms: the paper code's average calibration needs the "
+            "whole updates of every retained round",
         )
 
 
@@ -417,6 +442,7 @@ RULES: tuple[tuple[str | None, Rule], ...] = (
     (None, check_dp_delta),
     (None, check_someone_remains),
     (None, check_retention_for_methods),
+    (None, check_retain_mode),
     (None, check_adoptable_method),
     (None, check_recipes),
     ("certified", check_perturbation),

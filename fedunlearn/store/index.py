@@ -13,6 +13,13 @@ Formats (``PRAGMA user_version``): 2 has ``row_checksum``; 0 is format 1, writte
 row checksums. A writable store migrates a format-1 index (:meth:`StoreIndex.migrate`, one transaction);
 a read-only store reads it with sanity checks only and says so (:attr:`StoreIndex.checksummed`).
 
+Norms (``retain-mode = norms``): FedEraser's calibration (eq. 2 of Liu et al.) reads of an update
+after round t_1 only its norm per tensor, so such a round keeps, per client, a row of the ``norms``
+table: the sample count and the squared norms, float64 in the tensor order the ``norms_layout`` table
+names once for the store; each row's raw sha256 covers its fields and that layout. An index with
+these tables is version 3 (:data:`NORMS_VERSION`): an older fedunlearn refuses it rather than read
+its rounds without their norms; stores that never kept norms stay version 2.
+
 Opening never repairs or creates what is not there: an index that is not SQLite, truncated, or has
 another schema raises :class:`~fedunlearn.errors.StoreCorruptionError`, never a raw ``sqlite3`` error.
 """
@@ -22,9 +29,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import sqlite3
+import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -32,8 +41,11 @@ from typing import NamedTuple
 from fedunlearn.errors import ConfigError, FedUnlearnError, StoreCorruptionError
 
 INDEX_VERSION = 2
+#: The version of an index that holds norms rows (the tables of :data:`_NORMS_SCHEMA`).
+NORMS_VERSION = 3
 COLUMNS = ("round", "client", "kind", "num_examples", "dtype", "bytes", "checksum", "path")
 _SELECT = ", ".join(COLUMNS)
+NORMS_COLUMNS = ("round", "client", "num_examples", "squares", "row_checksum")
 _DTYPE_NAMES = frozenset({"float32", "float16"})
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SCHEMA = (
@@ -51,6 +63,21 @@ _SCHEMA = (
     )""",
     "CREATE INDEX blobs_by_round ON blobs (round)",
     "CREATE INDEX blobs_by_client ON blobs (client)",
+)
+_NORMS_SCHEMA = (
+    """CREATE TABLE norms_layout (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        tensors TEXT NOT NULL           -- JSON list: the tensor of each float64 in norms.squares
+    )""",
+    # WITHOUT ROWID: the (round, client) key is the table, no second B-tree; a few dozen bytes a row
+    """CREATE TABLE norms (
+        round INTEGER NOT NULL,
+        client INTEGER NOT NULL,
+        num_examples INTEGER NOT NULL,
+        squares BLOB NOT NULL,          -- float64 little-endian, in norms_layout's order
+        row_checksum BLOB NOT NULL,     -- raw sha256 of the fields and the layout (NormsRow)
+        PRIMARY KEY (round, client)
+    ) WITHOUT ROWID""",
 )
 # one encoder for every row (json.dumps would build one per call); a BLOB edited into a column
 # gets a text form of its own, so it can never pass for the value it replaced
@@ -125,6 +152,58 @@ class BlobRow(NamedTuple):
         return None
 
 
+class NormsRow(NamedTuple):
+    """One norms row: client ``client``'s update of ``round`` kept as its squared norm per tensor
+    (``squares``: float64 little-endian, in the store's layout order) and its sample count."""
+
+    round: int
+    client: int
+    num_examples: int
+    squares: bytes
+
+    @property
+    def who(self) -> str:
+        return describe(self.round, self.client) + " (norms)"
+
+    @property
+    def bytes(self) -> int:
+        """What the row keeps: three integers, the squares and the 32-byte checksum (the
+        56 + len(squares) that :meth:`StoreIndex.total_bytes` sums)."""
+        return 24 + len(self.squares) + 32
+
+    def row_checksum(self, layout: str) -> bytes:
+        fields = [self.round, self.client, self.num_examples, self.squares.hex(), layout]
+        return hashlib.sha256(_CANONICAL.encode(fields).encode()).digest()
+
+    def values(self, tensors: list[str]) -> dict[str, float]:
+        """Tensor -> ‖U[tensor]‖², read back exactly as written."""
+        return dict(zip(tensors, struct.unpack(f"<{len(tensors)}d", self.squares), strict=True))
+
+    def insanity(self, tensors: list[str]) -> str | None:
+        """Why no writer of this module could have written this row; None when it could."""
+        if not all(type(v) is int for v in (self.round, self.client, self.num_examples)):
+            return "round, client or num_examples is not an integer"
+        if self.round < 1 or self.client < 0 or self.num_examples < 1:
+            return "not a round >= 1, client >= 0 and num_examples >= 1"
+        if not isinstance(self.squares, bytes) or len(self.squares) != 8 * len(tensors):
+            return f"squares is not {len(tensors)} float64 values"
+        if not all(0 <= v < math.inf for v in self.values(tensors).values()):
+            return "a squared norm is negative or not finite"
+        return None
+
+    @classmethod
+    def of(cls, round: int, client: int, num_examples: int, squares, tensors) -> NormsRow:
+        """The row of ``squares`` (tensor -> ‖U[tensor]‖²), packed in ``tensors`` order."""
+        if sorted(squares) != sorted(tensors):
+            raise ConfigError(
+                f"norms of client {client} in round {round}",
+                sorted(squares),
+                f"the tensors of the store's norms layout: {list(tensors)}",
+            )
+        packed = struct.pack(f"<{len(tensors)}d", *(float(squares[name]) for name in tensors))
+        return cls(round, client, num_examples, packed)
+
+
 class StoreIndex:
     """The open index: verified reads, transactional writes, SQLite errors as store errors."""
 
@@ -196,23 +275,39 @@ class StoreIndex:
     def _validate(self) -> int:
         version = self._sql("PRAGMA user_version")[0][0]
         columns = tuple(row[1] for row in self._sql("PRAGMA table_info(blobs)"))
-        if version > INDEX_VERSION:
+        if version > NORMS_VERSION:
             raise ConfigError(
                 "store-format-version",
                 version,
-                f"an index of version <= {INDEX_VERSION}; upgrade fedunlearn to read {self.path}",
+                f"an index of version <= {NORMS_VERSION}; upgrade fedunlearn to read {self.path}",
             )
-        if (version, columns) not in ((0, COLUMNS), (INDEX_VERSION, (*COLUMNS, "row_checksum"))):
+        checksummed = (*COLUMNS, "row_checksum")
+        if (version, columns) not in ((0, COLUMNS), (INDEX_VERSION, checksummed)) and (
+            version != NORMS_VERSION or columns != checksummed
+        ):
             raise StoreCorruptionError(
                 f"{self.path} is not a store index (version {version}, table blobs with columns "
-                f"{list(columns)}, expected {[*COLUMNS, 'row_checksum']}); {_RESTORE}"
+                f"{list(columns)}, expected {list(checksummed)}); {_RESTORE}"
             )
+        if version == NORMS_VERSION:
+            norms = tuple(row[1] for row in self._sql("PRAGMA table_info(norms)"))
+            layout = tuple(row[1] for row in self._sql("PRAGMA table_info(norms_layout)"))
+            if norms != NORMS_COLUMNS or layout != ("id", "tensors"):
+                raise StoreCorruptionError(
+                    f"{self.path} is a version-{version} index without its norms tables (norms "
+                    f"{list(norms)}, norms_layout {list(layout)}); {_RESTORE}"
+                )
         return version
 
     @property
     def checksummed(self) -> bool:
         """Whether rows carry checksums (format 2); format-1 rows get sanity checks only."""
-        return self.version == INDEX_VERSION
+        return self.version >= INDEX_VERSION
+
+    @property
+    def has_norms(self) -> bool:
+        """Whether the norms tables exist (read each time: another writer may have added them)."""
+        return self._sql("PRAGMA user_version")[0][0] == NORMS_VERSION
 
     def integrity_problems(self) -> list[str]:
         """SQLite's ``quick_check`` of the B-trees: [] when sound."""
@@ -262,7 +357,100 @@ class StoreIndex:
         return good, problems
 
     def has_round(self, round_number: int) -> bool:
-        return bool(self._sql("SELECT 1 FROM blobs WHERE round = ? LIMIT 1", round_number))
+        if self._sql("SELECT 1 FROM blobs WHERE round = ? LIMIT 1", round_number):
+            return True
+        return self.has_norms and bool(
+            self._sql("SELECT 1 FROM norms WHERE round = ? LIMIT 1", round_number)
+        )
+
+    # ------------------------------------------------------------------ norms
+    def norms_layout(self) -> list[str]:
+        """The tensor of each float64 of a norms row ([] when no row was ever written)."""
+        if not self.has_norms:
+            return []
+        found = self._sql("SELECT tensors FROM norms_layout WHERE id = 1")
+        if not found:
+            return []
+        try:
+            tensors = json.loads(found[0][0])
+        except (TypeError, ValueError):
+            tensors = None
+        if (
+            not isinstance(tensors, list)
+            or not all(isinstance(t, str) for t in tensors)
+            or len(set(tensors)) != len(tensors)
+        ):
+            raise StoreCorruptionError(
+                f"{self.path}: its norms layout {found[0][0]!r} is not a list of distinct "
+                f"tensor names; {_RESTORE}"
+            )
+        return tensors
+
+    def norms_rows(self, round_number: int | None = None) -> list[NormsRow]:
+        """Norms rows (of ``round_number``, or all), by round and client, each one verified."""
+        rows, problems = self.checked_norms_rows(round_number)
+        if problems:
+            raise StoreCorruptionError(
+                f"{problems[0]}; `fedunlearn store verify` lists every damaged row"
+            )
+        return rows
+
+    def checked_norms_rows(
+        self, round_number: int | None = None
+    ) -> tuple[list[NormsRow], list[str]]:
+        """(norms rows that pass, a problem for each row that does not)."""
+        if not self.has_norms:
+            return [], []
+        tensors = self.norms_layout()
+        layout = json.dumps(tensors)
+        where = "" if round_number is None else "WHERE round = ?"
+        parameters = () if round_number is None else (round_number,)
+        good, problems = [], []
+        for *fields, checksum in self._sql(
+            f"SELECT {', '.join(NORMS_COLUMNS)} FROM norms {where} ORDER BY round, client",
+            *parameters,
+        ):
+            row = NormsRow(*fields)
+            reason = row.insanity(tensors)
+            if reason is None and checksum != row.row_checksum(layout):
+                reason = "its row checksum does not match its fields and the layout"
+            if reason is None:
+                good.append(row)
+            else:
+                problems.append(
+                    f"{self.path}: the norms row of {describe(row.round, row.client)} was "
+                    f"edited or damaged: {reason}; {_RESTORE}"
+                )
+        return good, problems
+
+    def insert_norms(self, rows: Iterable[NormsRow], tensors: list[str]) -> None:
+        """Insert norms rows packed in ``tensors`` order (inside :meth:`transaction`); the first
+        ones create the norms tables (version 3) and fix the store's layout."""
+        if not self.has_norms:
+            for statement in _NORMS_SCHEMA:
+                self._connection.execute(statement)
+            self._connection.execute(f"PRAGMA user_version = {NORMS_VERSION}")
+        layout = self.norms_layout()
+        if not layout:
+            self._connection.execute(
+                "INSERT INTO norms_layout (id, tensors) VALUES (1, ?)", (json.dumps(tensors),)
+            )
+        elif layout != list(tensors):
+            raise ConfigError(
+                "norms", tensors, f"the tensors of the store's earlier norms rows: {layout}"
+            )
+        text = json.dumps(list(tensors))
+        self._connection.executemany(
+            f"INSERT INTO norms ({', '.join(NORMS_COLUMNS)}) VALUES (?, ?, ?, ?, ?)",
+            [(*row, row.row_checksum(text)) for row in rows],
+        )
+
+    def delete_norms(self, rows: Iterable[NormsRow]) -> None:
+        """Delete norms ``rows`` by (round, client) (inside :meth:`transaction`)."""
+        self._connection.executemany(
+            "DELETE FROM norms WHERE round = ? AND client = ?",
+            [(row.round, row.client) for row in rows],
+        )
 
     def paths(self) -> set[str]:
         """Every path the index names, rows unverified: what a cleanup must never remove."""
@@ -270,6 +458,17 @@ class StoreIndex:
 
     def count(self) -> int:
         return self._sql("SELECT COUNT(*) FROM blobs")[0][0]
+
+    def norms_count(self) -> int:
+        return self._sql("SELECT COUNT(*) FROM norms")[0][0] if self.has_norms else 0
+
+    def total_bytes(self) -> int:
+        """Blob bytes plus what the norms rows keep (:attr:`NormsRow.bytes`), summed by SQLite:
+        counted, not verified (a cheap figure for every round's metrics)."""
+        total = self._sql("SELECT COALESCE(SUM(bytes), 0) FROM blobs")[0][0]
+        if self.has_norms:
+            total += self._sql("SELECT COALESCE(SUM(56 + LENGTH(squares)), 0) FROM norms")[0][0]
+        return int(total)
 
     # ------------------------------------------------------------------ writing
     @contextlib.contextmanager

@@ -9,6 +9,11 @@ A :class:`RetentionPolicy` says, round by round, what one of them keeps; the ret
 asks every policy the run's methods need, stores the union once, and records each policy's own
 selection (:class:`RetentionRecord`), so that each method reads exactly what its policy kept
 (:class:`HistoryView`) and reports the bytes it alone would have needed.
+
+``retain-mode = norms`` (:data:`RETAIN_MODES`): FedEraser's calibration (eq. 2) reads of an update
+U_k^{t_j}, j > 1, only ‖U_k^{t_j}‖ per tensor, so its policy keeps round t_1 whole and afterwards
+only those norms (:attr:`Selection.norms`); policies that keep whole updates later have no place in
+such a run (:func:`fedunlearn.registry.norms_problem`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import torch
 from fedunlearn.errors import ConfigError
 
 State = Mapping[str, torch.Tensor]
+#: ``retain-mode``: keep whole updates at every retained round, or whole at t_1 and norms after.
+RETAIN_MODES = ("full", "norms")
 
 
 def is_retained_round(server_round: int, retain_interval: int) -> bool:
@@ -34,10 +41,31 @@ def is_retained_round(server_round: int, retain_interval: int) -> bool:
 
 @dataclass(frozen=True)
 class Selection:
-    """What a policy keeps of one round: the global model M^t, and these clients' updates."""
+    """What a policy keeps of one round: the global model M^t, these clients' updates, and of
+    the clients in ``norms`` only ‖U_k^t‖ per tensor with N_k."""
 
     keep_global: bool
     clients: frozenset[int]
+    norms: frozenset[int] = frozenset()
+
+    @property
+    def kept(self) -> frozenset[int]:
+        """Every client kept in some form."""
+        return self.clients | self.norms
+
+    def keeps_anything(self) -> bool:
+        return self.keep_global or bool(self.kept)
+
+    @classmethod
+    def merge(cls, selections: Iterable[Selection]) -> Selection | None:
+        """What the store keeps of a round for all policies at once (None: nothing): the model if
+        any wants it, a whole update where any wants one, the norms where only norms are wanted."""
+        chosen = [s for s in selections if s.keeps_anything()]
+        if not chosen:
+            return None
+        clients = frozenset().union(*(s.clients for s in chosen))
+        norms = frozenset().union(*(s.norms for s in chosen)) - clients
+        return cls(any(s.keep_global for s in chosen), clients, norms)
 
     @classmethod
     def of(cls, value: Selection | tuple[bool, Collection[int]]) -> Selection:
@@ -63,16 +91,23 @@ class RetentionPolicy(Protocol):
 
 
 class IntervalRetention:
-    """FedEraser's schedule: every client's update at rounds 1, 1+Δt, 1+2Δt, ..."""
+    """FedEraser's schedule: every client's update at rounds 1, 1+Δt, 1+2Δt, ...; with
+    ``mode="norms"``, round t_1 = 1 whole (M^{t_1} and the U_k^{t_1} of the uncalibrated first
+    step) and at later retained rounds only each update's norm per tensor (eq. 2's step size)."""
 
-    def __init__(self, retain_interval: int) -> None:
+    def __init__(self, retain_interval: int, mode: str = "full") -> None:
         is_retained_round(1, retain_interval)  # validates
+        if mode not in RETAIN_MODES:
+            raise ConfigError("retain-mode", mode, f"one of {', '.join(RETAIN_MODES)}")
         self.retain_interval = retain_interval
+        self.mode = mode
 
     def select(self, server_round, global_state, updates, num_examples) -> Selection:
-        if is_retained_round(server_round, self.retain_interval):
-            return Selection(True, frozenset(updates))
-        return Selection(False, frozenset())
+        if not is_retained_round(server_round, self.retain_interval):
+            return Selection(False, frozenset())
+        if self.mode == "norms" and server_round > 1:
+            return Selection(False, frozenset(), frozenset(updates))
+        return Selection(True, frozenset(updates))
 
 
 class EveryRound:
@@ -97,11 +132,13 @@ class RetentionRecord:
         return cls({name: {} for name in policies})
 
     def add(self, policy: str, server_round: int, selection: Selection) -> None:
-        if selection.keep_global:
-            self.selections[policy][server_round] = tuple(sorted(selection.clients))
+        """Record what ``policy`` kept of ``server_round``: the clients it kept in any form (the
+        store says which: a whole update or its norms)."""
+        if selection.keeps_anything():
+            self.selections[policy][server_round] = tuple(sorted(selection.kept))
 
     def union(self, server_round: int) -> Selection | None:
-        """What the store must keep of ``server_round`` (None: nothing)."""
+        """Every client some policy kept of ``server_round``, in any form (None: nothing kept)."""
         chosen = [s[server_round] for s in self.selections.values() if server_round in s]
         if not chosen:
             return None
@@ -200,7 +237,7 @@ class HistoryView:
             yield self.read_round(server_round, clients=clients, exclude=exclude)
 
     def total_bytes(self) -> int:
-        """Bytes of the blobs this selection keeps (global models and updates)."""
+        """Bytes this selection keeps: global models, updates and norms rows."""
         total = 0
         for row in self.store.index().itertuples():
             kept = self._selection.get(int(row.round))

@@ -28,6 +28,11 @@ Layout::
     root/.lock                                           advisory lock held while writing
     root/blobs/round_000003/global.safetensors           M^3
     root/blobs/round_000003/client_000007.safetensors    U_7^3
+
+A round may keep, instead of a client's update, only its squared norm per tensor and its sample
+count (:meth:`RoundWriter.add_norms`, ``retain-mode = norms``): a row of the index's ``norms``
+table, no blob; such a round may also have no global model. FedEraser's calibration (eq. 2 of Liu
+et al.) reads nothing else of the updates after round t_1.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from fedunlearn.store.durable_io import (
 from fedunlearn.store.index import (
     COLUMNS,
     BlobRow,
+    NormsRow,
     StoreBusyError,
     StoreIndex,
     StoreReadOnlyError,
@@ -100,10 +106,13 @@ _BLOB_ADVICE = "restore it from a backup or retrain; store.verify() lists every 
 
 @dataclass
 class RetainedRound:
-    """One retained round: the global model M^t and the selected clients' updates U_k^t."""
+    """One retained round: the global model M^t and the selected clients' updates U_k^t.
+
+    A client kept as norms only (``retain-mode = norms``) has ``num_examples`` and ``squares`` but
+    no entry in ``updates``; a round that kept no global model has ``global_model = None``."""
 
     round: int
-    global_model: dict[str, torch.Tensor]
+    global_model: dict[str, torch.Tensor] | None
     updates: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     num_examples: dict[int, int] = field(default_factory=dict)
     #: Per client and floating tensor, the squared norm ‖U_k^t[tensor]‖² the store recorded for the
@@ -113,8 +122,13 @@ class RetainedRound:
 
     @property
     def clients(self) -> list[int]:
-        """Clients whose updates this round holds, ascending."""
-        return sorted(self.updates)
+        """Clients this round kept (an update, or its norms), ascending."""
+        return sorted(self.num_examples)
+
+    @property
+    def norms_only(self) -> list[int]:
+        """Clients of which this round kept only the norms, ascending."""
+        return sorted(set(self.num_examples) - set(self.updates))
 
 
 def _check_integer(parameter: str, value: object, minimum: int) -> int:
@@ -224,7 +238,9 @@ def _recorded_squares(row, metadata: Mapping[str, str], update: State) -> dict[s
     try:
         return _check_squares(row.who, json.loads(metadata[SQUARES_KEY]), update)
     except (ValueError, ConfigError) as error:
-        raise StoreCorruptionError(f"{row.who}: its recorded norms are unreadable ({error})") from None
+        raise StoreCorruptionError(
+            f"{row.who}: its recorded norms are unreadable ({error})"
+        ) from None
 
 
 def _file_sha256(path: Path) -> str:
@@ -243,28 +259,32 @@ class RoundWriter:
     holds one update at a time. Leaving the block by an exception removes the round's files.
     """
 
-    def __init__(self, store: UpdateStore, round_number: int, global_model: State) -> None:
+    def __init__(self, store: UpdateStore, round_number: int, global_model: State | None) -> None:
         self._store, self.round, self._global_model = store, round_number, global_model
         self._directory = store.root / _BLOBS / f"round_{round_number:06d}"
         self._rows: list[BlobRow] = []
-        self._open = False
+        self._norms: list[tuple[int, int, dict[str, float]]] = []
+        self._open = self._used = False
         self._lock = contextlib.ExitStack()
 
     @property
     def clients(self) -> list[int]:
-        """Clients added so far, in the order they were added."""
-        return [row.client for row in self._rows if row.client is not None]
+        """Clients added so far (updates, then norms), in the order they were added."""
+        return [row.client for row in self._rows if row.client is not None] + [
+            client for client, _, _ in self._norms
+        ]
 
     def __enter__(self) -> RoundWriter:
-        if self._global_model is None:
+        if self._used:
             raise ConfigError("round-writer", self.round, "a fresh store.begin_round() per block")
+        self._used = True
         self._lock.enter_context(self._store._exclusive())
         try:
             self._store._require_uncommitted(self.round)  # again, now that the lock is held
             if self._directory.exists():  # files of a crashed earlier attempt at this round
                 self._store._remove_unindexed(self._directory, set())
-            private_directory(self._directory)
-            self._write(None, self._global_model, None)
+            if self._global_model is not None:
+                self._write(None, self._global_model, None)
             self._global_model = None  # written: do not keep it alive for the whole round
         except BaseException:
             self._discard()
@@ -284,8 +304,31 @@ class RoundWriter:
         ``squares`` (tensor -> ‖U_k^t[tensor]‖²) records norms other than the stored values' own:
         a rewritten history stores the calibrated update Ũ_k with the norms of the U_k it
         replaces. By default the norms of the stored values are recorded."""
+        client, num_examples = self._check_new(client, num_examples, "add_update")
+        self._write(client, update, num_examples, squares)
+
+    def add_norms(
+        self,
+        client: int,
+        update: State,
+        num_examples: int,
+        squares: Mapping[str, float] | None = None,
+    ) -> None:
+        """Keep of client ``client``'s update only ‖U_k^t[tensor]‖² per floating tensor and N_k.
+
+        The norms are those :meth:`add_update` would record: of the values as the store's dtype
+        holds them, or ``squares`` when given; so FedEraser calibrates with the same numbers
+        whichever was kept. The update itself is checked (finite, within the dtype's range) and
+        dropped."""
+        client, num_examples = self._check_new(client, num_examples, "add_norms")
+        what = f"update of client {client} in round {self.round}"
+        prepared = _prepare(update, STORE_DTYPES[self._store.dtype], what)
+        squares = squared_norms(prepared) if squares is None else squares
+        self._norms.append((client, num_examples, _check_squares(what, squares, prepared)))
+
+    def _check_new(self, client: int, num_examples: int, method: str) -> tuple[int, int]:
         if not self._open:
-            raise ConfigError("round-writer", self.round, "add_update inside its `with` block")
+            raise ConfigError("round-writer", self.round, f"{method} inside its `with` block")
         client = _check_integer("client", client, 0)
         num_examples = _check_integer("num_examples", num_examples, 1)
         if client in self.clients:
@@ -294,16 +337,17 @@ class RoundWriter:
                 client,
                 f"each client once per round, but round {self.round} already has client {client}",
             )
-        self._write(client, update, num_examples, squares)
+        return client, num_examples
 
     def __exit__(self, exception_type, exception, traceback) -> None:
         if exception_type is not None or not self._open:
             self._discard()
             return
         try:
-            fsync_directory(self._directory)
-            fsync_directory(self._directory.parent)
-            self._store._insert_rows(self.round, self._rows)
+            if self._rows:
+                fsync_directory(self._directory)
+                fsync_directory(self._directory.parent)
+            self._store._insert_rows(self.round, self._rows, self._norms)
         except BaseException:
             self._discard()
             raise
@@ -330,6 +374,8 @@ class RoundWriter:
             squares = squared_norms(prepared) if squares is None else squares
             metadata[SQUARES_KEY] = json.dumps(_check_squares(what, squares, prepared))
         data = safetensors.torch.save(prepared, metadata=metadata)
+        if not self._rows:  # the round's folder, made with its first blob (norms need none)
+            private_directory(self._directory)
         relative = blob_path(self.round, client)
         # the round's folder is fsynced once, before its rows commit (__exit__)
         atomic_write_bytes(self._store.root / relative, data, sync_directory=False)
@@ -343,7 +389,7 @@ class RoundWriter:
             if self._directory.exists():
                 self._store._remove_unindexed(self._directory, set())
         finally:
-            self._open, self._rows = False, []
+            self._open, self._rows, self._norms = False, [], []
             self._lock.close()
 
 
@@ -425,8 +471,11 @@ class UpdateStore:
             self._write_header(header)
 
     # ------------------------------------------------------------------ writing
-    def begin_round(self, round: int, global_model: State) -> RoundWriter:
-        """Start writing round ``round`` (>= 1, not committed); use the writer in a ``with``."""
+    def begin_round(self, round: int, global_model: State | None) -> RoundWriter:
+        """Start writing round ``round`` (>= 1, not committed); use the writer in a ``with``.
+
+        ``global_model`` None keeps no M^t for the round (a ``retain-mode = norms`` round after
+        t_1); a round that keeps nothing at all is not committed."""
         self._require_writable("begin_round")
         round_number = _check_integer("round", round, 1)
         self._require_uncommitted(round_number)
@@ -455,7 +504,10 @@ class UpdateStore:
         self._require_writable("delete_client")
         client = _check_integer("client", client, 0)
         with self._exclusive():
-            deleted = self._delete_rows([row for row in self._rows() if row.client == client])
+            norms = [row for row in self._index.norms_rows() if row.client == client]
+            deleted = self._delete_rows(
+                [row for row in self._rows() if row.client == client], norms
+            )
             self._index.vacuum()
         return len(deleted)
 
@@ -469,31 +521,49 @@ class UpdateStore:
         self._require_writable("delete_rounds_after")
         round_number = _check_integer("round", round, 0)
         with self._exclusive():
-            deleted = self._delete_rows([row for row in self._rows() if row.round > round_number])
+            norms = [row for row in self._index.norms_rows() if row.round > round_number]
+            deleted = self._delete_rows(
+                [row for row in self._rows() if row.round > round_number], norms
+            )
             for directory in {(self.root / row.path).parent for row in deleted}:
                 if directory.is_dir() and not any(directory.iterdir()):
                     directory.rmdir()
                     fsync_directory(directory.parent)
-        return sorted({row.round for row in deleted})
+        return sorted({row.round for row in deleted} | {row.round for row in norms})
 
     # ------------------------------------------------------------------ reading
     def rounds(self) -> list[int]:
         """Committed rounds, ascending."""
-        return [row.round for row in self._rows() if row.kind == "global"]
+        kept = {row.round for row in self._rows() if row.kind == "global"}
+        return sorted(kept | {row.round for row in self._index.norms_rows()})
 
     def clients(self, round: int | None = None) -> list[int]:
-        """Clients with an update in ``round`` (in any round when ``None``), ascending."""
-        rows = self._rows() if round is None else self._rows(self._require_committed(round))
-        return sorted({row.client for row in rows if row.kind == "update"})
+        """Clients with an update, or its norms, in ``round`` (in any round when ``None``)."""
+        if round is not None:
+            return sorted(self.num_examples(round))
+        norms = {row.client for row in self._index.norms_rows()}
+        return sorted({row.client for row in self._rows() if row.kind == "update"} | norms)
 
     def num_examples(self, round: int) -> dict[int, int]:
-        """Sample count N_k of each client with an update in ``round``."""
-        rows = self._rows(self._require_committed(round))
-        return {row.client: row.num_examples for row in rows if row.kind == "update"}
+        """Sample count N_k of each client with an update, or its norms, in ``round``."""
+        round_number = self._require_committed(round)
+        counts = {row.client: row.num_examples for row in self._index.norms_rows(round_number)}
+        for row in self._rows(round_number):
+            if row.kind == "update":
+                counts[row.client] = row.num_examples
+        return dict(sorted(counts.items()))
 
     def read_global(self, round: int) -> dict[str, torch.Tensor]:
         """The global model M^round, checksum-verified, floating tensors as float32."""
-        return self._read_blob(self._global_row(self._rows(self._require_committed(round))))
+        rows = self._rows(self._require_committed(round))
+        if not any(row.kind == "global" for row in rows):
+            raise ConfigError(
+                "round",
+                round,
+                "a round whose global model was kept (a retain-mode = norms round after t_1 "
+                f"keeps only the updates' norms); rounds with one: {self._model_rounds()}",
+            )
+        return self._read_blob(self._global_row(rows))
 
     def read_update(self, round: int, client: int) -> dict[str, torch.Tensor]:
         """Client ``client``'s update U_k^round, checksum-verified, floating tensors as float32."""
@@ -503,8 +573,11 @@ class UpdateStore:
         found = [row for row in rows if row.kind == "update" and row.client == client]
         if not found:
             clients = [row.client for row in rows if row.kind == "update"]
+            norms = " (of the others it kept only the norms)" if self.num_examples(round) else ""
             raise ConfigError(
-                "client", client, f"a client with an update in round {round_number}: {clients}"
+                "client",
+                client,
+                f"a client with an update in round {round_number}: {clients}{norms}",
             )
         return self._read_blob(found[0])
 
@@ -523,7 +596,15 @@ class UpdateStore:
         wanted = None if clients is None else _client_set("clients", clients)
         excluded = _client_set("exclude", exclude)
         rows = self._rows(round_number)
-        retained = RetainedRound(round_number, self._read_blob(self._global_row(rows)))
+        has_global = any(row.kind == "global" for row in rows)
+        retained = RetainedRound(
+            round_number, self._read_blob(self._global_row(rows)) if has_global else None
+        )
+        tensors = self._index.norms_layout()
+        for row in self._index.norms_rows(round_number):
+            if row.client not in excluded and (wanted is None or row.client in wanted):
+                retained.num_examples[row.client] = row.num_examples
+                retained.squares[row.client] = row.values(tensors)
         for row in rows:
             if row.kind != "update" or row.client in excluded:
                 continue
@@ -541,7 +622,8 @@ class UpdateStore:
         # sets now: a generator argument would otherwise be used up by the first round
         clients = None if clients is None else _client_set("clients", clients)
         exclude = _client_set("exclude", exclude)
-        for round_number in self.rounds():
+        rounds = self.rounds()  # verifies every norms row: an edited round cannot hide one
+        for round_number in rounds:
             yield self.read_round(round_number, clients=clients, exclude=exclude)
 
     def verify(self) -> list[str]:
@@ -555,29 +637,46 @@ class UpdateStore:
         problems += row_problems
         for row in rows:
             problems += self._blob_problems(row)
+        try:
+            problems += self._index.checked_norms_rows()[1]
+        except StoreCorruptionError as error:
+            problems.append(str(error))
         return problems
 
     def index(self) -> pd.DataFrame:
-        """The index, one row per blob, ordered by round, kind, client."""
-        frame = pd.DataFrame([row._asdict() for row in self._rows()], columns=list(COLUMNS))
+        """The index, one row per blob (ordered by round, kind, client), then one per norms row
+        (kind ``"norms"``, dtype float64, ``bytes`` what the row keeps, no path)."""
+        rows = [row._asdict() for row in self._rows()]
+        rows += [
+            {"round": n.round, "client": n.client, "kind": "norms", "dtype": "float64",
+             "num_examples": n.num_examples, "bytes": n.bytes, "checksum": "", "path": ""}
+            for n in self._index.norms_rows()
+        ]  # fmt: skip
+        frame = pd.DataFrame(rows, columns=list(COLUMNS))
         # nullable integers: the global model's client and num_examples are NULL
         integers = {"round": "int64", "bytes": "int64", "client": "Int64", "num_examples": "Int64"}
         return frame.astype(integers)
+
+    @property
+    def keeps_norms(self) -> bool:
+        """Whether some round kept only the norms of some update (``retain-mode = norms``)."""
+        return self._index.norms_count() > 0
 
     def blob_count(self) -> int:
         """Number of index rows, each naming one blob (counted, not verified)."""
         return self._index.count()
 
     def total_bytes(self) -> int:
-        """Total size of the committed blobs, in bytes."""
-        return sum(row.bytes for row in self._rows())
+        """Total size of the committed blobs and norms rows, in bytes (counted, not verified:
+        :meth:`verify` checks them)."""
+        return self._index.total_bytes()
 
     def bytes_per_round(self) -> dict[int, int]:
-        """Size of each committed round's blobs, in bytes."""
+        """Size of each committed round's blobs and norms rows, in bytes."""
         sizes: dict[int, int] = {}
-        for row in self._rows():
+        for row in [*self._rows(), *self._index.norms_rows()]:
             sizes[row.round] = sizes.get(row.round, 0) + row.bytes
-        return sizes
+        return dict(sorted(sizes.items()))
 
     def __len__(self) -> int:
         return len(self.rounds())
@@ -709,6 +808,9 @@ class UpdateStore:
     def _rows(self, round_number: int | None = None) -> list[BlobRow]:
         return self._index.rows(round_number)
 
+    def _model_rounds(self) -> list[int]:
+        return [row.round for row in self._rows() if row.kind == "global"]
+
     def _global_row(self, rows: list[BlobRow]) -> BlobRow:
         found = [row for row in rows if row.kind == "global"]
         if len(found) != 1:
@@ -822,10 +924,16 @@ class UpdateStore:
                 "(rounds are immutable); write another round",
             )
 
-    def _insert_rows(self, round_number: int, rows: list[BlobRow]) -> None:
+    def _insert_rows(self, round_number: int, rows: list[BlobRow], norms=()) -> None:
+        """Commit a round's blob rows and its norms rows (client, N_k, squares) together."""
         with self._index.transaction():
             self._require_uncommitted(round_number)
             self._index.insert(rows)
+            if norms:
+                tensors = self._index.norms_layout() or sorted(norms[0][2])
+                self._index.insert_norms(
+                    [NormsRow.of(round_number, c, n, sq, tensors) for c, n, sq in norms], tensors
+                )
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -864,12 +972,14 @@ class UpdateStore:
                 ) from None
         return descriptor
 
-    def _delete_rows(self, rows: list[BlobRow]) -> list[BlobRow]:
-        """Delete ``rows`` from the index, then their files; return them. Rows go first: a crash
-        before the unlinks then leaves unindexed files, which the next open removes, rather than
-        rows naming missing files."""
+    def _delete_rows(self, rows: list[BlobRow], norms: list[NormsRow] = ()) -> list[BlobRow]:
+        """Delete ``rows`` (and ``norms`` rows) from the index, then their files; return ``rows``.
+        Rows go first: a crash before the unlinks then leaves unindexed files, which the next
+        open removes, rather than rows naming missing files."""
         with self._index.transaction():
             self._index.delete(rows)
+            if norms:
+                self._index.delete_norms(norms)
         for row in rows:
             (self.root / row.path).unlink(missing_ok=True)
         for directory in {(self.root / row.path).parent for row in rows}:

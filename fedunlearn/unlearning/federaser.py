@@ -19,6 +19,12 @@ Buffers that are not trained (BatchNorm running statistics and counters) have no
 worth keeping: the reconstruction takes the calibrating clients' buffer updates as they are (no
 rescaling), i.e. the buffers follow the remaining clients' data seen through the calibrated model.
 In the first, uncalibrated step they come from the retained updates like everything else.
+
+A store kept with ``retain-mode = norms`` holds round t_1 whole and, at later rounds, only the
+recorded ‖U_k^{t_j}‖² per tensor, which is all eq. (2) reads with ``calibration_order="client"``:
+the reconstruction is then the same, bit for bit, as from the whole updates. (Should every client
+of t_1 be a target, the first step falls on a round kept as norms: it is calibrated, since no
+uncalibrated update of it was kept.)
 """
 
 from __future__ import annotations
@@ -184,9 +190,16 @@ def fedaccum(store: UpdateStore, targets: Collection[int]) -> Reconstruction:
     model = _initial_model(store)
     steps = []
     for retained in store.iter_rounds(exclude=excluded):
-        clients = _remaining(retained.updates, excluded)
+        clients = _remaining(retained.clients, excluded)
         if not clients:
             continue
+        if retained.norms_only:
+            raise ConfigError(
+                "unlearn-methods",
+                "fedaccum",
+                "methods that read only the norms of updates after round t_1 (federaser): "
+                f"round {retained.round} kept only norms (retain-mode = norms)",
+            )
         step = aggregate_updates(retained.updates, retained.num_examples)
         model = state_sum(model, step)
         steps.append(ReconstructionStep(retained.round, clients, False, _norm(step.values())))
@@ -227,10 +240,10 @@ def federaser(
     model = _initial_model(store)
     steps: list[ReconstructionStep] = []
     for retained in store.iter_rounds(exclude=excluded):
-        clients = _remaining(retained.updates, excluded)
+        clients = _remaining(retained.clients, excluded)
         if not clients:
             continue
-        if not steps:  # the first step: no calibration
+        if not steps and not retained.norms_only:  # the first step: no calibration
             applied = {k: retained.updates[k] for k in clients}
         else:
             answers = calibrate(retained.round, model, clients)
@@ -264,7 +277,7 @@ def _calibrated(retained, answers, answered, layerwise, scaled_keys, order) -> d
     if order == "client":
         return {
             k: calibrate_update(
-                retained.updates[k],
+                retained.updates.get(k, {}),
                 answers[k],
                 layerwise=layerwise,
                 scaled_keys=scaled_keys,
@@ -272,6 +285,13 @@ def _calibrated(retained, answers, answered, layerwise, scaled_keys, order) -> d
             )
             for k in answered
         }
+    if retained.norms_only:
+        raise ConfigError(
+            "calibration-order",
+            "average",
+            f"client: round {retained.round} kept only the updates' norms (retain-mode = norms), "
+            "and the average's norm needs the whole updates",
+        )
     scales = calibration_scales(
         aggregate_updates({k: retained.updates[k] for k in answered}, retained.num_examples),
         aggregate_updates({k: answers[k] for k in answered}, retained.num_examples),
@@ -282,9 +302,10 @@ def _calibrated(retained, answers, answered, layerwise, scaled_keys, order) -> d
 
 
 def _record_step(trajectory: UpdateStore, retained, model: State, applied: Mapping[int, State]):
-    """Round t_j of the trajectory: M̃^{t_j} and each applied update with U_k's recorded norms."""
-    with trajectory.begin_round(retained.round, model) as writer:
+    """Round t_j of the trajectory: M̃^{t_j} and each applied update with U_k's recorded norms;
+    kept as the source kept it (a round of norms only keeps only the norms, and no model)."""
+    norms = set(retained.norms_only)
+    with trajectory.begin_round(retained.round, None if norms else model) as writer:
         for k in sorted(applied):
-            writer.add_update(
-                k, applied[k], retained.num_examples[k], squares=retained.squares.get(k)
-            )
+            add = writer.add_norms if k in norms else writer.add_update
+            add(k, applied[k], retained.num_examples[k], squares=retained.squares.get(k))

@@ -95,3 +95,22 @@ def test_a_view_counts_only_the_bytes_it_keeps(tmp_path):
     assert everything == store.total_bytes()
     half = HistoryView(store, {1: [0], 2: []}).total_bytes()
     assert 0 < half < everything / 4
+
+
+def test_norms_mode_keeps_t1_whole_then_norms_and_merge_prefers_whole_updates():
+    policy = IntervalRetention(2, "norms")
+    updates = {0: None, 1: None}
+    assert policy.select(1, {}, updates, {}) == Selection(True, frozenset({0, 1}))
+    assert policy.select(2, {}, updates, {}) == Selection(False, frozenset())
+    assert policy.select(3, {}, updates, {}) == Selection(False, frozenset(), frozenset({0, 1}))
+    norms = policy.select(3, {}, updates, {})
+    models = Selection(True, frozenset())  # SIFU's: the model, no update
+    whole = Selection(True, frozenset({1}))
+    assert Selection.merge([norms, models]) == Selection(True, frozenset(), frozenset({0, 1}))
+    assert Selection.merge([norms, whole]) == Selection(True, frozenset({1}), frozenset({0}))
+    assert Selection.merge([Selection(False, frozenset())]) is None
+    record = RetentionRecord.empty(["a"])
+    record.add("a", 3, norms)
+    assert record.selections["a"] == {3: (0, 1)}
+    with pytest.raises(ConfigError, match="retain-mode"):
+        IntervalRetention(2, "deltas")

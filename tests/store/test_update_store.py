@@ -163,7 +163,7 @@ def test_failed_commit_without_cleanup_is_cleaned_on_reopen(tmp_path, monkeypatc
     store = UpdateStore(tmp_path)
     write_rounds(store, rounds=(1,))
 
-    def failing_insert(self, round_number, rows):
+    def failing_insert(self, round_number, rows, norms=()):
         raise OSError("disk full during commit")
 
     # Both patched: the commit fails and the writer's own cleanup never runs, as if killed.

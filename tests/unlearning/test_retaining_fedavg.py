@@ -9,9 +9,10 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fedunlearn.store.retention import IntervalRetention
 from fedunlearn.store.update_store import UpdateStore
 from server.federated_training import participant_strategy
-from strategies.retaining_fedavg import RetainingFedAvg
+from strategies.retaining_fedavg import INTERVAL, RetainingFedAvg
 
 FLOWER_LOGGER = "flwr"
 
@@ -238,3 +239,57 @@ def test_the_store_keeps_the_union_of_the_policies_and_records_each(tmp_path):
     assert resumed.policies["selected-history"].calls == 4
     assert 5 not in resumed.record.selections["retained-updates"]
     assert resumed.record.selections["selected-history"] == {2: (1,), 4: (1,)}
+
+
+def test_norms_mode_keeps_round_1_whole_and_only_norms_after(tmp_path):
+    store = UpdateStore(tmp_path / "store")
+    strategy = RetainingFedAvg(
+        store,
+        policies={INTERVAL: IntervalRetention(2, "norms")},
+        min_train_nodes=3,
+        min_available_nodes=3,
+    )
+    global_state, sent = _state(0), {}
+    for server_round in range(1, 6):
+        clients = [_state(10 * server_round + k) for k in range(3)]
+        sent[server_round] = (global_state, clients)
+        arrays, _ = _round(strategy, server_round, global_state, clients, [5, 6, 7])
+        global_state = arrays.to_torch_state_dict()
+    assert store.rounds() == [1, 3, 5]
+    assert store.read_round(1).norms_only == [] and store.read_global(1)
+    for server_round in (3, 5):
+        kept = store.read_round(server_round)
+        assert kept.global_model is None and kept.norms_only == [0, 1, 2]
+        assert kept.num_examples == {0: 5, 1: 6, 2: 7}
+        global_sent, clients = sent[server_round]
+        for k in range(3):
+            update = {key: clients[k][key] - global_sent[key] for key in global_sent}
+            for key, square in kept.squares[k].items():
+                assert square == pytest.approx(float(update[key].double().pow(2).sum()), rel=1e-6)
+    assert store.metadata["retention"][INTERVAL] == {str(r): [0, 1, 2] for r in (1, 3, 5)}
+
+
+def test_a_norms_run_resumed_after_a_crash_redoes_its_norms_rounds_once(tmp_path):
+    store = UpdateStore(tmp_path / "store")
+
+    def strategy():
+        return RetainingFedAvg(
+            store,
+            policies={INTERVAL: IntervalRetention(1, "norms")},
+            min_train_nodes=3,
+            min_available_nodes=3,
+        )
+
+    first, global_state = strategy(), _state(0)
+    for server_round in (1, 2, 3):  # the crash comes after round 3 committed, before checkpoint 3
+        clients = [_state(10 * server_round + k) for k in range(3)]
+        global_state = _round(first, server_round, global_state, clients, [5, 6, 7])[0]
+        global_state = global_state.to_torch_state_dict()
+    assert store.delete_rounds_after(2) == [3]
+    resumed = strategy()
+    resumed.resume(2)
+    clients = [_state(99 + k) for k in range(3)]
+    _round(resumed, 3, global_state, clients, [5, 6, 7])
+    assert store.rounds() == [1, 2, 3] and store.read_round(3).norms_only == [0, 1, 2]
+    assert store.metadata["retention"][INTERVAL] == {str(r): [0, 1, 2] for r in (1, 2, 3)}
+    assert store.verify() == []

@@ -79,3 +79,38 @@ def test_forget_one_client_then_another(tmp_path, simulate):
         "model_fedretrain-2.safetensors",
     ):
         assert (run_dir / name).stat().st_size > 0
+
+
+def test_a_norms_history_through_flower_keeps_t1_whole_and_forgets(tmp_path, simulate):
+    overrides = {
+        "num-clients": 3,
+        "rounds": 4,
+        "local-epochs": 1,
+        "retain-interval": 1,
+        "retain-mode": "norms",
+        "output-dir": str(tmp_path),
+        "run-name": "norms",
+        "unlearn-clients": "0",
+        "unlearn-methods": "federaser,fedretrain",
+        "node-wait-seconds": 60,
+    }
+    seen = {}
+    app = ServerApp()
+
+    @app.main()
+    def main(grid, context):
+        config = ExperimentConfig.from_run_config(overrides)
+        outcome = train_federated(grid, config, log=lambda _: None)
+        store = outcome.store
+        seen["before"] = [store.read_round(t).norms_only for t in store.rounds()]
+        seen["result"] = run_unlearning(grid, outcome, log=lambda _: None)
+        seen["after"] = (store.clients(), store.total_bytes(), store.bytes_per_round())
+
+    simulate(overrides, num_supernodes=3, server_app=app)
+    assert seen["before"] == [[], [0, 1, 2], [0, 1, 2], [0, 1, 2]]
+    clients, total, per_round = seen["after"]
+    assert clients == [1, 2] and total == sum(per_round.values())
+    assert all(per_round[t] < per_round[1] / 1000 for t in (2, 3, 4))
+    result = seen["result"].set_index("method")
+    assert list(result.index) == ["fedavg", "federaser", "fedretrain"]
+    assert result.loc["federaser", "test_accuracy"] > 0.7
