@@ -1,7 +1,8 @@
 """Resident memory (RSS) of this process, recorded with every round's metrics.
 
 The server keeps FedEraser's retained history on disk (:mod:`fedunlearn.store.update_store`), so its
-memory must not grow with the number of retained rounds; ``metrics.csv`` shows it round by round.
+memory must not grow with the number of retained rounds; ``metrics.csv`` shows it round by round,
+after :func:`release_free_memory` has returned what the allocator kept of the round's replies.
 """
 
 from __future__ import annotations
@@ -37,3 +38,34 @@ def peak_rss_bytes() -> int | None:
 def megabytes(value: int | None) -> float:
     """``value`` bytes in MiB, NaN for an unknown value (a CSV cell stays numeric)."""
     return float("nan") if value is None else round(value / MB, 1)
+
+
+def _glibc_malloc_trim():
+    """glibc's ``malloc_trim``, or ``None`` where the C library is not glibc (macOS, musl, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _glibc_malloc_trim()
+
+
+def release_free_memory() -> bool:
+    """Hand the heap pages the process has freed back to the OS (glibc ``malloc_trim(0)``);
+    returns whether it could.
+
+    A round's replies are about K model-sized buffers, decoded on Flower's threads and freed on
+    the server's: glibc keeps such freed memory in its per-thread arenas, so without this the
+    ServerApp's RSS climbs round after round by what the allocator kept, not by anything live
+    (measured with 1,000 MNIST clients: +200 MiB a round over the first five). Called after every
+    round, it makes the RSS in ``metrics.csv`` measure what the server holds.
+    """
+    if _MALLOC_TRIM is None:
+        return False
+    _MALLOC_TRIM(0)
+    return True

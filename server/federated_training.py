@@ -23,7 +23,12 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from fedunlearn.certified.dp_accounting import dp_fedavg_epsilon
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import FederatedData, load_federated_data, run_settings
-from fedunlearn.memory import current_rss_bytes, megabytes, peak_rss_bytes
+from fedunlearn.memory import (
+    current_rss_bytes,
+    megabytes,
+    peak_rss_bytes,
+    release_free_memory,
+)
 from fedunlearn.plots import plot_training_curves
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.run_directory import RunDirectory
@@ -197,6 +202,7 @@ def fedavg_rounds(
         client_eval = strategy.aggregate_evaluate(server_round, evaluations)
         model.load_state_dict(arrays.to_torch_state_dict())
         result = evaluate_run_model(model, *test, device=device) if test is not None else None
+        release_free_memory()  # the round's replies are freed: RSS must not keep them
         if on_round is not None:
             metrics = train_metrics or MetricRecord()
             if client_eval is not None:

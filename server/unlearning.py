@@ -26,6 +26,7 @@ from flwr.serverapp import Grid
 
 from fedunlearn.data.poisoning import poisoning_success_rate
 from fedunlearn.errors import ConfigError
+from fedunlearn.memory import release_free_memory
 from fedunlearn.plots import (
     forgetting_title,
     plot_neuron_angles,
@@ -231,6 +232,7 @@ def _federaser(
     parameters = {name for name, _ in outcome.new_model().named_parameters()}
 
     def progress(step):
+        release_free_memory()  # the step's calibration replies are freed
         kind = "calibrated" if step.calibrated else "first step, uncalibrated"
         log(f"federaser: retained round {step.retained_round}, {len(step.clients)} clients, {kind}")
 
