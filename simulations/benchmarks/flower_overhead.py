@@ -82,6 +82,7 @@ def base_config(args: argparse.Namespace) -> dict:
         "retain": True,
         "retain-interval": 1,
         "unlearn-clients": "",
+        "unlearn-methods": "federaser",  # what norms mode can serve; training only here anyway
         "node-wait-seconds": 600,
     }
 
