@@ -20,6 +20,10 @@ waiting, screening, aggregation, retention, evaluation, the metrics row, checkpo
 line of the round before. Round 1 (which also pays for warm-up and, in ``norms`` mode, for keeping
 round t_1 whole) is reported apart; the ratio is of the mean round time over rounds 2..R.
 
+Because a loaded machine makes wall times noisy, each run also records the CPU time of the
+ServerApp's thread over its whole ``main`` (``time.thread_time``: setup, discovery, every round,
+the end): what the server computed itself, which the load does not change.
+
 Writes ``flower_overhead.csv`` (one row per variant, repetition and round), ``flower_overhead.md``
 (the summary table), ``flower_overhead.png`` and ``flower_overhead.json``; with ``--profile``
 also ``profile_<variant>.txt`` (cProfile of our ServerApp's thread, top functions by own time).
@@ -61,6 +65,8 @@ from fedunlearn.training.models import build_dataset_model  # noqa: E402
 from server.threads import use_server_threads  # noqa: E402
 from simulations.benchmarks import default_data_root  # noqa: E402
 
+#: Columns of the per-round rows (``server_cpu_seconds``: the whole run's, on every row of it).
+COLUMNS = ["round", "round_seconds", "test_accuracy", "server_cpu_seconds"]
 #: Our variants by default: retention of every round (Δt = 1), whole updates or norms only.
 DEFAULT_VARIANTS = ("full:retain-mode=full", "norms:retain-mode=norms")
 
@@ -198,10 +204,29 @@ def simulate(server_app: ServerApp, client_app: ClientApp, clients: int) -> None
 def run_plain(values: dict) -> pd.DataFrame:
     """One run of the plain app: (round, round_seconds, test_accuracy) for rounds 1..R."""
     marks: list[tuple[int, float, float]] = []
-    simulate(plain_server_app(values, marks), plain_client_app(values), values["num-clients"])
+    cpu: list[float] = []
+    server = cpu_timed(plain_server_app(values, marks), cpu)
+    simulate(server, plain_client_app(values), values["num-clients"])
     table = pd.DataFrame(marks, columns=["round", "time", "test_accuracy"]).sort_values("round")
     table["round_seconds"] = table["time"].diff()
-    return table[table["round"] >= 1][["round", "round_seconds", "test_accuracy"]]
+    table["server_cpu_seconds"] = cpu[0]
+    return table[table["round"] >= 1][COLUMNS]
+
+
+def cpu_timed(app: ServerApp, sink: list[float]) -> ServerApp:
+    """``app`` whose main's CPU time on the ServerApp's thread (``time.thread_time``: what the
+    server itself computed, whatever the load) is appended to ``sink``."""
+    wrapper = ServerApp()
+
+    @wrapper.main()
+    def main(grid: Grid, context: Context) -> None:
+        started = time.thread_time()
+        try:
+            app._main(grid, context)  # noqa: SLF001 - the inner app's main, unchanged
+        finally:
+            sink.append(time.thread_time() - started)
+
+    return wrapper
 
 
 def profiled(app: ServerApp, path: Path) -> ServerApp:
@@ -232,13 +257,15 @@ def run_ours(values: dict, output: Path, name: str, profile: Path | None) -> pd.
 
     values = {**values, "output-dir": str(output / "runs"), "run-name": name}
     shutil.rmtree(output / "runs" / name, ignore_errors=True)
+    cpu: list[float] = []
     server = create_server_app(values)
     if profile is not None:
         server = profiled(server, profile)
-    simulate(server, create_client_app(values), values["num-clients"])
+    simulate(cpu_timed(server, cpu), create_client_app(values), values["num-clients"])
     metrics = pd.read_csv(output / "runs" / name / "metrics.csv").sort_values("round")
     metrics["round_seconds"] = metrics["elapsed_seconds"].diff()
-    return metrics[metrics["round"] >= 1][["round", "round_seconds", "test_accuracy"]]
+    metrics["server_cpu_seconds"] = cpu[0]
+    return metrics[metrics["round"] >= 1][COLUMNS]
 
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
@@ -256,6 +283,8 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
         ratio_max=("ratio", "max"),
     )
     summary["round_1_seconds"] = rows[rows["round"] == 1].groupby("variant")["round_seconds"].mean()
+    runs = rows.groupby(["variant", "repeat"])["server_cpu_seconds"].first()
+    summary["server_cpu_seconds_per_run"] = runs.groupby("variant").mean()
     summary["final_test_accuracy"] = last.groupby("variant")["test_accuracy"].mean()
     order = ["plain"] + [v for v in summary.index if v != "plain"]
     return summary.loc[order].reset_index()
