@@ -153,7 +153,7 @@ def collect_replies(
     deadline = clock() + timeout
     pending: set[str] = set()
     replies: list[Message] = []
-    _push(grid, unsent, pending, limit)
+    _push(grid, unsent, pending, limit, always=True)  # even an empty round is sent, as before
     while pending:
         arrived = list(grid.pull_messages(pending))
         replies += arrived
@@ -171,11 +171,14 @@ def collect_replies(
     return replies
 
 
-def _push(grid: Grid, unsent: deque, pending: set[str], limit: int | None) -> None:
-    """Push messages from ``unsent`` until ``limit`` are in flight (all when None)."""
+def _push(
+    grid: Grid, unsent: deque, pending: set[str], limit: int | None, *, always: bool = False
+) -> None:
+    """Push messages from ``unsent`` until ``limit`` are in flight (all when None); an empty
+    batch is pushed only when ``always``."""
     room = len(unsent) if limit is None else max(limit - len(pending), 0)
     batch = [unsent.popleft() for _ in range(min(room, len(unsent)))]
-    if batch:
+    if batch or always:
         pending.update(grid.push_messages(batch))
 
 
