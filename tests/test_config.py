@@ -20,6 +20,12 @@ def test_defaults_match_the_flower_app_config():
     assert parsed == ExperimentConfig()
 
 
+def test_the_main_job_is_the_app_defaults_with_ten_clients():
+    """simulations/digits.toml (README's main job) sets K = 10 and otherwise the app defaults."""
+    main_job = tomllib.loads((PYPROJECT.parent / "simulations" / "digits.toml").read_text())
+    assert ExperimentConfig.from_run_config(main_job) == ExperimentConfig(num_clients=10)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "fragment"),
     [

@@ -132,7 +132,7 @@ class RunParameters:
     seed: int = data(0, Interval(WHOLE, 0, MAX_SEED), "seeds the split, the model and training")
     # ------------------------------------------------------------------ training
     rounds: int = training(20, AT_LEAST_1, "global rounds of FedAvg")
-    local_epochs: int = training(2, AT_LEAST_1, "E_loc, local epochs per round")
+    local_epochs: int = training(10, AT_LEAST_1, "E_loc, local epochs per round")
     lr: float = training(0.05, POSITIVE, "clients' SGD learning rate")
     momentum: float = training(0.9, Interval(NUMBER, 0.0, 1.0, closed="left"), "SGD momentum")
     weight_decay: float = training(0.0, NON_NEGATIVE, "SGD weight decay")
