@@ -191,14 +191,16 @@ def _evaluation(msg: Message, setup: ClientSetup) -> Message:
 
 def _description(msg: Message, context: Context, overrides: Mapping[str, Any]) -> Message:
     """The ``describe`` reply: partition, federation size and sample count (a client whose
-    federation size is not ``num-clients`` reports it without loading its data)."""
+    federation size is not ``num-clients``, or is asked with ``num-clients`` = 0 for the size to
+    adopt, reports it without loading its data)."""
     partition_id, num_partitions = node_partition(context)
     settings = dict(overrides)
     if "config" in msg.content.config_records:
         settings.update(settings_in(msg.content["config"]))
     expected = client_config(context, settings).num_clients
     if num_partitions != expected:
-        # Report rather than raise: the server turns this into one clear error for the user.
+        # Report rather than raise: the server turns this into one clear error for the user, or,
+        # asked with num-clients = 0, adopts num-partitions as the federation's size.
         metrics = MetricRecord(
             {
                 "partition-id": partition_id,

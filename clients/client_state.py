@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from flwr.app import Context, Message
 
-from fedunlearn.config import ExperimentConfig
+from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig
 from fedunlearn.config.choices import MAX_JUDGE_MODELS
 from fedunlearn.data.datasets import TensorSplit
 from fedunlearn.data.federated_data import load_federated_data, settings_in
@@ -66,21 +66,20 @@ def client_setup(
     replace the run config's, so that a short ``unlearn-only`` or ``resume`` request, whose run config
     lacks them, still builds the partitions and the model the run was trained with.
     A SuperNode started with ``--node-config "... data-root=/its/data"`` reads its partition from
-    that folder instead (each machine keeps its data where it is).
+    that folder instead (each machine keeps its data where it is). ``num-clients`` = 0 (not set)
+    is this node's ``num-partitions``, the federation's size the server adopts too.
     """
     if msg is not None and "config" in msg.content.config_records:
         overrides = {**(overrides or {}), **settings_in(msg.content["config"])}
     if "data-root" in context.node_config:
         overrides = {**(overrides or {}), "data-root": str(context.node_config["data-root"])}
-    config = client_config(context, overrides)
     partition_id, num_partitions = node_partition(context)
-    if num_partitions != config.num_clients:
-        raise ConfigError(
-            "num-clients",
-            config.num_clients,
-            f"equal to the federation's num-partitions ({num_partitions}); run with "
-            f"--federation-config 'num-supernodes={config.num_clients}' or set num-clients={num_partitions}",
-        )
+    config = client_config(context, overrides)
+    if config.num_clients == ADOPT_FEDERATION_SIZE:
+        # A message without the server's (adopted) K: partition as the server does, by this
+        # federation's size. Through client_config, so the parsed config stays cached.
+        config = client_config(context, {**(overrides or {}), "num-clients": num_partitions})
+    config = config.with_federation_size(num_partitions)  # refuses another K
     data = load_federated_data(config)
     return ClientSetup(
         config=config,

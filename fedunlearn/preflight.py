@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from fedunlearn.config import ExperimentConfig, model_problem
+from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, model_problem
+from fedunlearn.data.datasets import load_dataset
 from fedunlearn.data.federated_data import DATA_KEYS, FederatedData, load_federated_data
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
@@ -64,8 +65,16 @@ def preflight(config: ExperimentConfig) -> FederatedData | None:
     """Check the run directory, then the data, for ``config``; raise :class:`ConfigError` on the
     first problem. Returns the partitioned data, or ``None`` when it cannot be checked without
     downloading it (``download = true`` and the files are not there yet). An ``unlearn-only``
-    request's data are checked with the trained run's settings, which the server uses."""
-    return check_data(check_run_directory(config))
+    request's data are checked with the trained run's settings, which the server uses.
+
+    While ``num-clients`` is to be adopted from the federation (0), only the dataset is checked
+    here (it loads; ``None`` is returned): the partitions need K, and the ServerApp runs
+    :func:`preflight` again once it adopted the federation's size, before it writes anything."""
+    config = check_run_directory(config)
+    if config.num_clients == ADOPT_FEDERATION_SIZE:
+        _load_without_download(config, partitioned=False)
+        return None
+    return check_data(config)
 
 
 # ---------------------------------------------------------------------- the run directory
@@ -126,12 +135,12 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
             f"clients {path} has not forgotten yet; {again} already were (see "
             f"{path / UNLEARNING_LOG})",
         )
-    if len(forgotten | set(config.unlearn_targets)) >= config.num_clients:
+    if len(forgotten | set(config.unlearn_targets)) >= trained.num_clients:
         raise ConfigError(
             "unlearn-clients",
             config.unlearn_clients,
             f"clients that leave someone in the federation: {sorted(forgotten)} were forgotten "
-            f"before, and {config.num_clients} clients took part",
+            f"before, and {trained.num_clients} clients took part",
         )
     return effective
 
@@ -186,7 +195,8 @@ def complete_unlearn_request(values: dict[str, Any], config: ExperimentConfig) -
     for key in DATA_KEYS:
         field = key.replace("-", "_")
         theirs = getattr(trained, field)
-        if key not in values:
+        unset = key == "num-clients" and config.num_clients == ADOPT_FEDERATION_SIZE
+        if key not in values or unset:
             completed[key] = theirs
             continue
         mine = getattr(config, field)
@@ -269,8 +279,15 @@ def check_data(config: ExperimentConfig) -> FederatedData | None:
     return data
 
 
-def _load_without_download(config: ExperimentConfig) -> FederatedData | None:
+def _load_without_download(
+    config: ExperimentConfig, *, partitioned: bool = True
+) -> FederatedData | None:
+    """The partitioned data (``partitioned``), or only a check that the dataset loads."""
     try:
+        if not partitioned:
+            root = config.data_root_path if config.data_root else None
+            load_dataset(config.dataset, root, seed=config.seed)
+            return None
         return load_federated_data(dataclasses.replace(config, download=False))
     except DatasetNotFoundError as error:
         if config.download:

@@ -2,7 +2,10 @@
 
 The server needs this before it addresses clients itself (FedEraser must never message a forgotten
 client) and to refuse, before anything is written, a federation whose size does not match
-``num-clients``.
+``num-clients``. With ``num-clients`` = 0 (not set) the server first asks the connected nodes the
+size they were started with (their ``num-partitions``) and adopts it
+(:func:`adopt_federation_size`), so that ``flwr run . --stream`` runs on whatever federation the
+connection provides.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig
+from fedunlearn.data.federated_data import run_settings
 from fedunlearn.errors import ConfigError
 from fedunlearn.reply_checks import DESCRIBE_METRICS, RefusedReply, check_count, check_metrics
 from server.progress import Log
@@ -58,6 +63,78 @@ def failure_reasons(replies) -> str:
     """The distinct last lines of the failed replies' errors, for one readable message."""
     failed = [r for r in replies if r.has_error()]
     return "; ".join(sorted({r.error.reason.strip().splitlines()[-1] for r in failed}))
+
+
+def adopt_federation_size(
+    grid: Grid, config: ExperimentConfig, *, log: Log = print
+) -> ExperimentConfig:
+    """``config`` with ``num-clients`` resolved, before anything is written: unchanged when it is
+    set (discovery refuses a federation of another size) or when an ``unlearn-only`` request
+    reopens a trained run (whose own K counts); else the federation's size
+    (:func:`federation_size`), adopted and logged
+    (:meth:`~fedunlearn.config.ExperimentConfig.with_federation_size`)."""
+    if config.num_clients != ADOPT_FEDERATION_SIZE or config.unlearn_only:
+        return config
+    size = federation_size(
+        grid,
+        config.node_wait_seconds,
+        settings=run_settings(config),
+        reply_timeout=config.reply_timeout,
+        log=log,
+    )
+    log(
+        f"num-clients not set (0): adopting the federation's size, {size} SuperNode(s), as "
+        "num-clients"
+    )
+    return config.with_federation_size(size)
+
+
+def federation_size(
+    grid: Grid,
+    wait_seconds: float,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    reply_timeout: float = 3600.0,
+    log: Log = print,
+) -> int:
+    """The number of SuperNodes the federation was started with: the ``num-partitions`` the nodes
+    connected so far declare (``query.describe`` with ``num-clients`` = 0 in ``settings``, which a
+    node answers without loading its data). Waits ``wait_seconds`` for a first node.
+
+    Raises
+    ------
+    ConfigError
+        ``num-clients`` when no node connects in time or when the nodes declare different sizes;
+        ``partition-id`` when a node's description fails a check.
+    """
+    deadline, last_log = time.monotonic() + wait_seconds, 0.0
+    while not (nodes := sorted(grid.get_node_ids())):
+        now = time.monotonic()
+        if now >= deadline:
+            raise ConfigError(
+                "num-clients",
+                ADOPT_FEDERATION_SIZE,
+                f"a federation to adopt the size of, but no SuperNode connected within "
+                f"node-wait-seconds={wait_seconds:g}",
+            )
+        if now - last_log >= 10:
+            log("waiting for a first SuperNode to learn the federation's size")
+            last_log = now
+        time.sleep(0.5)
+    sizes = {
+        node: description[1]
+        for node, description in _descriptions(
+            grid, nodes, ADOPT_FEDERATION_SIZE, dict(settings or {}), None, reply_timeout, log
+        ).items()
+    }
+    if len(set(sizes.values())) != 1:
+        raise ConfigError(
+            "num-clients",
+            ADOPT_FEDERATION_SIZE,
+            f"a federation whose SuperNodes agree on its size, but they declare num-partitions "
+            f"{sorted(set(sizes.values()))}; start them with the same num-partitions",
+        )
+    return next(iter(sizes.values()))
 
 
 def discover_clients(
@@ -118,7 +195,7 @@ def discover_clients(
     return describe(nodes)
 
 
-def _describe(
+def _descriptions(
     grid: Grid,
     nodes: list[int],
     num_clients: int,
@@ -126,7 +203,8 @@ def _describe(
     partition_sizes: Mapping[int, int] | None,
     timeout: float,
     log: Log,
-) -> FederationMembers:
+) -> dict[int, tuple[int, int, int, int]]:
+    """Each node's checked ``query.describe`` reply (:func:`_description`), by node id."""
     messages = [
         Message(
             RecordDict({"config": ConfigRecord(settings)}), dst_node_id=node, message_type=DESCRIBE
@@ -136,31 +214,49 @@ def _describe(
     replies = query_nodes(
         grid, messages, op=DESCRIBE, who="discovery", timeout=timeout, log=log
     )
-    node_of_partition: dict[int, int] = {}
-    num_examples: dict[int, int] = {}
-    cuda = 0
+    described = {}
     for node, reply in replies.items():
         try:
-            partition, size, examples, on_cuda = _description(reply, num_clients, partition_sizes)
+            described[node] = _description(reply, num_clients, partition_sizes)
         except RefusedReply as refused:
             raise ConfigError(
                 "partition-id",
                 f"node {node}",
                 f"a node that describes itself truthfully; its reply was refused: {refused.reason}",
             ) from None
+    return described
+
+
+def _describe(
+    grid: Grid,
+    nodes: list[int],
+    num_clients: int,
+    settings: dict[str, Any],
+    partition_sizes: Mapping[int, int] | None,
+    timeout: float,
+    log: Log,
+) -> FederationMembers:
+    described = _descriptions(
+        grid, nodes, num_clients, settings, partition_sizes, timeout, log
+    )
+    node_of_partition: dict[int, int] = {}
+    num_examples: dict[int, int] = {}
+    cuda = 0
+    for node, (partition, size, examples, on_cuda) in described.items():
         if size != num_clients:
             raise ConfigError(
                 "num-clients",
                 num_clients,
                 f"equal to the federation's num-partitions ({size}); run the simulation with "
-                f"--federation-config 'num-supernodes={num_clients}' or set num-clients={size}",
+                f"--federation-config 'num-supernodes={num_clients}', set num-clients={size}, or "
+                "0 to adopt the federation's size",
             )
         if partition in node_of_partition:
             raise ConfigError(
                 "partition-id",
                 partition,
                 f"unique per SuperNode, but nodes {node_of_partition[partition]} and "
-                f"{reply.metadata.src_node_id} both claim it",
+                f"{node} both claim it",
             )
         node_of_partition[partition] = node
         num_examples[partition] = examples

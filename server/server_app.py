@@ -1,7 +1,7 @@
 """Flower ServerApp: the main job. Reads the run config, trains with retention, prints where results are.
 
-Run it with ``flwr run . --stream`` (see README.md); ``fedunlearn-run`` sizes the federation and
-resolves paths for you.
+Run it with ``flwr run . --stream`` (see README.md): without ``num-clients`` it adopts the size of the
+federation it runs on; ``fedunlearn-run`` sizes the federation and resolves paths for you.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from fedunlearn.errors import FedUnlearnError
 from fedunlearn.preflight import preflight
 from server.certified_head import run_certified_head
 from server.federated_training import dp_epsilon_of, train_federated
+from server.federation import adopt_federation_size
 from server.history import adopt, is_adopted
 from server.judge import run_judge
 from server.membership_audit import run_membership_audit
@@ -44,6 +45,12 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         try:
             config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
             preflight(config)  # the data and the run directory, before anything is written
+            # num-clients = 0: K becomes the federation's size, once, before anything is written;
+            # every later step (training, unlearning, audits, the judge) sees that K.
+            adopted = adopt_federation_size(grid, config, log=_log)
+            if adopted is not config:
+                config = adopted
+                preflight(config)  # the partitions, now that K is known
             if config.judge_models:
                 run_judge(grid, config, log=_log)
                 return

@@ -9,13 +9,16 @@ It is ``flwr run <app> --stream`` plus what that command cannot do for you:
 * resolves ``data-root`` and ``output-dir`` against *your* working directory (the ServerApp runs in
   the SuperLink's process, whose working directory is not yours);
 * sizes the federation to ``num-clients`` and sets the client resources (CPU and GPU fractions);
+  with ``num-clients`` = 0 (not set) it leaves the size to the connection's federation (Flower's
+  default local one has 2 SuperNodes), whose size the app adopts;
 * exits non-zero when the run fails (``flwr run`` itself exits 0), quoting the failure;
 * shows our progress lines only: Flower's log lines and Ray's warnings with ``--verbose``
   (:mod:`simulations.console`), and no ANSI colour codes unless the output is a terminal.
 
 Examples
 --------
-    fedunlearn-run                                   # digits, 10 clients (the defaults)
+    fedunlearn-run simulations/digits.toml           # the main job: digits, 10 clients
+    fedunlearn-run                                   # the app defaults, on the default federation
     fedunlearn-run simulations/mnist.toml --data-root ~/data
     fedunlearn-run simulations/mnist.toml --set rounds=5 --set retain=false --num-gpus 0.25
 """
@@ -36,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedunlearn.config import ExperimentConfig, check_path_text
+from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_path_text
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.preflight import complete_unlearn_request, preflight
 from simulations.console import ConsoleFilter, use_color
@@ -134,9 +137,11 @@ def render_run_config(values: dict[str, Any]) -> str:
 def build_flwr_command(
     app: Path, config_file: Path, num_supernodes: int, num_cpus: float, num_gpus: float
 ) -> list[str]:
+    """``flwr run`` for ``app``; ``num_supernodes`` = 0 keeps the connection's federation size
+    (``num-clients`` = 0: the app adopts it)."""
+    size = f"num-supernodes={num_supernodes} " if num_supernodes else ""
     federation = (
-        f"num-supernodes={num_supernodes} client-resources-num-cpus={num_cpus:g} "
-        f"client-resources-num-gpus={num_gpus:g}"
+        f"{size}client-resources-num-cpus={num_cpus:g} client-resources-num-gpus={num_gpus:g}"
     )
     return [
         "flwr",
@@ -276,6 +281,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.app, config_file, config.num_clients, args.num_cpus, args.num_gpus
         )
         print("fedunlearn-run:", " ".join(command), flush=True)
+        if config.num_clients == ADOPT_FEDERATION_SIZE:
+            print(
+                "fedunlearn-run: num-clients not set (0): the app adopts the federation's size "
+                "(Flower's default local federation: 2 SuperNodes; set num-clients=K for K)",
+                file=sys.stderr,
+                flush=True,
+            )
         if args.dry_run:
             print(text, end="")
             return 0

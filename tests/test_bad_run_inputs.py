@@ -182,6 +182,11 @@ def _set(*assignments: str) -> list[str]:
     return [x for a in assignments for x in ("--set", a)]
 
 
+#: The main job's K (simulations/digits.toml). The checks that need K run in the launcher only when
+#: it is set; with num-clients = 0 the server runs them once it adopted the federation's size.
+K10 = "num-clients=10"
+
+
 def _generic_cases():
     """Every key gets values of the wrong type, and numbers that are not finite or not whole."""
     bad = {
@@ -232,17 +237,17 @@ SPECIFIC = [
     ("adult-mlp-on-digits", _set("model='adult-mlp'"), "model", None),
     ("num-clients-100000", _set("num-clients=100000"), "num-clients", None),
     ("num-clients-beyond-digits", _set("num-clients=2000"), "num-clients", None),
-    ("train-samples-beyond", _set("train-samples=5000"), "train-samples", None),
-    ("train-samples-1348", _set("train-samples=1348"), "train-samples", None),
-    ("scrub-class-99", _set("scrub=true", "scrub-forget='class:99'"), "scrub-forget", None),
-    ("scrub-more-than-held", _set("scrub=true", "scrub-forget='samples:0:500'"), "scrub-forget", None),
-    ("scrub-class-more-than-held", _set("scrub=true", "scrub-forget='samples:0:500:5'"), "scrub-forget", None),
+    ("train-samples-beyond", _set(K10, "train-samples=5000"), "train-samples", None),
+    ("train-samples-1348", _set(K10, "train-samples=1348"), "train-samples", None),
+    ("scrub-class-99", _set(K10, "scrub=true", "scrub-forget='class:99'"), "scrub-forget", None),
+    ("scrub-more-than-held", _set(K10, "scrub=true", "scrub-forget='samples:0:500'"), "scrub-forget", None),
+    ("scrub-class-more-than-held", _set(K10, "scrub=true", "scrub-forget='samples:0:500:5'"), "scrub-forget", None),
     ("nul-run-name", ["--set", "run-name=a\x00b"], "run-name", None),
     ("nul-run-name-escaped", _set('run-name="a\\u0000b"'), "run-name", None),
     ("certified-removals-1e9", _set("certified-head=true", "certified-removals=1e9"), "certified-removals", None),
-    ("certified-removals-10^9", _set("certified-head=true", "certified-removals=1000000000"), "certified-removals", None),
-    ("certified-removals-whole-pool", _set("certified-head=true", "certified-removals=1347"), "certified-removals", None),
-    ("certified-removals-pool-after-clients", _set("certified-head=true", "certified-remove-clients='0'", "certified-removals=1300"), "certified-removals", None),
+    ("certified-removals-10^9", _set(K10, "certified-head=true", "certified-removals=1000000000"), "certified-removals", None),
+    ("certified-removals-whole-pool", _set(K10, "certified-head=true", "certified-removals=1347"), "certified-removals", None),
+    ("certified-removals-pool-after-clients", _set(K10, "certified-head=true", "certified-remove-clients='0'", "certified-removals=1300"), "certified-removals", None),
     ("dry-run-existing-run", _set("run-name='taken'"), "run-name", "existing-run"),
     ("dry-run-already-forgotten", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='1'", "num-clients=4"), "unlearn-clients", "finished-run"),
     ("dry-run-partly-forgotten", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='1,2'", "num-clients=4"), "unlearn-clients", "finished-run"),
@@ -267,21 +272,21 @@ SPECIFIC = [
     ("adult-without-files", _set("dataset='adult'", "data-root='{root}/data'"), "data-root", "empty-data-root"),
     ("cifar10-without-files", _set("dataset='cifar10'", "data-root='{root}/data'"), "data-root", "empty-data-root"),
     ("dirichlet-starves-clients", _set("partitioning='dirichlet'", "alpha=0.001", "num-clients=600"), ("alpha", "num-clients"), None),
-    ("shards-too-many", _set("partitioning='shards'", "shards-per-client=200"), "shards-per-client", None),
-    ("shards-too-many-subset", _set("partitioning='shards'", "shards-per-client=40", "train-samples=300"), "shards-per-client", None),
+    ("shards-too-many", _set(K10, "partitioning='shards'", "shards-per-client=200"), "shards-per-client", None),
+    ("shards-too-many-subset", _set(K10, "partitioning='shards'", "shards-per-client=40", "train-samples=300"), "shards-per-client", None),
     ("num-clients-beyond-subset", _set("train-samples=20", "num-clients=30"), "train-samples", None),
-    ("scrub-client-absent", _set("scrub=true", "scrub-forget='client:10'"), "scrub-forget", None),
+    ("scrub-client-absent", _set(K10, "scrub=true", "scrub-forget='client:10'"), "scrub-forget", None),
     ("scrub-zero-samples", _set("scrub=true", "scrub-forget='samples:0:0'"), "scrub-forget", None),
     ("scrub-no-cohort", _set("scrub=true"), "scrub-forget", None),
     ("scrub-malformed", _set("scrub=true", "scrub-forget='row:1'"), "scrub-forget", None),
     ("scrub-negative-class", _set("scrub=true", "scrub-forget='class:-1'"), "scrub-forget", None),
-    ("scrub-class-absent-from-client", _set("scrub=true", "scrub-forget='samples:0:1:10'"), "scrub-forget", None),
+    ("scrub-class-absent-from-client", _set(K10, "scrub=true", "scrub-forget='samples:0:1:10'"), "scrub-forget", None),
     ("scrub-everything", _set("scrub=true", "scrub-forget='class:0'", "num-clients=2", "partitioning='shards'", "shards-per-client=1", "train-samples=2"), ("scrub-forget", "train-samples"), None),
     # ---- ranges
-    ("num-clients-0", _set("num-clients=0"), "num-clients", None),
+    ("num-clients-negative", _set("num-clients=-1"), "num-clients", None),
     ("num-clients-10001", _set("num-clients=10001"), "num-clients", None),
     ("train-samples-negative", _set("train-samples=-1"), "train-samples", None),
-    ("train-samples-below-clients", _set("train-samples=5"), "train-samples", None),
+    ("train-samples-below-clients", _set(K10, "train-samples=5"), "train-samples", None),
     ("shards-per-client-0", _set("shards-per-client=0"), "shards-per-client", None),
     ("alpha-0", _set("alpha=0"), "alpha", None),
     ("alpha-negative", _set("alpha=-0.5"), "alpha", None),
@@ -353,11 +358,11 @@ SPECIFIC = [
     ("scrub-lambda-factors-nan", _set("scrub-lambda-factors='nan'"), "scrub-lambda-factors", None),
     ("scrub-lambda-factors-inf", _set("scrub-lambda-factors='1,inf'"), "scrub-lambda-factors", None),
     ("unlearn-clients-text", _set("unlearn-clients='x'"), "unlearn-clients", None),
-    ("unlearn-clients-out-of-range", _set("unlearn-clients='10'"), "unlearn-clients", None),
+    ("unlearn-clients-out-of-range", _set(K10, "unlearn-clients='10'"), "unlearn-clients", None),
     ("unlearn-clients-negative", _set("unlearn-clients='-1'"), "unlearn-clients", None),
     ("unlearn-clients-float", _set("unlearn-clients=1.5"), "unlearn-clients", None),
-    ("unlearn-clients-everyone", _set("unlearn-clients='0,1,2,3,4,5,6,7,8,9'"), "unlearn-clients", None),
-    ("certified-remove-clients-out", _set("certified-remove-clients='12'"), "certified-remove-clients", None),
+    ("unlearn-clients-everyone", _set(K10, "unlearn-clients='0,1,2,3,4,5,6,7,8,9'"), "unlearn-clients", None),
+    ("certified-remove-clients-out", _set(K10, "certified-remove-clients='12'"), "certified-remove-clients", None),
     ("certified-remove-clients-all", _set("num-clients=2", "unlearn-clients='0'", "certified-remove-clients='0,1'"), "certified-remove-clients", None),
     ("run-name-hidden", _set("run-name='.hidden'"), "run-name", None),
     ("run-name-option", _set("run-name='-rf'"), "run-name", None),
@@ -507,4 +512,7 @@ def test_good_input_passes_and_its_run_config_is_toml_that_reads_back(
     formatted = [sandbox.format(a) for a in argv]
     if "--output-dir" in formatted:
         assert written["output-dir"] == formatted[formatted.index("--output-dir") + 1]
-    assert f"num-supernodes={config.num_clients} " in command
+    if config.num_clients:
+        assert f"num-supernodes={config.num_clients} " in command
+    else:  # not set: the connection's federation keeps its size, which the app adopts
+        assert "num-supernodes" not in command

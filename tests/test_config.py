@@ -20,6 +20,12 @@ def test_defaults_match_the_flower_app_config():
     assert parsed == ExperimentConfig()
 
 
+def test_the_main_job_is_the_app_defaults_with_ten_clients():
+    """simulations/digits.toml (README's main job) sets K = 10 and otherwise the app defaults."""
+    main_job = tomllib.loads((PYPROJECT.parent / "simulations" / "digits.toml").read_text())
+    assert ExperimentConfig.from_run_config(main_job) == ExperimentConfig(num_clients=10)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "fragment"),
     [
@@ -27,7 +33,7 @@ def test_defaults_match_the_flower_app_config():
         ("partitioning", "random", "one of iid, dirichlet, shards"),
         ("retain-interval", 0, ">= 1"),
         ("rounds", 0, ">= 1"),
-        ("num-clients", 0, "[1, 10000]"),
+        ("num-clients", -1, "[0, 10000]"),
         ("local-epochs", -1, ">= 1"),
         ("batch-size", 0, ">= 1"),
         ("lr", 0.0, "> 0"),
@@ -42,7 +48,6 @@ def test_defaults_match_the_flower_app_config():
         ("lr", "fast", "a number"),
         ("run-name", "a/b", "without path separators"),
         ("train-samples", -1, ">= 0"),
-        ("train-samples", 5, "at least num-clients=10"),
         ("resume", "yes", "true or false"),
     ],
 )
@@ -52,6 +57,36 @@ def test_each_bad_value_names_parameter_value_and_what_is_allowed(key, value, fr
     message = str(info.value)
     assert info.value.parameter == key
     assert key in message and repr(value) in message and fragment in message
+
+
+def test_a_subset_smaller_than_the_federation_is_refused_set_or_adopted():
+    with pytest.raises(ConfigError, match="at least num-clients=10") as info:
+        ExperimentConfig.from_run_config({"train-samples": 5, "num-clients": 10})
+    assert info.value.parameter == "train-samples"
+    unset = ExperimentConfig.from_run_config({"train-samples": 5})
+    with pytest.raises(ConfigError, match="at least num-clients=10") as info:
+        unset.with_federation_size(10)
+    assert info.value.parameter == "train-samples"
+
+
+def test_num_clients_zero_adopts_the_federation_size_and_checks_ids_then():
+    unset = ExperimentConfig.from_run_config({"unlearn-clients": "3", "attack-clients": ""})
+    assert unset.num_clients == 0 and unset.unlearn_targets == [3]
+    assert unset.with_federation_size(4).num_clients == 4
+    with pytest.raises(ConfigError, match=r"partition ids in \[0, 2\]") as info:
+        unset.with_federation_size(3)
+    assert info.value.parameter == "unlearn-clients"
+    with pytest.raises(ConfigError, match="fewer than all 3 clients") as info:
+        ExperimentConfig.from_run_config({"unlearn-clients": "0,1,2"}).with_federation_size(3)
+    assert info.value.parameter == "unlearn-clients"
+
+
+def test_a_set_num_clients_must_equal_the_federation_size():
+    config = ExperimentConfig.from_run_config({"num-clients": 10})
+    assert config.with_federation_size(10) is config
+    with pytest.raises(ConfigError, match=r"num-partitions \(2\)") as info:
+        config.with_federation_size(2)
+    assert info.value.parameter == "num-clients" and info.value.value == 10
 
 
 def test_unknown_key_is_refused_with_the_known_keys():
@@ -98,7 +133,7 @@ def test_run_directory_is_output_dir_slash_run_name(tmp_path):
     ("values", "key"),
     [
         ({"unlearn-clients": "x"}, "unlearn-clients"),
-        ({"unlearn-clients": "10"}, "unlearn-clients"),
+        ({"num-clients": 10, "unlearn-clients": "10"}, "unlearn-clients"),
         ({"unlearn-clients": "-1"}, "unlearn-clients"),
         ({"num-clients": 2, "unlearn-clients": "0,1"}, "unlearn-clients"),
         ({"unlearn-methods": "federaser,magic"}, "unlearn-methods"),
@@ -166,7 +201,7 @@ def test_a_float_key_refuses_what_is_not_a_finite_number(value):
     ("key", "good", "bad"),
     [
         ("seed", [0, 2**32 - 1], [-1, 2**32]),
-        ("num-clients", [1, 10_000], [0, 10_001]),
+        ("num-clients", [0, 1, 10_000], [-1, 10_001]),
         ("certified-delta", [1e-300, 0.999], [0.0, 1.0]),
         ("alpha", [1e-300, 1e6], [0.0, 1.000001e6]),
     ],

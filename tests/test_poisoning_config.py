@@ -60,7 +60,7 @@ def test_a_poisoning_run_reads_its_group_and_its_attackers():
     ],
 )
 def test_each_bad_poisoning_setting_is_refused_by_name(extra, key, fragment):
-    values = {**POISONED, **extra}
+    values = {**POISONED, "num-clients": 10, **extra}
     with pytest.raises(ConfigError) as refused:
         ExperimentConfig.from_run_config(values)
     assert refused.value.parameter == key

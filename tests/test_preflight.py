@@ -16,7 +16,8 @@ from fedunlearn.training.models import DEFAULT_MODEL, build_model
 
 
 def _config(tmp_path, **values) -> ExperimentConfig:
-    return ExperimentConfig.from_run_config({"output-dir": str(tmp_path / "out"), **values})
+    values = {"num-clients": 10, "output-dir": str(tmp_path / "out"), **values}
+    return ExperimentConfig.from_run_config(values)
 
 
 def _tree(path):
@@ -181,3 +182,22 @@ def test_an_unwritable_output_dir_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as info:
         pf.check_run_directory(config)
     assert info.value.parameter == "output-dir" and str(tmp_path) in str(info.value)
+
+
+def test_with_num_clients_unset_only_the_run_directory_and_the_dataset_are_checked(tmp_path):
+    unset = ExperimentConfig.from_run_config(
+        {"output-dir": str(tmp_path / "out"), "train-samples": 5000}
+    )
+    assert pf.preflight(unset) is None  # the partitions wait for the federation's size
+    with pytest.raises(ConfigError) as info:
+        pf.preflight(unset.with_federation_size(10))
+    assert info.value.parameter == "train-samples"
+    root = tmp_path / "data"
+    root.mkdir()
+    missing = ExperimentConfig.from_run_config(
+        {"output-dir": str(tmp_path / "out"), "dataset": "mnist", "data-root": str(root)}
+    )
+    with pytest.raises(ConfigError) as info:
+        pf.preflight(missing)
+    assert info.value.parameter == "data-root"
+    assert not (tmp_path / "out").exists()

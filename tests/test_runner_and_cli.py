@@ -93,6 +93,16 @@ def test_dry_run_sizes_the_federation_to_num_clients(tmp_path, capsys, no_flower
     assert "num-clients = 7" in out and f'output-dir = "{tmp_path}"' in out
 
 
+def test_without_num_clients_the_dry_run_leaves_the_size_to_the_federation(
+    tmp_path, capsys, no_flower
+):
+    code = runner.main(["--dry-run", "--output-dir", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "num-supernodes" not in captured.out and "client-resources-num-cpus=1" in captured.out
+    assert "the app adopts the federation's size" in captured.err
+
+
 def test_a_failed_flower_run_makes_a_non_zero_exit(tmp_path, monkeypatch, capsys):
     """``flwr run`` exits 0 even when the ServerApp raised; the runner asks the SuperLink instead."""
 

@@ -11,6 +11,7 @@
 
 from fedunlearn.config import choices as _choices
 from fedunlearn.config.choices import (
+    ADOPT_FEDERATION_SIZE,
     CALIBRATION_ORDERS,
     DATASETS,
     DEVICES,
@@ -57,6 +58,7 @@ from fedunlearn.config.rules import (
 )
 
 __all__ = [
+    "ADOPT_FEDERATION_SIZE",
     "ADOPTABLE_METHODS",
     "CALIBRATION_ORDERS",
     "DATASETS",

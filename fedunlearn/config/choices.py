@@ -56,6 +56,9 @@ def __getattr__(name: str):
 #: Largest federation a run may ask for: the simulation launches one SuperNode per client before
 #: any of them is checked, and the server queries every one of them each round.
 MAX_CLIENTS = 10_000
+#: ``num-clients`` = 0: not set; the ServerApp adopts the federation's number of SuperNodes (each
+#: node's ``num-partitions``) before anything is written, and every later step sees that number.
+ADOPT_FEDERATION_SIZE = 0
 #: Seeds feed scikit-learn's and NumPy's generators, which take unsigned 32-bit seeds.
 MAX_SEED = 2**32 - 1
 #: The largest seed :func:`fedunlearn.seeding.derive_seed` gives (63 bits).

@@ -82,6 +82,28 @@ class ExperimentConfig(RunParameters):
         config.validate()
         return config
 
+    def with_federation_size(self, size: int) -> ExperimentConfig:
+        """This configuration for a federation of ``size`` SuperNodes (their ``num-partitions``):
+        ``num-clients`` = 0 (:data:`~fedunlearn.config.choices.ADOPT_FEDERATION_SIZE`) adopts
+        ``size`` and the rules that need K are checked again; a set ``num-clients`` must equal it.
+
+        Raises
+        ------
+        ConfigError
+            ``num-clients`` when it is set to another size, or when the adopted size breaks a rule
+            (e.g. ``unlearn-clients`` naming a partition the federation does not have).
+        """
+        if self.num_clients == size:
+            return self
+        if self.num_clients != choices.ADOPT_FEDERATION_SIZE:
+            raise ConfigError(
+                "num-clients",
+                self.num_clients,
+                f"equal to the federation's num-partitions ({size}); run with --federation-config "
+                f"'num-supernodes={self.num_clients}', set num-clients={size}, or 0 to adopt it",
+            )
+        return self.replace(num_clients=size)
+
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first parameter whose value is not allowed: each
         key alone (the constraints table), then the rules across keys

@@ -17,6 +17,7 @@ from typing import Any
 
 from fedunlearn.config import choices
 from fedunlearn.config.choices import (
+    ADOPT_FEDERATION_SIZE,
     ATTACKS,
     CALIBRATION_ORDERS,
     DATASETS,
@@ -114,7 +115,10 @@ class RunParameters:
     download: bool = data(False, Flag(), "fetch a missing dataset into data-root")
     model: str = data("auto", Options(MODELS), "the network; auto picks the dataset's own")
     num_clients: int = data(
-        10, Interval(WHOLE, 1, MAX_CLIENTS), "K; must equal the federation's number of SuperNodes"
+        ADOPT_FEDERATION_SIZE,
+        Interval(WHOLE, 0, MAX_CLIENTS, note="0: the federation's size"),
+        "K; 0: adopt the federation's number of SuperNodes (the server logs it); any other value "
+        "must equal it",
     )
     train_samples: int = data(
         0, Interval(WHOLE, 0), "0: the whole training set; N: a seeded subset, then partitioned"
@@ -129,7 +133,7 @@ class RunParameters:
     seed: int = data(0, Interval(WHOLE, 0, MAX_SEED), "seeds the split, the model and training")
     # ------------------------------------------------------------------ training
     rounds: int = training(20, AT_LEAST_1, "global rounds of FedAvg")
-    local_epochs: int = training(2, AT_LEAST_1, "E_loc, local epochs per round")
+    local_epochs: int = training(10, AT_LEAST_1, "E_loc, local epochs per round")
     lr: float = training(0.05, POSITIVE, "clients' SGD learning rate")
     momentum: float = training(0.9, Interval(NUMBER, 0.0, 1.0, closed="left"), "SGD momentum")
     weight_decay: float = training(0.0, NON_NEGATIVE, "SGD weight decay")

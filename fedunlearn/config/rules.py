@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fedunlearn.config import choices
-from fedunlearn.config.choices import MODELS, SAMPLE_SHAPES
+from fedunlearn.config.choices import ADOPT_FEDERATION_SIZE, MODELS, SAMPLE_SHAPES
 from fedunlearn.config.constraints import Interval, validate_parameter_constraints
 from fedunlearn.config.parameters import parameter_constraints
 from fedunlearn.errors import ConfigError
@@ -58,18 +58,28 @@ class ConfigGroup(Mapping[str, Any]):
 
 
 def partition_ids(key: str, value: str, num_clients: int) -> list[int]:
-    """Partition ids from ``"3"`` or ``"0,5"`` ("" = none), each in ``[0, num_clients)``."""
+    """Partition ids from ``"3"`` or ``"0,5"`` ("" = none), each in ``[0, num_clients)``; while
+    ``num_clients`` is :data:`ADOPT_FEDERATION_SIZE` only ``>= 0`` (the bound is checked once the
+    federation's size is adopted)."""
     text = value.replace(" ", "")
     if not text:
         return []
-    allowed = f"comma-separated partition ids in [0, {num_clients - 1}], e.g. '0' or '0,5'"
+    adopting = num_clients == ADOPT_FEDERATION_SIZE
+    ids = "partition ids >= 0" if adopting else f"partition ids in [0, {num_clients - 1}]"
+    allowed = f"comma-separated {ids}, e.g. '0' or '0,5'"
     try:
         targets = [int(part) for part in text.split(",")]
     except ValueError:
         raise ConfigError(key, value, allowed) from None
-    if any(not 0 <= t < num_clients for t in targets):
+    if any(t < 0 or (not adopting and t >= num_clients) for t in targets):
         raise ConfigError(key, value, allowed)
     return sorted(set(targets))
+
+
+def _size_known(config: ExperimentConfig) -> bool:
+    """Whether ``num-clients`` is known: a rule comparing against it waits for the federation's
+    size when it is to be adopted (:meth:`ExperimentConfig.with_federation_size` checks again)."""
+    return config.num_clients != ADOPT_FEDERATION_SIZE
 
 
 @functools.lru_cache(maxsize=64)
@@ -147,7 +157,7 @@ def check_dp_delta(config: ExperimentConfig) -> None:
 # ------------------------------------------------------------------ unlearning
 def check_someone_remains(config: ExperimentConfig) -> None:
     """The clients to forget are partition ids, and not all of them."""
-    if len(set(config.unlearn_targets)) >= config.num_clients:
+    if _size_known(config) and len(set(config.unlearn_targets)) >= config.num_clients:
         raise ConfigError(
             "unlearn-clients",
             config.unlearn_clients,
@@ -239,7 +249,7 @@ def check_perturbation(certified: ConfigGroup) -> None:
 
 def check_certified_clients(config: ExperimentConfig) -> None:
     """The clients whose whole data the certified head removes are partition ids, not all."""
-    if len(config.certified_client_targets) >= config.num_clients:
+    if _size_known(config) and len(config.certified_client_targets) >= config.num_clients:
         raise ConfigError(
             "certified-remove-clients",
             config.certified_remove_clients,
@@ -377,7 +387,7 @@ def check_attack(config: ExperimentConfig) -> None:
             config.attack_clients,
             f"the malicious clients' partition ids when attack = {config.attack}, e.g. '3,7'",
         )
-    if len(attackers) >= config.num_clients:
+    if _size_known(config) and len(attackers) >= config.num_clients:
         raise ConfigError(
             "attack-clients",
             config.attack_clients,

@@ -55,7 +55,8 @@ class ForgetSet:
         else:
             label = numbers[2] if len(numbers) == 3 else None
             forget = cls("samples", client=numbers[0], count=numbers[1], label=label)
-        if forget.client is not None and not 0 <= forget.client < num_clients:
+        # num_clients = 0: the federation's size is not adopted yet; the bound is checked then.
+        if forget.client is not None and not 0 <= forget.client < (num_clients or 2**31):
             raise ConfigError("scrub-forget", text, f"a client id in 0..{num_clients - 1}")
         if forget.count is not None and forget.count < 1:
             raise ConfigError("scrub-forget", text, "a sample count N >= 1")

@@ -52,7 +52,7 @@ class Setting:
 
 
 SETTINGS = (
-    # simulations/digits.toml: 1347 training samples over 10 clients, batch 32, 2 local epochs.
+    # simulations/digits.toml's clients (1347 training samples over 10, batch 32), 2 local epochs.
     Setting("digits", "digits-cnn", "digits", (1, 8, 8), 10, 135, 32, 2, 0.05, 0.9),
     # simulations/adult.toml's training (108 encoded features, batch 64) on a small-data client.
     Setting("adult", "adult-mlp", "adult", (108,), 2, 100, 64, 2, 0.01, 0.9),

@@ -130,5 +130,5 @@ def test_central_data_reuses_the_previous_step_exactly_when_it_can():
 )
 def test_certified_run_config_errors_name_the_key(key, value):
     with pytest.raises(ConfigError) as error:
-        ExperimentConfig.from_run_config({key: value})
+        ExperimentConfig.from_run_config({"num-clients": 10, key: value})
     assert error.value.parameter == key

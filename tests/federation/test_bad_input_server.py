@@ -16,7 +16,8 @@ from server.federated_training import train_federated
 
 
 def _config(tmp_path, **values):
-    return ExperimentConfig.from_run_config({"output-dir": str(tmp_path / "out"), **values})
+    values = {"num-clients": 10, "output-dir": str(tmp_path / "out"), **values}
+    return ExperimentConfig.from_run_config(values)
 
 
 def test_more_clients_than_samples(tmp_path):
@@ -81,7 +82,7 @@ def test_a_cohort_the_federation_cannot_supply_stops_the_server_before_training(
         node_id=0,
         node_config={},
         state=RecordDict(),
-        run_config={"scrub": True, "scrub-forget": "samples:0:500:5"},
+        run_config={"num-clients": 10, "scrub": True, "scrub-forget": "samples:0:500:5"},
     )
     grid = Mock()
     with pytest.raises(ConfigError) as info:
@@ -129,12 +130,14 @@ def test_resuming_with_other_training_settings_is_refused_before_any_client_is_a
 
 
 def _server_main(tmp_path, run_config):
-    """Run the ServerApp's main on a Mock grid; returns the grid (to check nobody was asked)."""
+    """Run the ServerApp's main on a Mock grid; returns the grid (to check nobody was asked). K is
+    set, as the launcher sets it: with num-clients = 0 the server first asks the federation's
+    size (read-only), then checks what needs K."""
     from flwr.app import Context, RecordDict
 
     from server.server_app import create_server_app
 
-    app = create_server_app({"output-dir": str(tmp_path / "out")})
+    app = create_server_app({"num-clients": 10, "output-dir": str(tmp_path / "out")})
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     grid = Mock()
     try:

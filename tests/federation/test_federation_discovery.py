@@ -8,8 +8,14 @@ import pytest
 from fake_grid import AnsweringGrid
 from flwr.app import Message, MetricRecord, RecordDict
 
+from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
-from server.federation import DESCRIBE, discover_clients
+from server.federation import (
+    DESCRIBE,
+    adopt_federation_size,
+    discover_clients,
+    federation_size,
+)
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
@@ -116,3 +122,51 @@ def test_discovery_sends_the_run_settings():
     grid = FakeGrid({42: 0}, num_partitions=1)
     discover_clients(grid, 1, wait_seconds=5, log=lambda _: None, settings={"run.seed": 3})
     assert all(m.content["config"]["run.seed"] == 3 for m in grid.sent)
+
+
+class SizesGrid(FakeGrid):
+    """Nodes started with different ``num-partitions`` (node -> its size)."""
+
+    def __init__(self, sizes: dict[int, int]):
+        super().__init__({node: 0 for node in sizes}, num_partitions=0)
+        self.sizes = sizes
+
+    def answer(self, message):
+        self.num_partitions = self.sizes[message.metadata.dst_node_id]
+        return super().answer(message)
+
+
+def test_num_clients_zero_adopts_the_size_the_nodes_were_started_with():
+    grid = FakeGrid({9_001: 1, 42: 0}, num_partitions=2)
+    lines = []
+    config = adopt_federation_size(grid, ExperimentConfig.from_run_config({}), log=lines.append)
+    assert config.num_clients == 2
+    assert any("adopting the federation's size, 2 SuperNode(s)" in line for line in lines)
+    # The probe asks with num-clients = 0, which a node answers without loading its data.
+    assert all(m.content["config"]["run.num-clients"] == 0 for m in grid.sent)
+    members = discover_clients(grid, config.num_clients, wait_seconds=5, log=lambda _: None)
+    assert members.partition_ids == [0, 1]
+
+
+def test_a_set_num_clients_is_kept_and_a_different_federation_refused_before_any_write(tmp_path):
+    grid = FakeGrid({1: 0, 2: 1}, num_partitions=2)
+    config = ExperimentConfig.from_run_config({"num-clients": 10, "output-dir": str(tmp_path)})
+    assert adopt_federation_size(grid, config, log=lambda _: None) is config
+    assert grid.sent == []  # nothing asked: discovery compares the set K with the federation
+    with pytest.raises(ConfigError) as info:
+        discover_clients(grid, config.num_clients, wait_seconds=5, log=lambda _: None)
+    assert info.value.parameter == "num-clients" and "num-partitions (2)" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nodes_that_disagree_on_the_size_are_refused():
+    grid = SizesGrid({1: 2, 2: 3})
+    with pytest.raises(ConfigError, match=r"declare num-partitions \[2, 3\]") as info:
+        federation_size(grid, 5, log=lambda _: None)
+    assert info.value.parameter == "num-clients"
+
+
+def test_no_node_to_adopt_the_size_of_is_refused_after_the_wait():
+    grid = FakeGrid({}, num_partitions=2)
+    with pytest.raises(ConfigError, match="no SuperNode connected within node-wait-seconds=0.2"):
+        federation_size(grid, 0.2, log=lambda _: None)

@@ -54,6 +54,34 @@ def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path, simulate):
     assert summary["retained_rounds"] == [1, 2]
 
 
+def test_without_num_clients_the_app_adopts_the_federation_size_and_runs_the_main_job(
+    tmp_path, simulate, capfd
+):
+    """``flwr run . --stream`` on Flower's default federation (2 SuperNodes): no num-clients set,
+    so the app adopts 2, trains, forgets client 0 and prints the comparison."""
+    overrides = {
+        "rounds": 2,
+        "local-epochs": 1,
+        "retain-interval": 1,
+        "unlearn-methods": "federaser,fedretrain",
+        "output-dir": str(tmp_path),
+        "run-name": "adopted",
+        "node-wait-seconds": 60,
+    }
+    simulate(overrides, num_supernodes=2)
+
+    out = capfd.readouterr().out
+    assert "num-clients not set (0): adopting the federation's size, 2 SuperNode(s)" in out
+    assert "unlearning results:" in out and "| federaser" in out
+    run_dir = tmp_path / "adopted"
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["num-clients"] == 2  # the run is recorded with the adopted K
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    assert list(metrics["clients_replied"].iloc[1:]) == [2, 2]
+    table = pd.read_csv(run_dir / "unlearning.csv")
+    assert table["method"].tolist() == ["fedavg", "federaser", "fedretrain"]
+
+
 def test_federation_smaller_than_num_clients_fails_before_writing(tmp_path, simulate):
     overrides = {
         "num-clients": 4,
