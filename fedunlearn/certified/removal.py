@@ -50,8 +50,10 @@ A data that measures the anchor's stale vector (``measures_staleness``, the cent
 stale parts since w0 exceed ``refresh_ratio`` times the rest of those requests' bounds; otherwise
 (a federation) the bounds widen with the drift ``w - w0`` as above, and the anchor is refreshed when
 ``||w - w0||`` exceeds ``refresh_ratio`` times the step. Either way a downdate past ``max_rank``
-refreshes. ``||X'||_2^2 = lambda_max(K')`` is computed at training and every ``spectral_every``
-removed samples and is an upper bound in between, because ``K' = K - sum x x^T <= K``.
+refreshes. ``||X'||_2^2 = lambda_max(K')`` is computed at training and is an upper bound later,
+because ``K' = K - sum x x^T <= K``; it is recomputed once ``spectral_every`` samples were removed
+since *and* their rows could have lowered it by more than :data:`SPECTRAL_GAIN` (``||x|| <= 1``, so
+m rows lower ``lambda_max`` by at most m): on MNIST 3 vs 8, every 175 removals rather than 100.
 
 Multiclass heads are one-vs-rest: K independent binary problems sharing X, one joint ``b`` (K x d);
 the joint residual's norm is bounded by the root of the sum of the heads' squared bounds.
@@ -76,6 +78,7 @@ Ledger. Each certificate records its UTC time and ``weights_sha256``, the SHA-25
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -87,6 +90,7 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg
+from threadpoolctl import ThreadpoolController
 
 from fedunlearn.certified.fast_factor import FastFactor
 from fedunlearn.certified.losses import LOGISTIC_GAMMA, lipschitz_gamma
@@ -106,10 +110,13 @@ __all__ = ["NOISES", "sample_perturbation"]  # re-exported: b's densities live i
 MODES = ("exact", "fast")
 BOUNDS = ("per-point", "corollary")
 GAMMAS = tuple(LOGISTIC_GAMMA)
+#: ``||X'||_2`` is recomputed only when that could tighten it by more than this fraction.
+SPECTRAL_GAIN = 0.01
 
 #: Settings of the engine alone (the others are the run configuration's certified group).
 _ENGINE_CONSTRAINTS = {
     "max_rank": Interval(int, 1),
+    "step_threads": Interval(int, 0),
     "spectral_every": Interval(int, 1),
     "max_newton": Interval(int, 1),
     "tol": Interval(float, 0, 1, closed="neither"),
@@ -250,6 +257,10 @@ class CertifiedRemovalParams:
     ``||w - w0|| > ratio ||v||``: on MNIST 3 vs 8 (100 removals) ratio 2 refreshed 35 times and
     ended with beta 1.3x exact mode's, ratio 5 refreshed 18 times at 1.6x, ratio 20 four times at
     2.9x. ``max_rank``: the most removed samples the Woodbury downdate holds before a refresh.
+    ``step_threads`` (fast mode on central data): BLAS threads for a request's memory-bound
+    products (one read of X, a few with Q; refreshes keep the BLAS default); 0 keeps the default.
+    One thread: on 2 shared cores a second BLAS thread that waits for a core costs ten times what
+    it saves.
     ``single_precision_hessian`` (exact mode): form the per-request Hessian in float32 (twice as
     fast); the solve's residual is measured in float64 and added to beta, so the certificate holds.
     Least squares always uses float64 (its step is exact).
@@ -266,6 +277,7 @@ class CertifiedRemovalParams:
     gamma: str = "exact"
     refresh_ratio: float = 5.0
     max_rank: int = 128
+    step_threads: int = 1
     spectral_every: int = 100
     tol: float = 1e-10
     max_newton: int = 100
@@ -353,6 +365,18 @@ _FastFactor = FastFactor
 
 def _factorise(sums: HeadSums, mu: float) -> tuple[FastFactor, ...]:
     return tuple(FastFactor.from_hessian(hessian, mu) for hessian in sums.hessian)
+
+
+_BLAS: list[ThreadpoolController] = []
+
+
+def _blas_threads(threads: int):
+    """A context limiting the BLAS to ``threads`` threads (0: no limit)."""
+    if not threads:
+        return contextlib.nullcontext()
+    if not _BLAS:  # inspecting the loaded libraries takes milliseconds: once per process
+        _BLAS.append(ThreadpoolController())
+    return _BLAS[0].limit(limits=threads, user_api="blas")
 
 
 def _fast_solve(factors, delta: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
@@ -681,13 +705,18 @@ class CertifiedHead:
 
     def _spectral_state(self, parts, m: int) -> dict[str, Any]:
         """``X'^T X'`` (when the data ships the removed rows' grams) and ``||X'||_2^2``, recomputed
-        every ``spectral_every`` removed samples; in between the last value bounds it from above
+        when ``spectral_every`` samples were removed since and could have lowered it by more than
+        :data:`SPECTRAL_GAIN` (module docstring); in between the last value bounds it from above
         (``K' <= K``). A data that ships no grams forms ``X'^T X'`` itself when asked."""
         gram = None
         if self._gram is not None and parts.gram is not None:
             gram = self._gram - parts.gram
         state: dict[str, Any] = {"_gram": gram, "_since_spectral": self._since_spectral + m}
-        if state["_since_spectral"] >= self.params.spectral_every:
+        since = state["_since_spectral"]
+        # m rows of norm <= 1 lower lambda_max by at most m: recompute only if that can matter.
+        floor = max(self._spectral_sq - since, 0.0)
+        could_gain = floor < (1.0 - SPECTRAL_GAIN) ** 2 * self._spectral_sq
+        if since >= self.params.spectral_every and could_gain:
             current = gram if gram is not None else self.data.gram()
             _finite("the Gram matrix X'^T X'", current)
             state["_spectral_sq"] = _top_eigenvalue(current)
@@ -746,24 +775,25 @@ class CertifiedHead:
         *before* the step when the stale parts since the anchor exceed ``refresh_ratio`` times the
         rest of those requests' bounds, or the downdate would pass ``max_rank``."""
         p = self.params
-        factors = self._factors
+        factors, anchor = self._factors, self._anchor
         refreshed = (
             self._stale_since > p.refresh_ratio * (self._bound_since - self._stale_since)
             or factors[0].rank + rows.shape[1] > p.max_rank
         )
-        if not refreshed:
-            try:
-                factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(factors))
-            except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
-                refreshed = True
-        anchor = self._anchor
-        if refreshed:
+        with _blas_threads(p.step_threads):
+            if not refreshed:
+                try:
+                    factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(factors))
+                except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
+                    refreshed = True
+        if refreshed:  # O(n d^2 + d^3): the BLAS's own threads
             fresh = self._anchored(weights, self._sums(weights, hessian=True))
             state.update(fresh)
             factors, anchor = fresh["_factors"], fresh["_anchor"]
         state["_factors"], state["_anchor"] = factors, anchor
-        step, solve = _fast_solve(factors, delta, mu)
-        terms = self.data.step(weights, anchor, step, hessian_vector=False, stale=True)
+        with _blas_threads(p.step_threads):
+            step, solve = _fast_solve(factors, delta, mu)
+            terms = self.data.step(weights, anchor, step, hessian_vector=False, stale=True)
         _finite("the step's sums", terms.point, terms.xv_squared, terms.stale_vector)
         _finite("the step's sums", terms.stale_error)
         stale = np.linalg.norm(terms.stale_vector, axis=1) + terms.stale_error

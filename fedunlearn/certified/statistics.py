@@ -434,6 +434,7 @@ class CentralHeadData:
         # X w0^T and l'' there for the last anchor w0 asked about.
         self._full_gram: np.ndarray | None = None
         self._anchor_scores: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._drift_cache: tuple | None = None  # (w0, w, (X (w - w0)^T, its error bound))
 
     #: :meth:`step` measures the anchor's stale vector in float32 (``stale=True``).
     measures_staleness = True
@@ -559,14 +560,22 @@ class CentralHeadData:
         return sums
 
     def _stale_step(self, weights: np.ndarray, anchor: np.ndarray, step: np.ndarray) -> StepSums:
-        """Terms at ``weights`` and the anchor's stale vector, from two float32 passes over X
-        (:func:`fedunlearn.certified.staleness.stale_terms`)."""
+        """Terms at ``weights`` and the anchor's stale vector from one float32 read of X
+        (:func:`fedunlearn.certified.staleness.stale_terms`). ``X (w - w0)`` is carried from the
+        previous call when ``weights`` is that call's ``weights + step`` on the same anchor."""
         cached = self._anchor_scores
         if cached is None or not np.array_equal(cached[0], anchor):
             scores = head_scores(self.features, anchor)
             curvature = second_derivative(self.loss, scores, self.targets)
             cached = (anchor.copy(), scores, curvature)
             self._anchor_scores = cached
+        drift = None
+        carried = self._drift_cache
+        if np.array_equal(weights, anchor):
+            drift = (np.zeros((len(self.features), len(step))), np.zeros(len(step)))
+        elif carried is not None and np.array_equal(carried[0], anchor):
+            if np.array_equal(carried[1], weights):
+                drift = carried[2]
         terms = stale_terms(
             self.loss,
             self._single(),
@@ -578,7 +587,10 @@ class CentralHeadData:
             anchor,
             step,
             anchor_curvature=cached[2],
+            drift=drift,
         )
+        # Keyed by value: a request that fails after this call finds no match and recomputes.
+        self._drift_cache = (anchor.copy(), weights + step, terms["next_drift"])
         return StepSums(
             point=terms["b4"] / 4.0,
             xv_squared=terms["b2"],

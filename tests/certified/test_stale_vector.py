@@ -34,12 +34,14 @@ def _exact(loss, x, t, present, w, w0, v):
     drift_scale=st.sampled_from([0.0, 1e-6, 1e-2, 3.0]),
     spread=st.sampled_from([0.0, 8.0]),
     loss=st.sampled_from(["logistic", "least-squares"]),
+    carried=st.sampled_from([None, 0.0, 1e-6, 1e-3]),
 )
 def test_float32_terms_bound_their_float64_values(
-    seed, n, d, heads, scale, step_scale, drift_scale, spread, loss
+    seed, n, d, heads, scale, step_scale, drift_scale, spread, loss, carried
 ):
     """Adversarial magnitudes: weights up to 1e3 (scores in the flat tails and near 0), steps from
-    1e-9 to 10, features whose coordinates span 8 orders of magnitude, rows of norm exactly 1."""
+    1e-9 to 10, features whose coordinates span 8 orders of magnitude, rows of norm exactly 1; a
+    carried drift ``X (w - w0)`` off by its whole declared error, in the worst direction."""
     rng = np.random.default_rng(seed)
     raw = rng.normal(size=(n, d)) * 10.0 ** rng.uniform(-spread, 0, size=d)
     x = normalize_features(raw)
@@ -48,6 +50,11 @@ def test_float32_terms_bound_their_float64_values(
     w0 = scale * rng.normal(size=(heads, d)) / np.sqrt(d)
     w = w0 + drift_scale * rng.normal(size=(heads, d))
     v = step_scale * rng.normal(size=(heads, d))
+    drift = None
+    if carried is not None:
+        error = np.full((n, heads), carried)
+        sign = np.where(rng.random((n, heads)) < 0.5, -1.0, 1.0)
+        drift = (x @ (w - w0).T + sign * error, error)
     terms = stale_terms(
         loss,
         x.astype(np.float32),
@@ -58,12 +65,34 @@ def test_float32_terms_bound_their_float64_values(
         w,
         w0,
         v,
+        drift=drift,
     )
     b4, b2, stale = _exact(loss, x, t, present, w, w0, v)
     assert np.all(terms["b4"] >= b4 * (1 - 1e-12))
     assert np.all(terms["b2"] >= b2 * (1 - 1e-12))
     error = np.linalg.norm(stale - terms["stale"], axis=1)
     assert np.all(error <= terms["stale_error"] * (1 + 1e-9) + 1e-300), (error, terms)
+
+
+def test_the_carried_drift_bounds_its_distance_to_the_exact_one():
+    """``next_drift`` after several steps: its declared error covers X (w - w0) computed in float64."""
+    rng = np.random.default_rng(3)
+    x = normalize_features(rng.normal(size=(500, 30)))
+    t = np.where(rng.random((500, 2)) < 0.5, -1.0, 1.0)
+    present = np.ones(500, dtype=bool)
+    w0 = rng.normal(size=(2, 30))
+    w, drift = w0.copy(), None
+    for _ in range(20):
+        v = 0.05 * rng.normal(size=(2, 30))
+        terms = stale_terms(
+            "logistic", x.astype(np.float32), np.ones(500), t, present, x @ w0.T, w, w0, v,
+            drift=drift,
+        )  # fmt: skip
+        drift = terms["next_drift"]
+        w = w + v
+        gap = np.abs(drift[0] - x @ (w - w0).T)
+        assert np.all(gap <= drift[1] * (1 + 1e-9))
+    assert np.all(drift[1] > 0)
 
 
 def test_rounding_gamma_refuses_sums_too_long_for_float32():
