@@ -428,7 +428,9 @@ class CentralHeadData:
         self.dim = self.features.shape[1]
         self.present = np.ones(len(self.features), dtype=bool)
         self._step_cache: tuple | None = None
-        self._features_single: np.ndarray | None = None
+        # float32 copy (half the bytes): the fast mode's per-request read of X and the exact mode's
+        # float32 Hessians; made here, with the data, rather than inside the first request.
+        self._features_single: np.ndarray | None = self.features.astype(np.float32)
         self._row_norms = np.linalg.norm(self.features, axis=1)
         # Pure caches keyed by their inputs (never part of a snapshot): X^T X over all rows, and
         # X w0^T and l'' there for the last anchor w0 asked about.

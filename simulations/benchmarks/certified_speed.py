@@ -135,7 +135,7 @@ def stream_row(method: str, rnd: int, seconds: np.ndarray, **extra) -> dict:
     }
 
 
-def ours(mode: str, rnd: int, X, T, Xt, yt, order, removals: int, z) -> dict:
+def ours(mode: str, rnd: int, X, T, Xt, yt, order, removals: int, z, label: str = "") -> dict:
     """One stream of our engine with the run configuration's defaults for ``mode``."""
     head = make_head(X, T, mode=mode, track_bounds=False)
     train(head, z)
@@ -148,7 +148,7 @@ def ours(mode: str, rnd: int, X, T, Xt, yt, order, removals: int, z) -> dict:
         retrains += certificate.retrained
     residual = head.residual()
     row = stream_row(
-        f"ours, {mode}",
+        f"ours, {mode}{label}",
         rnd,
         np.asarray(seconds),
         refreshes=refreshes if mode == "fast" else None,
@@ -198,7 +198,7 @@ def one_round(args, rnd: int, data, scratch: Path) -> list[dict]:
     X, T, Xt, yt, order, z = data
     steps = [
         lambda: ours("fast", rnd, X, T, Xt, yt, order, args.removals, z),
-        lambda: ours("exact", rnd, X, T, Xt, yt, order, args.removals, z),
+        lambda: ours("exact", rnd, X, T, Xt, yt, order, args.exact_removals, z),
     ]
     if args.reference_dir is not None:
         steps.append(lambda: theirs(args, rnd, scratch))
@@ -233,7 +233,11 @@ def summarise(streams: pd.DataFrame, args) -> pd.DataFrame:
             "total_s_per_stream": float(group["total_s"].mean()),
             "refreshes": group["refreshes"].sum(min_count=1) if "refreshes" in group else None,
         }
-        if method != baseline and baseline in set(streams["method"]):
+        if (
+            method != baseline
+            and baseline in set(streams["method"])
+            and len(group) == sum(streams["method"] == baseline)
+        ):
             paired = streams[streams["method"] == baseline].set_index("round")["mean_ms"]
             mine = group.set_index("round")["mean_ms"]
             ratios = paired.reindex(mine.index) / mine
@@ -274,19 +278,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="removals of the naive numpy mirror per round (default: 0 with --reference-dir, "
         "else 20; 0 skips it)",
     )
+    parser.add_argument(
+        "--exact-removals",
+        type=int,
+        default=None,
+        help="removals of our exact mode per round (default: --removals)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads for their code")
+    parser.add_argument(
+        "--long-removals",
+        type=int,
+        default=1000,
+        help="removals of one extra fast stream after the rounds, long enough for refreshes and "
+        "||X'|| recomputations to come due (default 1000; 0 skips it)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="our removal order")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 1 round of 10 removals, naive 3"
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.removals = 1, 10
+        args.rounds, args.removals, args.long_removals = 1, 10, 30
         args.naive_removals = 3 if args.naive_removals is None else args.naive_removals
+    if args.exact_removals is None:
+        args.exact_removals = args.removals
     if args.naive_removals is None:
         args.naive_removals = 0 if args.reference_dir is not None else 20
-    if args.rounds < 1 or args.removals < 1 or args.naive_removals < 0:
-        parser.error("--rounds and --removals must be at least 1, --naive-removals at least 0")
+    if args.rounds < 1 or min(args.removals, args.exact_removals) < 1:
+        parser.error("--rounds, --removals and --exact-removals must be at least 1")
+    if min(args.naive_removals, args.long_removals) < 0:
+        parser.error("--naive-removals and --long-removals must be at least 0")
     missing = missing_mnist(args.data_root)
     if missing:
         parser.error(f"--data-root {args.data_root}: MNIST not found (missing {missing[0]})")
@@ -314,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(1, args.rounds + 1):
             rows += one_round(args, rnd, data, Path(scratch))
             loads.append(os.getloadavg()[0])
+    if args.long_removals:
+        say(f"one long fast stream: {args.long_removals} removals (refreshes come due)")
+        label = f", {args.long_removals}-removal stream"
+        rows.append(ours("fast", 0, X, T, Xt, yt, order, args.long_removals, z, label))
     streams = pd.DataFrame(rows)
     write_table(streams, output, "streams")
     summary = summarise(streams, args)
