@@ -253,7 +253,7 @@ class CertifiedRemovalParams:
     ``refresh_ratio`` (fast mode): how stale the cached Hessian may get. With a data that measures
     the stale vector (central), refresh when the stale parts of the bounds since the anchor exceed
     ``ratio`` times the rest of those bounds; on MNIST 3 vs 8 the default 5 refreshes nothing in
-    100 removals and ends within 10 % of exact mode's beta. Otherwise (a federation), refresh when
+    100 removals and ends with beta 1.5x exact mode's. Otherwise (a federation), refresh when
     ``||w - w0|| > ratio ||v||``: on MNIST 3 vs 8 (100 removals) ratio 2 refreshed 35 times and
     ended with beta 1.3x exact mode's, ratio 5 refreshed 18 times at 1.6x, ratio 20 four times at
     2.9x. ``max_rank``: the most removed samples the Woodbury downdate holds before a refresh.
