@@ -16,6 +16,12 @@ from fedunlearn.certified.dp_accounting import (
     compose_certificates,
     dp_fedavg_epsilon,
 )
+from fedunlearn.certified.fast_factor import (
+    MAX_REFINE,
+    MAX_SHIFT_RATIO,
+    REFINE_TOLERANCE,
+    FastFactor,
+)
 from fedunlearn.certified.features import (
     head_features,
 )
@@ -65,6 +71,12 @@ from fedunlearn.certified.removal import (
     weights_sha256,
     worst_case_bound,
 )
+from fedunlearn.certified.staleness import (
+    STALE_BLOCK,
+    UNIT_ROUNDOFF_SINGLE,
+    rounding_gamma,
+    stale_terms,
+)
 from fedunlearn.certified.statistics import (
     HEAD_QUERY,
     CentralHeadData,
@@ -92,6 +104,10 @@ __all__ = [
     "dp_fedavg_epsilon",
     "compose_certificates",
     "head_features",
+    "FastFactor",
+    "MAX_SHIFT_RATIO",
+    "REFINE_TOLERANCE",
+    "MAX_REFINE",
     "LOSSES",
     "LOGISTIC_GAMMA",
     "NORM_TOLERANCE",
@@ -132,6 +148,10 @@ __all__ = [
     "CertifiedHead",
     "append_certificate",
     "read_ledger",
+    "UNIT_ROUNDOFF_SINGLE",
+    "STALE_BLOCK",
+    "rounding_gamma",
+    "stale_terms",
     "HEAD_QUERY",
     "pack_symmetric",
     "unpack_symmetric",

@@ -43,10 +43,17 @@ Two modes (``mode=``): ``"exact"`` builds the Hessian at the current w for every
 by Cholesky (never an explicit inverse); ``"fast"`` keeps the eigendecomposition of the data part of
 the Hessian at an anchor w0, ``A = Q Lambda Q^T``, so that ``A + lambda m I`` is solved for any count
 m in O(d^2) (a Cholesky factor could not absorb the shift lambda I that each removal brings), and the
-removed samples' parts ``U U^T`` by the Woodbury identity; it refreshes the anchor when the drift
-``||w - w0||`` exceeds ``refresh_ratio`` times the step or the downdate rank exceeds ``max_rank``.
-``||X'||_2^2 = lambda_max(K')`` is computed at training and refreshes and is an upper bound in between,
-because ``K' = K - sum x x^T <= K``.
+removed samples' parts ``U U^T`` by the Woodbury identity (:mod:`fedunlearn.certified.fast_factor`).
+A data that measures the anchor's stale vector (``measures_staleness``, the central data:
+:mod:`fedunlearn.certified.staleness`) gets the bounds at w0 = w plus the measured
+``||S|| = ||(H'(w) - H'(w0)) v||`` in the solve's residual, and the anchor is refreshed when those
+stale parts since w0 exceed ``refresh_ratio`` times the rest of those requests' bounds; otherwise
+(a federation) the bounds widen with the drift ``w - w0`` as above, and the anchor is refreshed when
+``||w - w0||`` exceeds ``refresh_ratio`` times the step. Either way a downdate past ``max_rank``
+refreshes. ``||X'||_2^2 = lambda_max(K')`` is computed at training and is an upper bound later,
+because ``K' = K - sum x x^T <= K``; it is recomputed once ``spectral_every`` samples were removed
+since *and* their rows could have lowered it by more than :data:`SPECTRAL_GAIN` (``||x|| <= 1``, so
+m rows lower ``lambda_max`` by at most m): on MNIST 3 vs 8, every 175 removals rather than 100.
 
 Multiclass heads are one-vs-rest: K independent binary problems sharing X, one joint ``b`` (K x d);
 the joint residual's norm is bounded by the root of the sum of the heads' squared bounds.
@@ -71,6 +78,7 @@ Ledger. Each certificate records its UTC time and ``weights_sha256``, the SHA-25
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -82,7 +90,9 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg
+from threadpoolctl import ThreadpoolController
 
+from fedunlearn.certified.fast_factor import FastFactor
 from fedunlearn.certified.losses import LOGISTIC_GAMMA, lipschitz_gamma
 from fedunlearn.certified.perturbation import NOISES, check_generator, sample_perturbation
 from fedunlearn.certified.statistics import HeadData, HeadSums, id_list
@@ -100,10 +110,13 @@ __all__ = ["NOISES", "sample_perturbation"]  # re-exported: b's densities live i
 MODES = ("exact", "fast")
 BOUNDS = ("per-point", "corollary")
 GAMMAS = tuple(LOGISTIC_GAMMA)
+#: ``||X'||_2`` is recomputed only when that could tighten it by more than this fraction.
+SPECTRAL_GAIN = 0.01
 
 #: Settings of the engine alone (the others are the run configuration's certified group).
 _ENGINE_CONSTRAINTS = {
     "max_rank": Interval(int, 1),
+    "step_threads": Interval(int, 0),
     "spectral_every": Interval(int, 1),
     "max_newton": Interval(int, 1),
     "tol": Interval(float, 0, 1, closed="neither"),
@@ -123,6 +136,8 @@ _STATE = (
     "_since_spectral",
     "_anchor",
     "_factors",
+    "_stale_since",
+    "_bound_since",
 )
 
 
@@ -235,9 +250,17 @@ class CertifiedRemovalParams:
     """Settings of a certified head. ``sigma`` is b's standard deviation (Gaussian) or its norm's
     Gamma scale epsilon'/epsilon; ``lam`` the lambda of ``(lambda n / 2) ||w||^2``.
 
-    ``refresh_ratio`` (fast mode): refresh the cached Hessian when ``||w - w0|| > ratio ||v||``. On
-    MNIST 3 vs 8 (100 removals) ratio 2 refreshed 35 times and ended with beta 1.3x exact mode's,
-    ratio 5 refreshed 18 times at 1.6x, ratio 20 four times at 2.9x; 5 is the default.
+    ``refresh_ratio`` (fast mode): how stale the cached Hessian may get. With a data that measures
+    the stale vector (central), refresh when the stale parts of the bounds since the anchor exceed
+    ``ratio`` times the rest of those bounds; on MNIST 3 vs 8 the default 5 refreshes nothing in
+    100 removals and ends with beta 1.5x exact mode's. Otherwise (a federation), refresh when
+    ``||w - w0|| > ratio ||v||``: on MNIST 3 vs 8 (100 removals) ratio 2 refreshed 35 times and
+    ended with beta 1.3x exact mode's, ratio 5 refreshed 18 times at 1.6x, ratio 20 four times at
+    2.9x. ``max_rank``: the most removed samples the Woodbury downdate holds before a refresh.
+    ``step_threads`` (fast mode on central data): BLAS threads for a request's memory-bound
+    products (one read of X, a few with Q; refreshes keep the BLAS default); 0 keeps the default.
+    One thread: on 2 shared cores a second BLAS thread that waits for a core costs ten times what
+    it saves.
     ``single_precision_hessian`` (exact mode): form the per-request Hessian in float32 (twice as
     fast); the solve's residual is measured in float64 and added to beta, so the certificate holds.
     Least squares always uses float64 (its step is exact).
@@ -253,7 +276,8 @@ class CertifiedRemovalParams:
     bound: str = "per-point"
     gamma: str = "exact"
     refresh_ratio: float = 5.0
-    max_rank: int = 64
+    max_rank: int = 128
+    step_threads: int = 1
     spectral_every: int = 100
     tol: float = 1e-10
     max_newton: int = 100
@@ -335,40 +359,24 @@ class Certificate:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class _FastFactor:
-    """Eigendecomposition ``A = Q diag(eig) Q^T`` of one head's data Hessian at the anchor, and
-    ``P = Q^T U`` for the removed samples' factor rows U since then. Immutable: a request builds
-    new factors, so a failed request leaves the cached ones untouched."""
-
-    q: np.ndarray
-    eig: np.ndarray
-    p: np.ndarray
-
-    def with_rows(self, rows: np.ndarray) -> _FastFactor:
-        """The factor after removing samples whose Hessian factor rows are ``rows`` (m, d)."""
-        return _FastFactor(self.q, self.eig, np.concatenate([self.p, self.q.T @ rows.T], axis=1))
-
-    def solve(self, rhs: np.ndarray, mu: float) -> tuple[np.ndarray, float]:
-        """v with ``(A + mu I - U U^T) v = rhs`` (Woodbury) and the solve's residual norm."""
-        y = self.q.T @ rhs
-        inv = 1.0 / (self.eig + mu)
-        if self.p.shape[1]:
-            small = np.eye(self.p.shape[1]) - self.p.T @ (inv[:, None] * self.p)
-            z = np.linalg.solve(small, self.p.T @ (inv * y))
-            coef = inv * (y + self.p @ z)
-        else:
-            coef = inv * y
-        residual = (self.eig + mu) * coef - self.p @ (self.p.T @ coef) - y
-        return self.q @ coef, float(np.linalg.norm(residual))
+#: The fast mode's factor (:mod:`fedunlearn.certified.fast_factor`), by its former name here.
+_FastFactor = FastFactor
 
 
-def _factorise(sums: HeadSums, dim: int) -> tuple[_FastFactor, ...]:
-    factors = []
-    for hessian in sums.hessian:
-        eig, q = np.linalg.eigh(hessian)
-        factors.append(_FastFactor(q, eig, np.zeros((dim, 0))))
-    return tuple(factors)
+def _factorise(sums: HeadSums, mu: float) -> tuple[FastFactor, ...]:
+    return tuple(FastFactor.from_hessian(hessian, mu) for hessian in sums.hessian)
+
+
+_BLAS: list[ThreadpoolController] = []
+
+
+def _blas_threads(threads: int):
+    """A context limiting the BLAS to ``threads`` threads (0: no limit)."""
+    if not threads:
+        return contextlib.nullcontext()
+    if not _BLAS:  # inspecting the loaded libraries takes milliseconds: once per process
+        _BLAS.append(ThreadpoolController())
+    return _BLAS[0].limit(limits=threads, user_api="blas")
 
 
 def _fast_solve(factors, delta: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
@@ -430,11 +438,13 @@ class CertifiedHead:
         self.tracked: dict[str, float] = {}
         self.requests = 0
         self.trained = False
-        self._gram = np.zeros((data.dim, data.dim))
+        self._gram: np.ndarray | None = None  # X'^T X' when the data ships removed rows' grams
         self._spectral_sq = 0.0
         self._since_spectral = 0
         self._anchor = np.zeros(shape)
-        self._factors: tuple[_FastFactor, ...] = ()
+        self._factors: tuple[FastFactor, ...] = ()
+        self._stale_since = 0.0  # measured stale parts of the bounds since the anchor (fast mode)
+        self._bound_since = 0.0  # the chosen bounds since the anchor (fast mode)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -549,9 +559,17 @@ class CertifiedHead:
             "_since_spectral": 0,
         }
         if self.params.mode == "fast":
-            state["_anchor"] = weights.copy()
-            state["_factors"] = _factorise(sums, self.data.dim)
+            state.update(self._anchored(weights, sums))
         return state
+
+    def _anchored(self, weights: np.ndarray, sums: HeadSums) -> dict[str, Any]:
+        """The fast mode's state anchored at ``weights``, whose sums (with Hessian) are ``sums``."""
+        return {
+            "_anchor": weights.copy(),
+            "_factors": _factorise(sums, self.params.lam * sums.count),
+            "_stale_since": 0.0,
+            "_bound_since": 0.0,
+        }
 
     def _sums(self, weights: np.ndarray, **options) -> HeadSums:
         sums = self.data.sums(weights, **options)
@@ -634,21 +652,27 @@ class CertifiedHead:
         n = n_before - m
         if self.data.count() != n:
             raise FedUnlearnError(f"dropping {m} of {n_before} samples left {self.data.count()}")
-        state: dict[str, Any] = {"_gram": self._gram - parts.gram}
-        state["_since_spectral"] = self._since_spectral + m
-        if state["_since_spectral"] >= p.spectral_every:
-            state["_spectral_sq"] = _top_eigenvalue(state["_gram"])
-            state["_since_spectral"] = 0
+        state = self._spectral_state(parts, m)
         spectral = math.sqrt(state.get("_spectral_sq", self._spectral_sq))
+        stale = np.zeros(len(weights))
         if p.mode == "exact":
             step, solve, drift, terms = self._exact_step(weights, delta, p.lam * n)
             refreshed = False
+        elif getattr(self.data, "measures_staleness", False):
+            step, solve, stale, terms, refreshed = self._measured_step(
+                weights, delta, p.lam * n, parts.factor, state
+            )
+            drift = np.zeros(len(step))
         else:
             step, solve, drift, terms, refreshed = self._fast_step(
                 weights, delta, p.lam * n, parts.factor, state
             )
-        bounds = self._bounds(spectral, state["_gram"], step, drift, terms, solve)
+        bounds = self._bounds(spectral, state["_gram"], step, drift, terms, solve + stale)
         chosen = bounds[(p.bound, "chosen")]
+        if p.mode == "fast":
+            since = (0.0, 0.0) if refreshed else (self._stale_since, self._bound_since)
+            state["_stale_since"] = since[0] + _joint(stale)
+            state["_bound_since"] = since[1] + chosen
         tracked = dict(self.tracked)
         if p.track_bounds:
             for name in ("corollary-1", "per-point-paper-gamma", "per-point-exact-gamma"):
@@ -672,12 +696,32 @@ class CertifiedHead:
             "n_before": n_before,
             "beta_before": self.beta,
             "step_bound": chosen,
-            "solve_residual": _joint(solve),
+            "solve_residual": _joint(solve + stale),
             "retrained": retrained,
             "refreshed": refreshed or retrained,
             "start": start,
         }
         return state, record
+
+    def _spectral_state(self, parts, m: int) -> dict[str, Any]:
+        """``X'^T X'`` (when the data ships the removed rows' grams) and ``||X'||_2^2``, recomputed
+        when ``spectral_every`` samples were removed since and could have lowered it by more than
+        :data:`SPECTRAL_GAIN` (module docstring); in between the last value bounds it from above
+        (``K' <= K``). A data that ships no grams forms ``X'^T X'`` itself when asked."""
+        gram = None
+        if self._gram is not None and parts.gram is not None:
+            gram = self._gram - parts.gram
+        state: dict[str, Any] = {"_gram": gram, "_since_spectral": self._since_spectral + m}
+        since = state["_since_spectral"]
+        # m rows of norm <= 1 lower lambda_max by at most m: recompute only if that can matter.
+        floor = max(self._spectral_sq - since, 0.0)
+        could_gain = floor < (1.0 - SPECTRAL_GAIN) ** 2 * self._spectral_sq
+        if since >= self.params.spectral_every and could_gain:
+            current = gram if gram is not None else self.data.gram()
+            _finite("the Gram matrix X'^T X'", current)
+            state["_spectral_sq"] = _top_eigenvalue(current)
+            state["_since_spectral"] = 0
+        return state
 
     def _exact_step(self, weights: np.ndarray, delta: np.ndarray, mu: float):
         """Newton step with the Hessian at w (Cholesky) and the step's per-sample terms."""
@@ -702,23 +746,58 @@ class CertifiedHead:
         """Newton step with the cached factor, downdated by ``rows`` (the removed samples' factor
         rows) and refreshed at w when stale; the new factors and anchor go into ``state``."""
         p = self.params
-        factors = tuple(f.with_rows(rows[k]) for k, f in enumerate(self._factors))
         anchor = self._anchor
-        step, solve = _fast_solve(factors, delta, mu)
-        drift = np.linalg.norm(weights - anchor, axis=1)
-        too_stale = np.any(drift > p.refresh_ratio * np.linalg.norm(step, axis=1))
-        refreshed = bool(too_stale or factors[0].p.shape[1] > p.max_rank)
+        try:
+            factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(self._factors))
+            step, solve = _fast_solve(factors, delta, mu)
+            drift = np.linalg.norm(weights - anchor, axis=1)
+            too_stale = np.any(drift > p.refresh_ratio * np.linalg.norm(step, axis=1))
+            refreshed = bool(too_stale or factors[0].rank > p.max_rank)
+        except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
+            refreshed = True
         if refreshed:
-            factors = _factorise(self._sums(weights, hessian=True), self.data.dim)
-            anchor = weights.copy()
+            fresh = self._anchored(weights, self._sums(weights, hessian=True))
+            state.update(fresh)
+            factors, anchor = fresh["_factors"], fresh["_anchor"]
             step, solve = _fast_solve(factors, delta, mu)
             drift = np.zeros(len(delta))
         state["_factors"], state["_anchor"] = factors, anchor
         terms = None
-        if p.bound == "per-point" or p.track_bounds:
+        if p.bound == "per-point" or p.track_bounds or state["_gram"] is None:
             terms = self.data.step(weights, anchor, step, hessian_vector=False)
             _finite("the step's sums", terms.point, terms.xv_squared)
         return step, solve, drift, terms, refreshed
+
+    def _measured_step(self, weights, delta, mu: float, rows: np.ndarray, state: dict[str, Any]):
+        """Newton step with the cached factor, for a data that measures the anchor's stale vector
+        (:mod:`fedunlearn.certified.staleness`): the step's terms are taken at w (no drift), and
+        ``||S|| + its rounding bound`` joins the solve's residual. The factor is refreshed at w
+        *before* the step when the stale parts since the anchor exceed ``refresh_ratio`` times the
+        rest of those requests' bounds, or the downdate would pass ``max_rank``."""
+        p = self.params
+        factors, anchor = self._factors, self._anchor
+        refreshed = (
+            self._stale_since > p.refresh_ratio * (self._bound_since - self._stale_since)
+            or factors[0].rank + rows.shape[1] > p.max_rank
+        )
+        with _blas_threads(p.step_threads):
+            if not refreshed:
+                try:
+                    factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(factors))
+                except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
+                    refreshed = True
+        if refreshed:  # O(n d^2 + d^3): the BLAS's own threads
+            fresh = self._anchored(weights, self._sums(weights, hessian=True))
+            state.update(fresh)
+            factors, anchor = fresh["_factors"], fresh["_anchor"]
+        state["_factors"], state["_anchor"] = factors, anchor
+        with _blas_threads(p.step_threads):
+            step, solve = _fast_solve(factors, delta, mu)
+            terms = self.data.step(weights, anchor, step, hessian_vector=False, stale=True)
+        _finite("the step's sums", terms.point, terms.xv_squared, terms.stale_vector)
+        _finite("the step's sums", terms.stale_error)
+        stale = np.linalg.norm(terms.stale_vector, axis=1) + terms.stale_error
+        return step, solve, stale, terms, refreshed
 
     def _bounds(self, spectral, gram, step, drift, terms, solve) -> dict[Any, float]:
         """Each bound of the step's residual (joint over heads, plus the solve's residual): the

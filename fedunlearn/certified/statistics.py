@@ -29,6 +29,7 @@ from fedunlearn.certified.losses import (
     loss_values,
     second_derivative,
 )
+from fedunlearn.certified.staleness import stale_terms
 from fedunlearn.errors import ConfigError
 
 #: Rows per block when forming Hessians: keeps the scaled copy of X in cache-sized pieces.
@@ -105,11 +106,19 @@ class StepSums:
     ``point`` (K,): ``sum_i (|a_i| + |b_i|/2)^2 b_i^2`` (the per-point bound's sum);
     ``xv_squared`` (K,): ``sum_i b_i^2 = ||X'v||^2``;
     ``hessian_vector`` (K, d): ``sum_i l''(x_i^T w) b_i x_i``, the data part of ``H(w) v``.
+
+    With ``stale=True`` (:meth:`CentralHeadData.step`; :mod:`fedunlearn.certified.staleness`) the
+    terms are at ``w`` itself (``a_i = 0``: ``point`` bounds ``sum_i b_i^4 / 4``) and ``stale_vector``
+    (K, d) is ``sum_i (l''(x_i^T w) - l''(x_i^T w0)) b_i x_i``, the anchor's error on ``H(w) v``,
+    with ``stale_error`` (K,) bounding the norm of its rounding error; ``point`` and ``xv_squared``
+    are then upper bounds that absorb float32 rounding.
     """
 
     point: np.ndarray
     xv_squared: np.ndarray
     hessian_vector: np.ndarray
+    stale_vector: np.ndarray | None = None
+    stale_error: np.ndarray | None = None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -123,10 +132,16 @@ class StepSums:
         return cls(arrays["point"], arrays["xv_squared"], arrays["hessian_vector"])
 
     def __add__(self, other: StepSums) -> StepSums:
+        stale = error = None
+        if self.stale_vector is not None and other.stale_vector is not None:
+            stale = self.stale_vector + other.stale_vector
+            error = self.stale_error + other.stale_error
         return StepSums(
             self.point + other.point,
             self.xv_squared + other.xv_squared,
             self.hessian_vector + other.hessian_vector,
+            stale,
+            error,
         )
 
 
@@ -136,14 +151,15 @@ class RemovedParts:
 
     ``gradient`` (K, d): their loss-gradient sum at the current ``W`` (Delta's data part);
     ``factor`` (K, m, d): rows ``sqrt(l''(x_i^T w0)) x_i``, their Hessian part at ``W0`` in factored
-    form (the fast mode downdates its cached factor with it); ``gram`` (d, d): ``sum_i x_i x_i^T``;
+    form (the fast mode downdates its cached factor with it); ``gram`` (d, d): ``sum_i x_i x_i^T``,
+    or None when the data forms ``X'^T X'`` itself on request (:meth:`CentralHeadData.gram`);
     ``count``: m.
     """
 
     count: int
     gradient: np.ndarray
     factor: np.ndarray
-    gram: np.ndarray
+    gram: np.ndarray | None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -164,11 +180,14 @@ class RemovedParts:
         )
 
     def __add__(self, other: RemovedParts) -> RemovedParts:
+        gram = None
+        if self.gram is not None and other.gram is not None:
+            gram = self.gram + other.gram
         return RemovedParts(
             self.count + other.count,
             self.gradient + other.gradient,
             np.concatenate([self.factor, other.factor], axis=1),
-            self.gram + other.gram,
+            gram,
         )
 
 
@@ -311,9 +330,12 @@ def removed_parts(
     targets: np.ndarray,
     weights: np.ndarray,
     anchor: np.ndarray | None,
+    *,
+    gram: bool = True,
 ) -> RemovedParts:
     """:class:`RemovedParts` of the samples ``features`` being removed; without an ``anchor`` (the
-    exact mode needs no cached factor) the factor is empty, shape (K, 0, d)."""
+    exact mode needs no cached factor) the factor is empty, shape (K, 0, d); without ``gram`` their
+    ``X^T X`` is not formed (None)."""
     targets = _checked(loss, features, targets, weights)
     grad = head_sums(loss, features, targets, weights, hessian=False).gradient
     if anchor is None:
@@ -321,7 +343,7 @@ def removed_parts(
     else:
         curvature = second_derivative(loss, head_scores(features, anchor), targets)  # (m, K)
         factor = np.sqrt(curvature).T[:, :, None] * features[None, :, :]
-    return RemovedParts(len(features), grad, factor, features.T @ features)
+    return RemovedParts(len(features), grad, factor, features.T @ features if gram else None)
 
 
 class HeadData(Protocol):
@@ -376,7 +398,12 @@ class HeadData(Protocol):
         *,
         hessian_vector: bool = True,
     ) -> StepSums:
-        """:class:`StepSums` of step ``step`` at ``weights`` with the Hessian's anchor ``anchor``."""
+        """:class:`StepSums` of step ``step`` at ``weights`` with the Hessian's anchor ``anchor``.
+
+        A HeadData whose ``measures_staleness`` attribute is true also accepts ``stale=True``
+        (terms at ``weights`` plus the anchor's stale vector, see :class:`StepSums`); the fast
+        removal mode asks for it only then, and bounds the anchor's drift otherwise.
+        """
         ...
 
 
@@ -401,7 +428,18 @@ class CentralHeadData:
         self.dim = self.features.shape[1]
         self.present = np.ones(len(self.features), dtype=bool)
         self._step_cache: tuple | None = None
-        self._features_single: np.ndarray | None = None
+        # float32 copy (half the bytes): the fast mode's per-request read of X and the exact mode's
+        # float32 Hessians; made here, with the data, rather than inside the first request.
+        self._features_single: np.ndarray | None = self.features.astype(np.float32)
+        self._row_norms = np.linalg.norm(self.features, axis=1)
+        # Pure caches keyed by their inputs (never part of a snapshot): X^T X over all rows, and
+        # X w0^T and l'' there for the last anchor w0 asked about.
+        self._full_gram: np.ndarray | None = None
+        self._anchor_scores: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._drift_cache: tuple | None = None  # (w0, w, (X (w - w0)^T, its error bound))
+
+    #: :meth:`step` measures the anchor's stale vector in float32 (``stale=True``).
+    measures_staleness = True
 
     def count(self) -> int:
         return int(self.present.sum())
@@ -429,7 +467,15 @@ class CentralHeadData:
         return self._features_single
 
     def gram(self) -> np.ndarray:
-        return weighted_grams(self.features, self.present[:, None].astype(np.float64))[0]
+        """``X'^T X'``: all rows' Gram matrix (formed once) less the removed rows', or formed
+        afresh when more rows are gone than are left (fewer flops either way)."""
+        removed = np.flatnonzero(~self.present)
+        if len(removed) >= len(self.features) // 2:
+            return weighted_grams(self.features, self.present[:, None].astype(np.float64))[0]
+        if self._full_gram is None:
+            self._full_gram = weighted_grams(self.features, np.ones((len(self.features), 1)))[0]
+        rows = self.features[removed]
+        return self._full_gram - rows.T @ rows
 
     def _indices(self, ids: Sequence[Hashable]) -> np.ndarray:
         values = id_list(ids)
@@ -457,7 +503,10 @@ class CentralHeadData:
         self, ids: Sequence[Hashable], weights: np.ndarray, anchor: np.ndarray | None
     ) -> RemovedParts:
         index = self._indices(ids)
-        return removed_parts(self.loss, self.features[index], self.targets[index], weights, anchor)
+        # No X^T X of the removed rows: the engine asks gram() when it needs ||X'||.
+        return removed_parts(
+            self.loss, self.features[index], self.targets[index], weights, anchor, gram=False
+        )
 
     def drop(self, ids: Sequence[Hashable]) -> None:
         index = self._indices(ids)
@@ -478,7 +527,10 @@ class CentralHeadData:
         step: np.ndarray,
         *,
         hessian_vector: bool = True,
+        stale: bool = False,
     ) -> StepSums:
+        if stale:
+            return self._stale_step(weights, anchor, step)
         # When the caller moved W by exactly the previous step (W = W_prev + V_prev, same anchor),
         # X (W - W0) and X W follow from the previous pass: one or two passes over X per removal.
         projections = self.features @ step.T
@@ -508,3 +560,43 @@ class CentralHeadData:
         )
         self._step_cache = (anchor.copy(), weights.copy(), step.copy(), projections, drift, scores)
         return sums
+
+    def _stale_step(self, weights: np.ndarray, anchor: np.ndarray, step: np.ndarray) -> StepSums:
+        """Terms at ``weights`` and the anchor's stale vector from one float32 read of X
+        (:func:`fedunlearn.certified.staleness.stale_terms`). ``X (w - w0)`` is carried from the
+        previous call when ``weights`` is that call's ``weights + step`` on the same anchor."""
+        cached = self._anchor_scores
+        if cached is None or not np.array_equal(cached[0], anchor):
+            scores = head_scores(self.features, anchor)
+            curvature = second_derivative(self.loss, scores, self.targets)
+            cached = (anchor.copy(), scores, curvature)
+            self._anchor_scores = cached
+        drift = None
+        carried = self._drift_cache
+        if np.array_equal(weights, anchor):
+            drift = (np.zeros((len(self.features), len(step))), np.zeros(len(step)))
+        elif carried is not None and np.array_equal(carried[0], anchor):
+            if np.array_equal(carried[1], weights):
+                drift = carried[2]
+        terms = stale_terms(
+            self.loss,
+            self._single(),
+            self._row_norms,
+            self.targets,
+            self.present,
+            cached[1],
+            weights,
+            anchor,
+            step,
+            anchor_curvature=cached[2],
+            drift=drift,
+        )
+        # Keyed by value: a request that fails after this call finds no match and recomputes.
+        self._drift_cache = (anchor.copy(), weights + step, terms["next_drift"])
+        return StepSums(
+            point=terms["b4"] / 4.0,
+            xv_squared=terms["b2"],
+            hessian_vector=np.zeros_like(step),
+            stale_vector=terms["stale"],
+            stale_error=terms["stale_error"],
+        )
