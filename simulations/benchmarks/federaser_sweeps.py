@@ -1,5 +1,5 @@
 """FedEraser's parameter sweeps, as in Liu et al.'s Figs. 5-7: the calibration ratio r, the retain
-interval Δt and the number of clients K, one ``fedunlearn-run`` per point (train → unlearn → table).
+interval Δt, the number of clients K and the local epochs E_loc, one ``fedunlearn-run`` per point (train → unlearn → table).
 
 Writes ``sweep_<parameter>.csv``/``.md`` (every method at every value) and ``sweep_<parameter>.png``
 (test accuracy, target accuracy and unlearning time of FedEraser, FedAccum and FedRetrain).
@@ -29,6 +29,9 @@ SWEEPS = {
     "calibration-ratio": [0.1, 0.25, 0.5, 1.0],
     "retain-interval": [1, 2, 5, 10],
     "num-clients": [5, 10, 20, 25],
+    # E_loc sets E_cali = ceil(r E_loc): how the main job's defaults were chosen (repeat with
+    # --set seed=S for more seeds)
+    "local-epochs": [2, 5, 10],
 }
 METHODS = ("federaser", "fedaccum", "fedretrain")
 
