@@ -573,7 +573,8 @@ class UpdateStore:
         found = [row for row in rows if row.kind == "update" and row.client == client]
         if not found:
             clients = [row.client for row in rows if row.kind == "update"]
-            norms = " (of the others it kept only the norms)" if self.num_examples(round) else ""
+            kept_norms = self._index.norms_rows(round_number)
+            norms = " (of the others it kept only the norms)" if kept_norms else ""
             raise ConfigError(
                 "client",
                 client,
