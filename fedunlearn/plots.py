@@ -86,6 +86,25 @@ def forgetting_title(
     return title
 
 
+def flagged(table: pd.DataFrame) -> set[str]:
+    """The methods whose row is flagged (a non-empty ``flag`` column entry): not a result."""
+    if "flag" not in table:
+        return set()
+    return {m for m, f in zip(table["method"], table["flag"]) if isinstance(f, str) and f}
+
+
+def mark_flagged_ticks(ax, table: pd.DataFrame) -> None:
+    """Method tick labels of flagged rows in red with "FLAGGED" under the name."""
+    marked = flagged(table)
+    labels = ax.get_xticklabels()
+    for label in labels:
+        if label.get_text() in marked:
+            label.set_text(f"{label.get_text()}\nFLAGGED")
+            label.set_color("tab:red")
+            label.set_fontweight("bold")
+    ax.set_xticks(ax.get_xticks(), labels)
+
+
 # ------------------------------------------------------------------------------ figures
 def training_curves_figure(metrics: pd.DataFrame, title: str = ""):
     """Test accuracy and losses per round, retained rounds marked (``metrics.csv`` of a run)."""
@@ -159,6 +178,20 @@ def unlearning_figure(table: pd.DataFrame, title: str = ""):
         ax_time.tick_params(axis="x", labelrotation=30)
     ax_time.margins(y=0.15)
     ax_time.grid(axis="y", alpha=0.3)
+    mark_flagged_ticks(ax_acc, table)
+    mark_flagged_ticks(ax_time, timed)
+    if flagged(table):
+        fig.text(
+            0.01,
+            -0.02,
+            "FLAGGED: "
+            + "; ".join(f"{m}: {f}" for m, f in zip(table["method"], table["flag"]) if f),
+            color="tab:red",
+            fontsize=8,
+            ha="left",
+            va="top",
+            wrap=True,
+        )
     if title:
         fig.suptitle(title)
     return fig
@@ -238,10 +271,14 @@ def tradeoff_figure(table: pd.DataFrame, title: str = "", *, reference: str = "f
     rows = table[table["method"] != "fedavg"]
     ref = rows.loc[rows["method"] == reference, "test_accuracy"]
     ref_accuracy = float(ref.iloc[0]) if len(ref) else float("nan")
+    marked = flagged(table)
     for i, row in enumerate(rows.itertuples()):
         gap = 100 * (row.test_accuracy - ref_accuracy)
-        ax.scatter(row.retained_mb, row.client_epochs, s=60, zorder=3)
+        bad = row.method in marked
+        style = {"marker": "X", "color": "tab:red", "s": 90} if bad else {"s": 60}
+        ax.scatter(row.retained_mb, row.client_epochs, zorder=3, **style)
         label = row.method if row.method == reference else f"{row.method} ({gap:+.1f} pts)"
+        label += " FLAGGED" if bad else ""
         # alternate above / below: methods often share a point (two full retrainings)
         ax.annotate(
             label,
@@ -249,6 +286,7 @@ def tradeoff_figure(table: pd.DataFrame, title: str = "", *, reference: str = "f
             textcoords="offset points",
             xytext=(6, 5 if i % 2 == 0 else -12),
             fontsize=8,
+            color="tab:red" if bad else "black",
         )
     ax.margins(x=0.2, y=0.12)
     ax.set_xlabel("history retained during training (MB)")

@@ -30,11 +30,16 @@ from fedunlearn.data.datasets import load_dataset
 from fedunlearn.data.federated_data import DATA_KEYS, FederatedData, load_federated_data
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
+from fedunlearn.store.retention import check_retained
+from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.models import resolve_model_name
 
 #: The append-only log of a run's finished unlearning requests (one JSON object per line, with the
 #: forgotten partition ids under ``targets``), written by :mod:`server.unlearning`.
 UNLEARNING_LOG = "unlearning_log.jsonl"
+#: The history rewrite's journal and log (:mod:`server.history`): while the journal exists, or the
+#: log has fewer entries than the unlearning log, an adoption is pending.
+HISTORY_JOURNAL, HISTORY_LOG = "history_rewrite.json", "history_log.jsonl"
 #: The files a run directory holds once training finished, all of which ``unlearn-only`` reads.
 FINISHED_RUN_FILES = (
     "config.json",
@@ -55,6 +60,8 @@ REQUEST_FIELDS = (
     "node_wait_seconds",
     "reply_timeout",
     "unlearn_adopt",
+    "adopt_tolerance",
+    "flag_gap",
     "keep_original",
     "max_refusals",
     "min_reply_fraction",
@@ -142,7 +149,35 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
             f"clients that leave someone in the federation: {sorted(forgotten)} were forgotten "
             f"before, and {trained.num_clients} clients took part",
         )
+    check_history(effective, path)
     return effective
+
+
+def check_history(config: ExperimentConfig, path: Path) -> None:
+    """The run's retained history holds what each of the request's methods needs (after an
+    earlier request it is the adopted method's trajectory: FedEraser's keeps its Δt schedule
+    only). Read-only; skipped while an earlier request's adoption is still pending (the server
+    finishes it, then checks the same)."""
+    if (path / HISTORY_JOURNAL).exists() or _adoption_pending(path):
+        return
+    store_path = path / "store"
+    store = (
+        UpdateStore(store_path, readonly=True) if (store_path / "store.json").is_file() else None
+    )
+    if store is None and not config.retain:
+        return  # ExperimentConfig.validate says what retain = false allows
+    check_retained(store, config.methods)
+
+
+def _adoption_pending(path: Path) -> bool:
+    """Whether the last finished request's history was not adopted yet."""
+    requests = path / UNLEARNING_LOG
+    if not requests.is_file():
+        return False
+    count = sum(1 for line in requests.read_text(encoding="utf-8").splitlines() if line.strip())
+    adopted = path / HISTORY_LOG
+    done = adopted.read_text(encoding="utf-8").splitlines() if adopted.is_file() else []
+    return count > sum(1 for line in done if line.strip())
 
 
 def forgotten_clients(config: ExperimentConfig, path: Path) -> set[int]:

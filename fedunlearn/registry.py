@@ -67,6 +67,10 @@ class MethodSpec:
     adoptable : bool
         Unlearning only: its trajectory can become the retained history after a request
         (``unlearn-adopt``).
+    trajectory_keeps : tuple of str
+        Unlearning, adoptable only: the retention needs its trajectory serves once adopted (what
+        a later request's methods may read); ``unlearn-adopt = auto`` passes over a method whose
+        trajectory would not serve the request's methods when another candidate's does.
     norms_suffice : bool
         Unlearning only: of the updates retained after round t_1 it reads only their norms per
         tensor, so it runs on a ``retain-mode = norms`` history (FedEraser's eq. 2).
@@ -89,6 +93,7 @@ class MethodSpec:
     messages: tuple[str, ...] = ()
     certifies: bool = False
     adoptable: bool = False
+    trajectory_keeps: tuple[str, ...] = ()
     norms_suffice: bool = False
     default: bool = True
     model_file: str | None = None
@@ -98,6 +103,7 @@ class MethodSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "needs", tuple(self.needs))
         object.__setattr__(self, "messages", tuple(self.messages))
+        object.__setattr__(self, "trajectory_keeps", tuple(self.trajectory_keeps))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         unknown = [need for need in self.needs if need not in NEEDS]
         if unknown:
@@ -227,6 +233,7 @@ UNLEARNING.register(
     needs=("retained-updates",),
     messages=_TRAIN,
     adoptable=True,
+    trajectory_keeps=("retained-updates",),  # M̃^{t_j} and each applied Ũ_k, at Δt
     norms_suffice=True,
     description="calibrated reconstruction from retained updates (Algorithm 1)",
 )
@@ -242,6 +249,7 @@ UNLEARNING.register(
     needs=("initial-model",),
     messages=_TRAIN,
     adoptable=True,
+    trajectory_keeps=RETENTION_NEEDS,  # it retrains under every policy of the run
     description="FedAvg from the same initial model without the targets (the reference)",
 )
 UNLEARNING.register(

@@ -3,11 +3,13 @@ forgotten clients' updates (the design's "History after unlearning").
 
 Every retained global model from round 2 on, with the remaining clients' updates, determines a
 forgotten client's updates exactly: U_k^t = (N/N_k)(M^{t+1} − M^t) − Σ_{j≠k} (N_j/N_k) U_j^t. Deleting
-its blobs is therefore not forgetting. So the request's adopted method (``unlearn-adopt``) writes its
-own trajectory into a staging store while it runs (FedEraser: M̃^{t_j} and each applied update Ũ_k;
-FedRetrain: its own global models and client updates at the same Δt), and once the request is over
-(its comparisons, certified head, scrubbing and audit included) :func:`adopt` makes that trajectory
-the run's history:
+its blobs is therefore not forgetting. So each method the request may adopt (``unlearn-adopt``; with
+``auto`` FedEraser and FedRetrain) writes its own trajectory into a staging store
+(``store.request-<n>-<method>``) while it runs (FedEraser: M̃^{t_j} and each applied update Ũ_k;
+FedRetrain: its own global models and client updates at the same Δt). Once the models are measured
+the request adopts one that is not flagged (:mod:`fedunlearn.unlearning.verdicts`) and discards the
+other staging stores; once the request is over (its comparisons, certified head, scrubbing and audit
+included) :func:`adopt` makes that trajectory the run's history:
 
 * ``store/`` becomes the staging store; ``model_final`` becomes the adopted method's model;
 * every other model file in the run directory (the pre-request model, FedAccum's, the scrubbed and
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.preflight import UNLEARNING_LOG
+from fedunlearn.preflight import HISTORY_JOURNAL, HISTORY_LOG, UNLEARNING_LOG
 from fedunlearn.registry import UNLEARNING
 from fedunlearn.store.durable_io import atomic_write_bytes, fsync_directory, private_directory
 from fedunlearn.store.run_directory import RunDirectory
@@ -38,19 +40,18 @@ from fedunlearn.store.update_store import UpdateStore
 from server.progress import Log
 from strategies.retaining_fedavg import RECORD_KEY, STATE_KEY
 
-JOURNAL = "history_rewrite.json"
-HISTORY_LOG = "history_log.jsonl"
+JOURNAL, HISTORY_LOG = HISTORY_JOURNAL, HISTORY_LOG  # named once, in fedunlearn.preflight
 
 
-def staging_path(run: RunDirectory, request: int) -> Path:
-    """Where request ``request``'s adopted method writes its trajectory."""
-    return run.path / f"store.request-{request}"
+def staging_path(run: RunDirectory, request: int, method: str) -> Path:
+    """Where request ``request``'s candidate ``method`` writes its trajectory."""
+    return run.path / f"store.request-{request}-{method}"
 
 
 def open_staging(run: RunDirectory, request: int, like: UpdateStore, method: str) -> UpdateStore:
-    """An empty staging store for request ``request`` (a crashed attempt's leftover is removed),
-    with ``like``'s dtype and metadata."""
-    path = staging_path(run, request)
+    """An empty staging store for ``method`` in request ``request`` (a crashed attempt's leftover
+    is removed), with ``like``'s dtype and metadata."""
+    path = staging_path(run, request, method)
     if path.exists():
         _remove_tree(path)
     staging = UpdateStore(path, dtype=like.dtype)
@@ -59,6 +60,15 @@ def open_staging(run: RunDirectory, request: int, like: UpdateStore, method: str
     metadata = {k: v for k, v in like.metadata.items() if k not in (RECORD_KEY, STATE_KEY)}
     staging.set_metadata(**{**metadata, "history": f"{method} trajectory of request {request}"})
     return staging
+
+
+def discard_stagings(run: RunDirectory, request: int, *, keep: str | None = None) -> None:
+    """Remove request ``request``'s staging stores but ``keep``'s (the candidates not adopted, or
+    a crashed attempt's leftovers)."""
+    kept = staging_path(run, request, keep).name if keep is not None else None
+    for path in sorted(run.path.glob(f"store.request-{request}-*")):
+        if path.name != kept:
+            _remove_tree(path)
 
 
 def adopted_requests(run: RunDirectory) -> list[dict]:
@@ -105,12 +115,20 @@ def adopt(run: RunDirectory, *, keep_original: bool, log: Log = print) -> None:
         "targets": request["targets"],
         "adopted": method,
         "model": f"model_{method}{suffix}.safetensors",
-        "staging": staging_path(run, number).name,
+        "staging": _staging_of(run, request).name,
         "keep_original": bool(keep_original),
         "kept": kept,
     }
     run.write_json(JOURNAL, journal)
     finish_pending(run, log=log)
+
+
+def _staging_of(run: RunDirectory, request: dict) -> Path:
+    """The adopted method's staging store of a finished request (a request logged before
+    staging stores were per method kept ``store.request-<n>``)."""
+    path = staging_path(run, request["request"], request["adopted"])
+    legacy = run.path / f"store.request-{request['request']}"
+    return legacy if not path.exists() and legacy.exists() else path
 
 
 def finish_pending(run: RunDirectory, *, log: Log = print) -> bool:

@@ -16,10 +16,12 @@ from fedunlearn.certified.removal import utc_timestamp
 from fedunlearn.errors import ConfigError
 from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.store.durable_io import append_jsonl
+from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import state_sha256
 from fedunlearn.training.stacked import member_groups
 from fedunlearn.unlearning.crab import CrabSelector, crab_recover
-from fedunlearn.unlearning.fedrecover import FedRecoverSchedule
+from fedunlearn.unlearning.divergence_guard import DivergenceGuard
+from fedunlearn.unlearning.fedrecover import GUARDED, FedRecoverSchedule
 from fedunlearn.unlearning.fedrecover import fedrecover as recover
 from fedunlearn.unlearning.gaussian_mechanism import add_noise, entropy_generator
 from fedunlearn.unlearning.sifu import (
@@ -64,33 +66,82 @@ def fedrecover_schedule(config) -> FedRecoverSchedule:
     )
 
 
-def fedrecover(context, name: str):
-    """FedRecover (Cao et al. 2023, Algorithm 2): retraining without the excluded clients with
-    their remaining clients' updates estimated by L-BFGS from every round's history."""
-    history = context.history(name, "round-history")
-    requests = exact_updates(context, name)
-    log = context.log
+def fedrecover_guard(config) -> DivergenceGuard | None:
+    """The divergence guard of the run config (ours; None: the paper's FedRecover)."""
+    return DivergenceGuard(slack=config.fedrecover_guard_slack) if config.fedrecover_guard else None
 
+
+def server_loss(outcome):
+    """The server-side loss of a model state on the run's evaluation split (what the guard
+    watches), or None for a judge run's stack (the guard then watches the steps only)."""
+    if outcome.config.judge_models:
+        return None
+    device = resolve_device(outcome.config.device)
+    model, test = outcome.new_model().to(device), outcome.data.splits.test
+
+    def loss(state) -> float:
+        model.load_state_dict(state)
+        return evaluate(model, test.x, test.y, device=device).loss
+
+    return loss
+
+
+def _fedrecover_progress(log, name: str):
     def progress(step):
-        if step.exact or step.fixed:
+        if step.kind == GUARDED:
+            log(
+                f"{name}: round {step.round} estimated, then redone with {len(step.clients)} exact "
+                f"update(s) by the guard: {step.reason}"
+            )
+        elif step.exact or step.fixed:
             log(
                 f"{name}: round {step.round}, {len(step.exact)} exact update(s)"
                 + (f", abnormality fixed for {step.fixed}" if step.fixed else "")
             )
+        if step.refused:
+            log(
+                f"{name}: round {step.round}, the guard refused the exact replies of {step.refused}"
+            )
 
+    return progress
+
+
+def fedrecover(context, name: str):
+    """FedRecover (Cao et al. 2023, Algorithm 2): retraining without the excluded clients with
+    their remaining clients' updates estimated by L-BFGS from every round's history, under the
+    run's divergence guard (ours, ``fedrecover-guard``)."""
+    history = context.history(name, "round-history")
+    config = context.outcome.config
+    guard = fedrecover_guard(config)
     result = recover(
         history,
         context.excluded,
-        requests,
-        fedrecover_schedule(context.outcome.config),
+        exact_updates(context, name),
+        fedrecover_schedule(config),
         groups=member_groups(history.read_global(history.rounds()[0])),
-        progress=progress,
+        guard=guard,
+        loss=server_loss(context.outcome) if guard is not None else None,
+        progress=_fedrecover_progress(context.log, name),
     )
+    estimated = [t for t in result.estimated_rounds if t not in result.guarded]
+    fixes = sum(len(clients) for clients in result.fixed.values())
+    did = (
+        f"{len(estimated)} round(s) estimated ({fixes} abnormality fix(es)), "
+        f"{len(result.exact_rounds)} exact, {len(result.guarded)} redone by the guard"
+        + ("" if guard is not None else " (guard off: the paper's FedRecover)")
+    )
+    context.log(f"{name}: {did}")
     return result.model, {
+        "did": did,
         "rounds": len(result.steps),
         "exact_rounds": result.exact_rounds,
+        "estimated_rounds": estimated,
+        "guarded_rounds": {str(r): why for r, why in result.guarded.items()},
+        "guard": guard is not None,
         "exact_client_rounds": result.exact_client_rounds,
         "abnormality_fixed": {str(r): c for r, c in result.fixed.items()},
+        "refused_replies": {str(r): c for r, c in result.refused.items()},
+        "thresholds": result.thresholds,
     }
 
 
@@ -229,6 +280,10 @@ def sifu(context, name: str):
     }
     append_jsonl(outcome.run.path / "certified_removal.jsonl", record)
     return state, {
+        "did": (
+            f"rolled back to round {rollback} of {last + 1}, noise sigma {certificate.sigma:g}, "
+            f"retrained {config.rounds - rollback + 1} round(s)"
+        ),
         "rollback_round": rollback,
         "retrained_rounds": config.rounds - rollback + 1,
         "budget": certificate.budget,

@@ -14,15 +14,20 @@ import importlib
 from collections.abc import Callable, Iterable
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.registry import RETENTION_NEEDS, UNLEARNING, norms_problem
+from fedunlearn.registry import RETENTION_NEEDS, UNLEARNING
 from fedunlearn.store.retention import (
+    INTERVAL,
+    RECORD_KEY,
+    STATE_KEY,
     EveryRound,
-    HistoryView,
     IntervalRetention,
     RetentionPolicy,
-    RetentionRecord,
+    check_retained,
+    history,
+    retention_record,
 )
-from strategies.retaining_fedavg import INTERVAL, RECORD_KEY, STATE_KEY
+
+__all__ = ["check_retained", "history", "retention_record"]
 
 #: The policy of each need: a factory ``f(config) -> RetentionPolicy`` (or ``"module:function"``).
 POLICIES: dict[str, Callable | str] = {
@@ -59,51 +64,6 @@ def _resolve(function: Callable | str) -> Callable:
         module, _, name = function.partition(":")
         return getattr(importlib.import_module(module), name)
     return function
-
-
-def retention_record(store) -> RetentionRecord:
-    """What each policy kept in ``store``; a store written before policies existed (or a
-    rewritten history) holds FedEraser's schedule: every round with every client."""
-    recorded = store.metadata.get(RECORD_KEY)
-    if recorded is not None:
-        return RetentionRecord.from_json(recorded)
-    return RetentionRecord({INTERVAL: {r: tuple(store.clients(r)) for r in store.rounds()}})
-
-
-def history(store, need: str, *, method: str = "") -> HistoryView:
-    """The part of ``store`` the policy of ``need`` kept; refused when it kept nothing."""
-    record = retention_record(store)
-    if need not in record.selections or not record.selections[need]:
-        kept = [name for name, selection in record.selections.items() if selection]
-        raise ConfigError(
-            "unlearn-methods",
-            method or need,
-            f"methods whose retention the run kept ({', '.join(kept) or 'nothing'}); "
-            f"{method or 'this method'} needs {need}, retained only when it is among the "
-            "unlearn-methods of the training run (a rewritten history keeps the adopted "
-            "method's trajectory only)",
-        )
-    return HistoryView(store, record.selections[need])
-
-
-def check_retained(store, methods: Iterable[str]) -> None:
-    """Refuse, before any method runs, a method whose retention need ``store`` lacks."""
-    for name in methods:
-        for need in UNLEARNING[name].needs:
-            if need in RETENTION_NEEDS:
-                if store is None:
-                    raise ConfigError(
-                        "retain", False, f"true: {name} needs {need} kept during training"
-                    )
-                history(store, need, method=name)
-        problem = norms_problem(UNLEARNING[name])
-        if problem and store is not None and store.keeps_norms:
-            raise ConfigError(
-                "unlearn-methods",
-                name,
-                f"methods that run on a retain-mode = norms history ({problem}; the store kept "
-                "only the norms of the updates after round t_1)",
-            )
 
 
 #: How a policy's saved state forgets clients: ``f(state, clients) -> state`` (or

@@ -17,7 +17,7 @@ from the run configuration for measurement only; no method ever reads them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import pandas as pd
@@ -44,13 +44,19 @@ from fedunlearn.unlearning.metrics import (
     per_neuron_angles,
     prediction_difference,
 )
+from fedunlearn.unlearning.verdicts import (
+    Adoption,
+    AdoptionRefused,
+    choose_adoption,
+    flag_rows,
+)
 from server.federated_training import (
     TrainingOutcome,
     fedavg_rounds,
     participant_strategy,
     train_config_record,
 )
-from server.history import open_staging
+from server.history import discard_stagings, open_staging
 from server.method_runner import MethodRunner
 from server.progress import Log
 from server.queries import collect_replies
@@ -76,20 +82,20 @@ def unlearning_done(run, targets: list[int]) -> bool:
 @dataclass
 class UnlearningContext:
     """What an unlearning method gets (``implementation(context, name)``): the trained run, whom to
-    leave out (this request's targets and every earlier one's), who remains, and the store that
-    records the adopted method's trajectory."""
+    leave out (this request's targets and every earlier one's), who remains, and the stores the
+    methods the request may adopt (``candidates``) write their trajectories to."""
 
     grid: Grid
     outcome: TrainingOutcome
     excluded: list[int]
     remaining_nodes: list[int]
     log: Log
-    adopted: str
-    staging: object | None = None
+    candidates: list[str]
+    staging: dict = field(default_factory=dict)
 
     def trajectory(self, name: str):
-        """The store for ``name``'s trajectory when it is the adopted method, else None."""
-        return self.staging if name == self.adopted else None
+        """The store for ``name``'s trajectory when the request may adopt it, else None."""
+        return self.staging.get(name)
 
     def history(self, name: str, need: str = INTERVAL):
         """What the training run retained for ``name``'s ``need`` (its policy's selection)."""
@@ -108,12 +114,19 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
     request = len(history) + 1
     suffix = "" if not history else f"-{request}"
     excluded = sorted(set(targets) | set(already))
-    adopted = config.adopted_method
     context = UnlearningContext(
-        grid, outcome, excluded, outcome.members.nodes(exclude=excluded), log, adopted
+        grid,
+        outcome,
+        excluded,
+        outcome.members.nodes(exclude=excluded),
+        log,
+        config.adoption_candidates,
     )
     if outcome.store is not None:
-        context.staging = open_staging(outcome.run, request, outcome.store, adopted)
+        discard_stagings(outcome.run, request)  # a crashed attempt's
+        context.staging = {
+            m: open_staging(outcome.run, request, outcome.store, m) for m in context.candidates
+        }
     log(
         f"unlearning client(s) {targets} with {', '.join(config.methods)}; "
         f"{len(context.remaining_nodes)} client(s) remain"
@@ -121,17 +134,10 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
     runner = MethodRunner(outcome.run, log=log, suffix=suffix)
     runner.add("fedavg", outcome.final_state)
     runner.run_all([UNLEARNING[name] for name in config.methods], context)
-    if context.staging is not None:
-        context.staging.close()
-
-    table, angles = measure(outcome, runner.models, runner.seconds, targets)
-    table = with_costs(table, runner, outcome.store)
-    runner.publish("unlearning", table, title="unlearning results", floatfmt=".4f")
-    title = forgetting_title(config.dataset, config.num_clients, targets, already)
-    plot_unlearning_comparison(table, outcome.run.path / f"unlearning{suffix}.png", title=title)
-    plot_tradeoff(table, outcome.run.path / f"tradeoff{suffix}.png", title=title)
-    if angles:
-        plot_neuron_angles(angles, outcome.run.path / f"last_layer_angles{suffix}.png", title=title)
+    for staging in context.staging.values():
+        staging.close()
+    table = _compare(outcome, runner, targets, already, suffix, log)
+    adoption = _adopt_one(outcome, context, table, request, log)
     deleted = forget_clients(outcome, targets)
     outcome.run.append_log(
         LOG_NAME,
@@ -142,7 +148,9 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
             "targets": targets,
             "previously_unlearned": already,
             "methods": config.methods,
-            "adopted": adopted,
+            "adopted": adoption.method,
+            "adoption": adoption.reason,
+            "flags": {m: f for m, f in zip(table["method"], table["flag"]) if f},
             "parameters": _parameters(config),
             "seconds": runner.seconds,
             "details": runner.details,
@@ -154,6 +162,54 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
         f"table {outcome.run.path / f'unlearning{suffix}.csv'}"
     )
     return table
+
+
+def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: Log):
+    """Measure every model, say what each method did and flag the rows that must not read as
+    results; publish the table and the figures."""
+    config = outcome.config
+    table, angles = measure(outcome, runner.models, runner.seconds, targets)
+    table = with_verdicts(with_costs(table, runner, outcome.store), runner.details, config.flag_gap)
+    runner.publish("unlearning", table, title="unlearning results", floatfmt=".4f")
+    for method, flag in zip(table["method"], table["flag"]):
+        if flag:
+            log(f"FLAGGED {method}: {flag}; its row is not a result")
+    title = forgetting_title(config.dataset, config.num_clients, targets, already)
+    plot_unlearning_comparison(table, outcome.run.path / f"unlearning{suffix}.png", title=title)
+    plot_tradeoff(table, outcome.run.path / f"tradeoff{suffix}.png", title=title)
+    if angles:
+        plot_neuron_angles(angles, outcome.run.path / f"last_layer_angles{suffix}.png", title=title)
+    return table
+
+
+def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Log) -> Adoption:
+    """The candidate the request adopts (:func:`choose_adoption`); the other candidates'
+    staging stores are removed. When none may be adopted, every staging store is removed and the
+    request is refused before anything is deleted or logged as done."""
+    config = outcome.config
+    explicit = None if config.unlearn_adopt == "auto" else config.unlearn_adopt
+    try:
+        adoption = choose_adoption(
+            table,
+            list(table["flag"]),
+            context.candidates,
+            explicit=explicit,
+            tolerance=config.adopt_tolerance,
+        )
+    except AdoptionRefused as refused:
+        discard_stagings(outcome.run, request)
+        log(f"adoption refused: {refused.allowed}")
+        raise
+    discard_stagings(outcome.run, request, keep=adoption.method)
+    log(f"adopting {adoption.method}'s trajectory as the run's history: {adoption.reason}")
+    for method in [m for m in UNLEARNING.names(adoptable=True) if m in config.methods]:
+        if explicit is None and method not in context.candidates:
+            keeps = ", ".join(UNLEARNING[method].trajectory_keeps)
+            log(
+                f"{method} was no candidate: its trajectory keeps {keeps} only, and a later "
+                f"request must be able to run {', '.join(config.methods)}"
+            )
+    return adoption
 
 
 def _check_not_unlearned(outcome: TrainingOutcome, history: list[dict]) -> list[int]:
@@ -200,7 +256,11 @@ def federaser(context: UnlearningContext, name: str):
 def fedaccum(context: UnlearningContext, name: str):
     """FedAccum (eq. 5): the remaining clients' retained updates, accumulated uncalibrated."""
     reconstruction = accumulate_retained(context.history(name), context.excluded)
-    return reconstruction.model, {"steps": len(reconstruction.steps)}
+    steps = len(reconstruction.steps)
+    return reconstruction.model, {
+        "steps": steps,
+        "did": f"accumulated {steps} retained round(s) uncalibrated; no client work",
+    }
 
 
 def fedretrain(context: UnlearningContext, name: str):
@@ -239,9 +299,15 @@ def _federaser(
     reconstruction = eraser.unlearn(
         store, excluded, scaled_keys=parameters, progress=progress, trajectory=trajectory
     )
+    calibrated = sum(1 for step in reconstruction.steps if step.calibrated)
     return reconstruction.model, {
         "steps": len(reconstruction.steps),
+        "calibrated_rounds": calibrated,
         "calibration_epochs": eraser.calibration_epochs,
+        "did": (
+            f"{len(reconstruction.steps)} retained round(s): {calibrated} calibrated "
+            f"({eraser.calibration_epochs} epoch(s) each), the first uncalibrated"
+        ),
     }
 
 
@@ -273,7 +339,11 @@ def _fedretrain(
         phase="fedretrain",
         log=log,
     )
-    return state, {"rounds": config.rounds, "clients": len(remaining_nodes)}
+    return state, {
+        "rounds": config.rounds,
+        "clients": len(remaining_nodes),
+        "did": f"retrained {config.rounds} round(s) with {len(remaining_nodes)} client(s)",
+    }
 
 
 def measure(
@@ -303,6 +373,7 @@ def measure(
             "target_accuracy": target.accuracy,
             "target_loss": target.loss,
             "prediction_difference": prediction_difference(model, original, splits.test.x),
+            "l2_to_original": l2_distance(state, outcome.final_state),
             "attack_success": poisoning_success_rate(model, outcome.data, device=device),
             "last_layer_angle_deg": float("nan"),
             "l2_to_fedretrain": float("nan"),
@@ -332,6 +403,21 @@ def with_costs(table: pd.DataFrame, runner: MethodRunner, store) -> pd.DataFrame
         (c.bytes_sent + c.bytes_received) / 1e6 if c else 0.0 for c in costs
     ]
     table["retained_mb"] = [retained_bytes(store, m) / 1e6 for m in table["method"]]
+    return table
+
+
+def with_verdicts(table: pd.DataFrame, details: dict, flag_gap: float) -> pd.DataFrame:
+    """``table`` with what each method did (``did``, its ``details["did"]``), the round it rolled
+    back to where it rolled back (``rollback_round``), and its flag
+    (:func:`fedunlearn.unlearning.verdicts.flag_rows`: ``""`` when its row is a result)."""
+    table = table.copy()
+    own = [details.get(method, {}) for method in table["method"]]
+    table["did"] = [
+        d.get("did", "the original model" if m == "fedavg" else "")
+        for m, d in zip(table["method"], own)
+    ]
+    table["rollback_round"] = [d.get("rollback_round", float("nan")) for d in own]
+    table["flag"] = flag_rows(table, flag_gap)
     return table
 
 

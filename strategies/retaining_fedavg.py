@@ -18,7 +18,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedunlearn.store.retention import (
+from fedunlearn.store.retention import (  # noqa: F401 (RECORD_KEY, STATE_KEY, INTERVAL re-exported)
+    INTERVAL,
+    RECORD_KEY,
+    STATE_KEY,
     IntervalRetention,
     RetentionPolicy,
     RetentionRecord,
@@ -32,10 +35,6 @@ logger = logging.getLogger(__name__)
 
 #: Metrics every training reply must carry for retention.
 PARTITION_ID_KEY = "partition-id"
-#: The store metadata keys of the policies' selections and of their states.
-RECORD_KEY, STATE_KEY = "retention", "retention-state"
-#: The policy FedEraser's schedule is kept under (a need of :data:`fedunlearn.registry.NEEDS`).
-INTERVAL = "retained-updates"
 
 
 def aggregate_train_metrics(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:

@@ -12,6 +12,7 @@ from fedunlearn import preflight as pf
 from fedunlearn.config import MODELS, SAMPLE_SHAPES, ExperimentConfig, model_problem
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.errors import ConfigError
+from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.models import DEFAULT_MODEL, build_model
 
 
@@ -32,7 +33,8 @@ def test_the_copies_of_server_constants_are_the_servers():
 
 def test_a_cohort_that_takes_every_sample_is_refused(tmp_path):
     config = _config(
-        tmp_path, **{"num-clients": 1, "unlearn-clients": "", "scrub": True, "scrub-forget": "client:0"}
+        tmp_path,
+        **{"num-clients": 1, "unlearn-clients": "", "scrub": True, "scrub-forget": "client:0"},
     )
     with pytest.raises(ConfigError, match="leaves data to retain"):
         pf.check_data(config)
@@ -108,10 +110,34 @@ def _finished(tmp_path, name="done", targets=(), **values) -> ExperimentConfig:
     (path / "config.json").write_text(json.dumps(config.to_run_config()))
     for file in pf.FINISHED_RUN_FILES[1:]:
         (path / file).write_text("x")
+    _fedeaser_trajectory(path / "store")
     if targets:
         log = "".join(json.dumps({"targets": list(t)}) + "\n" for t in targets)
         (path / pf.UNLEARNING_LOG).write_text(log)
     return config
+
+
+def _fedeaser_trajectory(path, rounds=(1, 3)) -> None:
+    """A store as FedEraser's adopted trajectory leaves it: its Δt rounds, no retention record."""
+    store = UpdateStore(path)
+    for t in rounds:
+        store.write_round(t, {"w": torch.zeros(2)}, {k: ({"w": torch.ones(2)}, 5) for k in (1, 2)})
+    store.close()
+
+
+def test_a_later_request_is_refused_a_method_the_adopted_history_cannot_serve(tmp_path):
+    trained = _finished(tmp_path, **{"unlearn-methods": "federaser,fedrecover,fedretrain"})
+    path = trained.run_directory()
+    (path / pf.UNLEARNING_LOG).write_text(json.dumps({"targets": [0]}) + "\n")
+    (path / pf.HISTORY_LOG).write_text(json.dumps({"request": 1, "adopted": "federaser"}) + "\n")
+    before = {p: p.stat().st_mtime_ns for p in path.rglob("*")}
+    with pytest.raises(ConfigError) as info:
+        pf.check_run_directory(_request(trained, "1"))
+    assert info.value.parameter == "unlearn-methods" and info.value.value == "fedrecover"
+    assert "needs round-history" in str(info.value)
+    # what the history serves still runs, and nothing was written
+    pf.check_run_directory(_request(trained, "1", unlearn_methods="federaser,fedretrain"))
+    assert {p: p.stat().st_mtime_ns for p in path.rglob("*")} == before
 
 
 def _request(trained: ExperimentConfig, clients: str, **changes) -> ExperimentConfig:
@@ -159,7 +185,12 @@ def test_an_unlearn_request_takes_the_trained_data_settings_and_refuses_other_on
     }  # fmt: skip
     same = {**short, "model": "auto", "seed": 3}  # the same model, resolved
     pf.complete_unlearn_request(same, ExperimentConfig.from_run_config(same))
-    for key, value in (("train-samples", 0), ("seed", 7), ("alpha", 0.7), ("partitioning", "shards")):
+    for key, value in (
+        ("train-samples", 0),
+        ("seed", 7),
+        ("alpha", 0.7),
+        ("partitioning", "shards"),
+    ):
         request = {**short, key: value}
         with pytest.raises(ConfigError) as info:
             pf.complete_unlearn_request(request, ExperimentConfig.from_run_config(request))

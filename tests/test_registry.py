@@ -57,7 +57,7 @@ def test_registered_unlearning_methods_drive_validation_and_adoption():
         config = ExperimentConfig.from_run_config(
             {"unlearn-methods": "keep-trained", "retain": False}
         )
-        assert config.methods == ["keep-trained"] and config.adopted_method == "keep-trained"
+        assert config.methods == ["keep-trained"] and config.adoption_candidates == ["keep-trained"]
         assert list(dict(audited_models()))[:2] == ["original", "fedretrain"]
     with pytest.raises(ConfigError) as error:
         ExperimentConfig.from_run_config({"unlearn-methods": "keep-trained"})

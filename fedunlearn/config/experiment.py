@@ -184,28 +184,40 @@ class ExperimentConfig(RunParameters):
         )
 
     @property
-    def adopted_method(self) -> str:
-        """The method whose trajectory becomes the retained history after an unlearning request:
-        ``unlearn-adopt``, where ``auto`` is the first of federaser, fedretrain this request runs."""
+    def adoption_candidates(self) -> list[str]:
+        """The methods whose trajectory may become the retained history after this request, in
+        preference order; each writes its trajectory while it runs and the request adopts one
+        once the models are measured (:func:`fedunlearn.unlearning.verdicts.choose_adoption`).
+
+        ``unlearn-adopt`` names one; ``auto`` takes federaser, fedretrain among the methods run,
+        leaving out one whose trajectory would not keep what the request's methods need when
+        another's would (FedEraser's trajectory keeps its Δt schedule only: after it, a request
+        could not run FedRecover, Crab or SIFU)."""
+        from fedunlearn.registry import RETENTION_NEEDS, UNLEARNING
+
         methods, adoptable = self.methods, choices.ADOPTABLE_METHODS
-        if self.unlearn_adopt == "auto":
-            for method in adoptable:
-                if method in methods:
-                    return method
+        if self.unlearn_adopt != "auto":
+            if self.unlearn_adopt not in methods:
+                raise ConfigError(
+                    "unlearn-adopt",
+                    self.unlearn_adopt,
+                    f"auto or one of the methods this request runs ({', '.join(methods)}): its "
+                    "trajectory becomes the retained history",
+                )
+            return [self.unlearn_adopt]
+        candidates = [method for method in adoptable if method in methods]
+        if not candidates:
             raise ConfigError(
                 "unlearn-methods",
                 self.unlearn_methods,
                 f"a list with {' or '.join(adoptable)}: after the request the retained history "
                 "becomes that method's trajectory (the original one is deleted)",
             )
-        if self.unlearn_adopt not in methods:
-            raise ConfigError(
-                "unlearn-adopt",
-                self.unlearn_adopt,
-                f"auto or one of the methods this request runs ({', '.join(methods)}): its "
-                "trajectory becomes the retained history",
-            )
-        return self.unlearn_adopt
+        if len(candidates) == 1:
+            return candidates
+        needs = {n for m in methods for n in UNLEARNING[m].needs if n in RETENTION_NEEDS}
+        serving = [m for m in candidates if needs <= set(UNLEARNING[m].trajectory_keeps)]
+        return serving or candidates
 
     @property
     def forget_set(self):

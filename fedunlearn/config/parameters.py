@@ -250,7 +250,20 @@ class RunParameters:
     fedrecover_tolerance: float = unlearning(
         1e-3,
         Interval(NUMBER, 0.0, 1.0, closed="left"),
-        "FedRecover's alpha: share of coordinates allowed above tau when it is derived",
+        "FedRecover's alpha: share of each round's update coordinates allowed above tau_t",
+    )
+    fedrecover_guard: bool = unlearning(
+        True,
+        Flag(),
+        "ours, not the paper's: redo with exact updates an estimated round whose step or "
+        "server-side loss leaves the exact rounds' range; refuse exact replies far above the "
+        "history's norms (false: the paper's FedRecover)",
+    )
+    fedrecover_guard_slack: float = unlearning(
+        0.5,
+        NON_NEGATIVE,
+        "how far (relative) an estimated round may go beyond the exact rounds' range, and an "
+        "exact reply beyond the history's largest update norm",
     )
     crab_round_ratio: float = unlearning(
         0.6,
@@ -296,7 +309,20 @@ class RunParameters:
     unlearn_adopt: str = unlearning(
         "auto",
         Options(lambda: ("auto", *choices.ADOPTABLE_METHODS)),
-        "whose trajectory becomes the retained history; auto: federaser, else fedretrain",
+        "whose trajectory becomes the retained history; auto: federaser when unflagged and within "
+        "adopt-tolerance of fedretrain, else fedretrain",
+    )
+    adopt_tolerance: float = unlearning(
+        1.0,
+        Interval(NUMBER, 0.0, 100.0),
+        "auto adopts FedEraser only within this many points of FedRetrain's test accuracy, "
+        "else FedRetrain (the reason is logged)",
+    )
+    flag_gap: float = unlearning(
+        5.0,
+        Interval(NUMBER, 0.0, 100.0),
+        "a method this many points of test accuracy below FedRetrain (without it: the "
+        "original) is flagged, as is one no closer to FedRetrain than the original",
     )
     keep_original: bool = unlearning(
         False, Flag(), "keep the pre-request model and history under original-<request>/"

@@ -203,9 +203,9 @@ def check_retain_mode(config: ExperimentConfig) -> None:
 
 def check_adoptable_method(config: ExperimentConfig) -> None:
     """A request runs a method whose trajectory can become the retained history
-    (:attr:`ExperimentConfig.adopted_method`)."""
+    (:attr:`ExperimentConfig.adoption_candidates`)."""
     if config.unlearn_targets:
-        _ = config.adopted_method
+        _ = config.adoption_candidates
 
 
 def check_recipes(config: ExperimentConfig) -> None:

@@ -23,10 +23,13 @@ from fedunlearn.judge.metrics import (
 )
 from fedunlearn.judge.populations import INDEPENDENT, ORIGINAL, REFERENCE, JudgeData, Outputs
 from fedunlearn.judge.report import (
+    DISTINGUISHABLE,
+    INDISTINGUISHABLE,
     NO_SIGNAL,
     judge_figure,
     judge_markdown,
     judge_table,
+    judge_verdicts,
     population_order,
     separated,
     write_judge_report,
@@ -40,7 +43,9 @@ from fedunlearn.judge.rmia import (
 from fedunlearn.judge.ulira import ULiraResult, ulira, ulira_scores, ulira_summary
 
 __all__ = [
+    "DISTINGUISHABLE",
     "INDEPENDENT",
+    "INDISTINGUISHABLE",
     "NO_SIGNAL",
     "ORIGINAL",
     "REFERENCE",
@@ -60,6 +65,7 @@ __all__ = [
     "judge_figure",
     "judge_markdown",
     "judge_table",
+    "judge_verdicts",
     "lira_confidences",
     "mean_interval",
     "roc_bootstrap",

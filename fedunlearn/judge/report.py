@@ -82,6 +82,57 @@ def separated(table: pd.DataFrame) -> bool:
     return bool(floor["f-high"] < ceiling["f-low"])
 
 
+#: A method's verdict (:func:`judge_verdicts`).
+INDISTINGUISHABLE = "indistinguishable from retraining"
+DISTINGUISHABLE = "distinguishable from retraining"
+
+
+def _overlap(rows: pd.DataFrame, a: str, b: str, column: str) -> bool | None:
+    """Whether the 95% intervals of ``column`` of populations ``a`` and ``b`` overlap (None
+    when the column is missing or an interval is not finite)."""
+    low, high = f"{column}-low", f"{column}-high"
+    if column not in rows.columns or low not in rows.columns:
+        return None
+    bounds = np.asarray([rows.loc[p, k] for p in (a, b) for k in (low, high)], dtype=float)
+    if not np.all(np.isfinite(bounds)):
+        return None
+    return bool(bounds[0] <= bounds[3] and bounds[2] <= bounds[1])
+
+
+def judge_verdicts(table: pd.DataFrame) -> dict[str, dict[str, object]]:
+    """Per method (every population but original, fedretrain and retrain-independent), what one
+    judge run says of it: ``verdict`` (:data:`INDISTINGUISHABLE` when its forgetting score F and
+    its U-LiRA accuracy both have 95% intervals that overlap retrain-independent's, the models
+    retrained without the target from other seeds; else :data:`DISTINGUISHABLE`;
+    :data:`NO_SIGNAL` when the setting does not separate original from retraining), ``f`` and
+    ``ulira`` (the two overlaps) and ``backdoor_removed`` (its backdoor success interval reaches
+    down to retrain-independent's; None without a backdoor column)."""
+    rows = table.set_index("population")
+    fixed = {ORIGINAL, REFERENCE, INDEPENDENT}
+    signal = separated(table)
+    out = {}
+    for population in rows.index:
+        if population in fixed:
+            continue
+        f = _overlap(rows, population, INDEPENDENT, "f")
+        ulira = _overlap(rows, population, INDEPENDENT, "ulira-accuracy")
+        backdoor = None
+        if "backdoor-success-low" in rows.columns and np.isfinite(
+            rows.loc[population, "backdoor-success-low"]
+        ):
+            backdoor = bool(
+                rows.loc[population, "backdoor-success-low"]
+                <= rows.loc[INDEPENDENT, "backdoor-success-high"]
+            )
+        verdict = (
+            NO_SIGNAL
+            if not signal
+            else (INDISTINGUISHABLE if f and ulira in (True, None) else DISTINGUISHABLE)
+        )
+        out[population] = {"verdict": verdict, "f": f, "ulira": ulira, "backdoor_removed": backdoor}
+    return out
+
+
 def _value_columns(table: pd.DataFrame) -> list[str]:
     return [c for c in table.columns[1:] if not c.endswith(("-low", "-high"))]
 
@@ -106,6 +157,15 @@ def judge_markdown(table: pd.DataFrame) -> str:
     if not separated(table):
         lines.append(f"**{NO_SIGNAL}**: F(original) and F(retrain-independent) overlap.")
         return "\n".join(lines) + "\n"
+    lines.append(
+        "Verdicts of this training seed (F and U-LiRA intervals against retrain-independent's; "
+        "a verdict that should hold for a method needs several seeds: "
+        "`python -m simulations.benchmarks.repeat CONFIG --seeds 3`):"
+    )
+    for population, verdict in judge_verdicts(table).items():
+        backdoor = {True: "; backdoor removed", False: "; backdoor NOT removed", None: ""}
+        lines.append(f"- {population}: {verdict['verdict']}{backdoor[verdict['backdoor_removed']]}")
+    lines.append("")
     fixed = {ORIGINAL, REFERENCE, INDEPENDENT}
     methods = table[~table["population"].isin(fixed)]
     if "final-score" in table and len(methods):

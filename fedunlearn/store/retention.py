@@ -27,6 +27,10 @@ import torch
 from fedunlearn.errors import ConfigError
 
 State = Mapping[str, torch.Tensor]
+#: The store metadata keys of the policies' selections and of their states.
+RECORD_KEY, STATE_KEY = "retention", "retention-state"
+#: The policy FedEraser's schedule is kept under (a need of :data:`fedunlearn.registry.NEEDS`).
+INTERVAL = "retained-updates"
 #: ``retain-mode``: keep whole updates at every retained round, or whole at t_1 and norms after.
 RETAIN_MODES = ("full", "norms")
 
@@ -253,3 +257,52 @@ class HistoryView:
 
 def _as_set(clients) -> frozenset[int]:
     return frozenset([clients] if isinstance(clients, int) else clients)
+
+
+# ------------------------------------------------------------------ what a store kept, by need
+def retention_record(store) -> RetentionRecord:
+    """What each policy kept in ``store``; a store written before policies existed (or a
+    rewritten history) holds FedEraser's schedule: every round with every client."""
+    recorded = store.metadata.get(RECORD_KEY)
+    if recorded is not None:
+        return RetentionRecord.from_json(recorded)
+    return RetentionRecord({INTERVAL: {r: tuple(store.clients(r)) for r in store.rounds()}})
+
+
+def history(store, need: str, *, method: str = "") -> HistoryView:
+    """The part of ``store`` the policy of ``need`` kept; refused when it kept nothing."""
+    record = retention_record(store)
+    if need not in record.selections or not record.selections[need]:
+        kept = [name for name, selection in record.selections.items() if selection]
+        raise ConfigError(
+            "unlearn-methods",
+            method or need,
+            f"methods whose retention the run kept ({', '.join(kept) or 'nothing'}); "
+            f"{method or 'this method'} needs {need}, retained only when it is among the "
+            "unlearn-methods of the training run (a rewritten history keeps the adopted "
+            "method's trajectory only)",
+        )
+    return HistoryView(store, record.selections[need])
+
+
+def check_retained(store, methods: Iterable[str]) -> None:
+    """Refuse, before any method runs (and before a later request's federation starts: the
+    preflight reads the store read-only), a method whose retention need ``store`` lacks."""
+    from fedunlearn.registry import RETENTION_NEEDS, UNLEARNING, norms_problem
+
+    for name in methods:
+        for need in UNLEARNING[name].needs:
+            if need in RETENTION_NEEDS:
+                if store is None:
+                    raise ConfigError(
+                        "retain", False, f"true: {name} needs {need} kept during training"
+                    )
+                history(store, need, method=name)
+        problem = norms_problem(UNLEARNING[name])
+        if problem and store is not None and store.keeps_norms:
+            raise ConfigError(
+                "unlearn-methods",
+                name,
+                f"methods that run on a retain-mode = norms history ({problem}; the store kept "
+                "only the norms of the updates after round t_1)",
+            )

@@ -29,8 +29,13 @@ Exact updates (the client trains; :data:`ExactUpdatesFn`) are asked for (Sec. IV
 * final tuning: the last T_f rounds;
 * abnormality fixing: in any other round, from a client whose estimate has a coordinate of
   absolute value above τ. τ comes from the history: τ_t is the smallest value that at most a
-  fraction α (the tolerance rate) of the remaining clients' stored updates exceed in their largest
-  |coordinate| in round t, and τ = max_t τ_t (:func:`abnormality_thresholds`).
+  fraction α (the tolerance rate) of the coordinates of round t's original updates (the remaining
+  clients', pooled) exceed in absolute value, and τ = max_t τ_t (:func:`abnormality_thresholds`).
+
+Ours, not the paper's, on by default: a divergence guard (:mod:`fedunlearn.unlearning.
+divergence_guard`) redoes with exact updates an estimated round whose aggregated step, or whose
+server-side loss, leaves the range the exact rounds set, and refuses exact replies far larger than
+any retained update. ``guard=None`` gives the paper's recovery.
 
 Every exact update pushes the pair (Δw, Δg) into that client's buffer (its last s pairs). The paper
 keeps one ΔW buffer for all clients (refreshed only when every client computed) beside per-client
@@ -53,6 +58,7 @@ import torch
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.training.model_state import State, parameter_groups, state_norm, state_sum
+from fedunlearn.unlearning.divergence_guard import DivergenceGuard, GuardRanges
 from fedunlearn.unlearning.federaser import ExactUpdatesFn, aggregate_updates
 from fedunlearn.unlearning.lbfgs import lbfgs_hvp
 
@@ -123,15 +129,26 @@ class FedRecoverSchedule:
         return (position - self.warmup_rounds) % self.correction_period == 0
 
 
+#: How a recovery round got its updates (:attr:`FedRecoverStep.kind`).
+EXACT, ESTIMATED, GUARDED = "exact", "estimated", "guarded"
+
+
 @dataclass
 class FedRecoverStep:
-    """One recovery round: who took part, who computed exactly, and why."""
+    """One recovery round: who took part, who computed exactly, and why.
+
+    ``kind`` is ``"exact"`` (scheduled: warm-up, correction, final tuning), ``"estimated"`` or
+    ``"guarded"`` (estimated, then redone exactly by the guard for ``reason``); ``refused`` lists
+    the clients whose exact reply the guard refused (left out of the round)."""
 
     round: int
     clients: list[int]
     exact: list[int]
     fixed: list[int]
     update_norm: float
+    kind: str = EXACT
+    reason: str | None = None
+    refused: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -139,13 +156,18 @@ class Recovery:
     """The recovered model and what it cost the clients.
 
     ``exact_client_rounds`` counts the (round, client) exact updates asked for (the server turns
-    it into client-epochs); ``fixed`` maps a round to the clients abnormality fixing asked;
+    it into client-epochs); ``exact_rounds``, ``estimated_rounds`` and ``guarded`` (round ->
+    the guard's reason) say how each round got its updates; ``fixed`` maps a round to the clients
+    abnormality fixing asked, ``refused`` to the clients whose exact replies the guard refused;
     ``thresholds`` is τ per group."""
 
     model: dict[str, torch.Tensor]
     exact_rounds: list[int] = field(default_factory=list)
+    estimated_rounds: list[int] = field(default_factory=list)
+    guarded: dict[int, str] = field(default_factory=dict)
     exact_client_rounds: int = 0
     fixed: dict[int, list[int]] = field(default_factory=dict)
+    refused: dict[int, list[int]] = field(default_factory=dict)
     steps: list[FedRecoverStep] = field(default_factory=list)
     thresholds: list[float] = field(default_factory=list)
 
@@ -176,28 +198,53 @@ def tolerance_threshold(values: torch.Tensor, tolerance_rate: float) -> float:
     return float(torch.kthvalue(magnitudes, magnitudes.numel() - allowed).values)
 
 
+@dataclass
+class HistoryScales:
+    """What one pass over the history gives, per group: τ = max_t τ_t (``thresholds``) and the
+    largest norm of any retained update of the remaining clients (``peaks``)."""
+
+    thresholds: list[float]
+    peaks: list[float]
+
+
+def history_scales(
+    history, excluded: Collection[int], groups: Sequence[Sequence[str]], tolerance_rate: float
+) -> HistoryScales:
+    """τ per group (Sec. IV-C: τ_t the smallest value that at most ⌊α·n_t⌋ of the n_t coordinates
+    of round t's retained updates exceed, the remaining clients' coordinates pooled; τ = max_t τ_t)
+    and the largest update norm per group. Reads every remaining client's update once, never an
+    excluded client's; keeps at most ⌊α·n_t⌋ + 1 magnitudes per client and group."""
+    excluded = set(excluded)
+    scales = HistoryScales([0.0] * len(groups), [0.0] * len(groups))
+    for t in history.rounds():
+        clients = _remaining(history.clients(t), excluded)
+        tops: list[list[torch.Tensor]] = [[] for _ in groups]
+        sizes = [0] * len(groups)
+        for k in clients:
+            update = history.read_update(t, k)
+            for g, keys in enumerate(groups):
+                magnitudes = _flat(update, keys).abs()
+                sizes[g] = magnitudes.numel()
+                scales.peaks[g] = max(scales.peaks[g], float(magnitudes.norm()))
+                keep = min(
+                    math.floor(tolerance_rate * magnitudes.numel() * len(clients)) + 1,
+                    magnitudes.numel(),
+                )
+                tops[g].append(torch.topk(magnitudes, keep).values)
+        for g in range(len(groups) if clients else 0):
+            allowed = math.floor(tolerance_rate * sizes[g] * len(clients))
+            pooled = torch.cat(tops[g])
+            tau_t = float(torch.topk(pooled, allowed + 1).values[-1])
+            scales.thresholds[g] = max(scales.thresholds[g], tau_t)
+    return scales
+
+
 def abnormality_thresholds(
     history, excluded: Collection[int], groups: Sequence[Sequence[str]], tolerance_rate: float
 ) -> list[float]:
-    """τ = max_t τ_t per group (Sec. IV-C), τ_t taken over the largest |coordinate| of each stored
-    update U_k^t of the clients that take part in the recovery (never an excluded client's): at
-    most a fraction α of the stored updates have a coordinate above τ_t. Reads every such update
-    once.
-
-    The rule is read over updates, not over their coordinates: with α of the coordinates, every
-    estimate of a network with 10^5 parameters has some coordinate above τ (measured on MNIST's
-    CNN: every estimated round was fixed, i.e. recomputed exactly), so fixing would replace the
-    estimation altogether."""
-    excluded = set(excluded)
-    thresholds = [0.0] * len(groups)
-    for t in history.rounds():
-        clients = _remaining(history.clients(t), excluded)
-        updates = [history.read_update(t, k) for k in clients]
-        for g, keys in enumerate(groups):
-            if updates:
-                peaks = torch.stack([_flat(u, keys).abs().max() for u in updates])
-                thresholds[g] = max(thresholds[g], tolerance_threshold(peaks, tolerance_rate))
-    return thresholds
+    """τ = max_t τ_t per group (Sec. IV-C), over the coordinates of the retained updates of the
+    clients that take part in the recovery (:func:`history_scales`)."""
+    return history_scales(history, excluded, groups, tolerance_rate).thresholds
 
 
 def _remaining(clients: Collection[int], excluded: set[int]) -> list[int]:
@@ -241,6 +288,10 @@ def _abnormal(update: State, groups, thresholds: Sequence[float]) -> bool:
     )
 
 
+def _group_norms(state: State, groups) -> list[float]:
+    return [float(_flat(state, keys).norm()) for keys in groups]
+
+
 def _push(buffers: dict[int, ClientBuffers], client, shifts, stored, exact_update, groups, size):
     """Append (Δw, Δg) = (M̂^t − M^t, U_k^t − U_k(M̂^t)) to each of the client's group buffers."""
     if client not in buffers:
@@ -250,54 +301,131 @@ def _push(buffers: dict[int, ClientBuffers], client, shifts, stored, exact_updat
         buffers[client][g].append((shifts[g], change.float()))
 
 
-def _ask(exact: ExactUpdatesFn, t: int, model: State, clients: list[int], excluded, recovery):
-    """The clients' exact updates from ``model`` in round ``t``, checked and counted."""
-    answers = exact(t, {k: v.clone() for k, v in model.items()}, list(clients))
-    leaked = set(answers) & excluded
-    if leaked:
-        raise RuntimeError(f"exact updates of round {t} came from removed clients {sorted(leaked)}")
-    missing = [k for k in clients if k not in answers]
-    if missing:
-        raise RuntimeError(f"exact updates of round {t} lack clients {missing}")
-    for k in clients:
-        if set(answers[k]) != set(model):
-            raise ValueError(
-                f"client {k}'s exact update of round {t} holds tensors {sorted(answers[k])}, "
-                f"the model {sorted(model)}"
+@dataclass
+class _Recovering:
+    """The state a recovery carries from round to round."""
+
+    history: object
+    exact: ExactUpdatesFn
+    excluded: set[int]
+    groups: list[list[str]]
+    buffer_size: int
+    recovery: Recovery
+    ranges: GuardRanges | None
+    loss: Callable[[State], float] | None
+    buffers: dict[int, ClientBuffers] = field(default_factory=dict)
+    current_loss: float | None = None
+
+    def ask(self, t: int, model: State, clients: list[int]) -> dict:
+        """The clients' exact updates from ``model`` in round ``t``, checked and counted."""
+        answers = self.exact(t, {k: v.clone() for k, v in model.items()}, list(clients))
+        leaked = set(answers) & self.excluded
+        if leaked:
+            raise RuntimeError(
+                f"exact updates of round {t} came from removed clients {sorted(leaked)}"
             )
-    recovery.exact_client_rounds += len(clients)
-    return {k: answers[k] for k in clients}
+        missing = [k for k in clients if k not in answers]
+        if missing:
+            raise RuntimeError(f"exact updates of round {t} lack clients {missing}")
+        for k in clients:
+            if set(answers[k]) != set(model):
+                raise ValueError(
+                    f"client {k}'s exact update of round {t} holds tensors {sorted(answers[k])}, "
+                    f"the model {sorted(model)}"
+                )
+        self.recovery.exact_client_rounds += len(clients)
+        return {k: answers[k] for k in clients}
+
+    def evaluate(self, model: State) -> float | None:
+        return None if self.loss is None or self.ranges is None else float(self.loss(model))
 
 
-def _recover_round(history, t, scheduled, exact, excluded, groups, buffers, recovery, size):
-    """One round of FedRecover: exact or estimated (and fixed) updates, then the FedAvg step."""
-    clients = _remaining(history.clients(t), excluded)
+def _estimated(run: _Recovering, t, clients, model, stored, shifts):
+    """Round ``t``'s estimates, abnormal ones replaced by exact updates; returns (updates, the
+    clients computed exactly, the clients abnormality fixing asked)."""
+    used = {k: _estimate(stored[k], shifts, run.groups, run.buffers.get(k)) for k in clients}
+    fixed = [k for k in clients if _abnormal(used[k], run.groups, run.recovery.thresholds)]
+    if fixed:
+        used.update(run.ask(t, model, fixed))
+        run.recovery.fixed[t] = fixed
+    return used, list(fixed), fixed
+
+
+def _guard_problem(run: _Recovering, model, used, clients, num_examples, refused):
+    """Why the guard redoes this estimated round (None: it stands); also its loss after."""
+    kept = {k: used[k] for k in clients if k not in refused}
+    step = aggregate_updates(kept, num_examples) if kept else None
+    if step is None:
+        return None, None
+    problem = run.ranges.step_problem(_group_norms(step, run.groups))
+    if problem is not None:
+        return problem, None
+    loss_after = run.evaluate(state_sum(model, step))
+    return run.ranges.loss_problem(run.current_loss, loss_after), loss_after
+
+
+def _screen(run: _Recovering, used, computed) -> list[int]:
+    """The clients among ``computed`` whose exact reply the guard refuses."""
+    if run.ranges is None:
+        return []
+    return [k for k in computed if run.ranges.reply_problem(_group_norms(used[k], run.groups))]
+
+
+def _recover_round(run: _Recovering, t: int, scheduled: bool) -> FedRecoverStep:
+    """One round of FedRecover: exact or estimated (fixed, guarded) updates, then the FedAvg step."""
+    history, recovery = run.history, run.recovery
+    clients = _remaining(history.clients(t), run.excluded)
     if not clients:
         return FedRecoverStep(t, [], [], [], 0.0)
     model = recovery.model
     original = history.read_global(t)
-    shifts = [_flat(model, keys) - _flat(original, keys) for keys in groups]
+    shifts = [_flat(model, keys) - _flat(original, keys) for keys in run.groups]
     stored = {k: history.read_update(t, k) for k in clients}
-    fixed: list[int] = []
+    num_examples = history.num_examples(t)
+    kind, reason, fixed, loss_after = EXACT, None, [], None
     if scheduled:
-        used = _ask(exact, t, model, clients, excluded, recovery)
-        computed = clients
-        recovery.exact_rounds.append(t)
+        used, computed = run.ask(t, model, clients), list(clients)
     else:
-        used = {k: _estimate(stored[k], shifts, groups, buffers.get(k)) for k in clients}
-        fixed = [k for k in clients if _abnormal(used[k], groups, recovery.thresholds)]
-        if fixed:
-            used.update(_ask(exact, t, model, fixed, excluded, recovery))
-            recovery.fixed[t] = fixed
-        computed = fixed
+        kind = ESTIMATED
+        used, computed, fixed = _estimated(run, t, clients, model, stored, shifts)
+        if run.ranges is not None:
+            refused = _screen(run, used, computed)
+            reason, loss_after = _guard_problem(run, model, used, clients, num_examples, refused)
+            if reason is not None:
+                kind, loss_after = GUARDED, None
+                rest = [k for k in clients if k not in computed]
+                used.update(run.ask(t, model, rest))
+                computed = list(clients)
+                recovery.guarded[t] = reason
+    refused = _screen(run, used, computed)
+    if refused:
+        recovery.refused[t] = refused
+    (recovery.exact_rounds if kind == EXACT else recovery.estimated_rounds).append(t)
     # pairs kept in float32 (lbfgs_hvp computes in float64): s pairs per client and group of a
     # large model are the method's main memory cost on the server; Δw is shared by the clients
     kept_shifts = [shift.float() for shift in shifts]
     for k in computed:
-        _push(buffers, k, kept_shifts, stored[k], used[k], groups, size)
-    step = aggregate_updates(used, history.num_examples(t))
-    recovery.model = state_sum(model, step)
-    return FedRecoverStep(t, clients, list(computed), fixed, state_norm(step))
+        if k not in refused:
+            _push(run.buffers, k, kept_shifts, stored[k], used[k], run.groups, run.buffer_size)
+    kept = {k: used[k] for k in clients if k not in refused}
+    norm = 0.0
+    if kept:
+        step = aggregate_updates(kept, num_examples)
+        recovery.model = state_sum(model, step)
+        norm = state_norm(step)
+        _track(run, kind, step, loss_after)
+    return FedRecoverStep(t, clients, computed, fixed, norm, kind, reason, refused)
+
+
+def _track(run: _Recovering, kind: str, step: State, loss_after: float | None) -> None:
+    """Move the loss forward; an exact (or redone) round widens the guard's range."""
+    if run.ranges is None:
+        return
+    before = run.current_loss
+    after = loss_after if loss_after is not None else run.evaluate(run.recovery.model)
+    if kind != ESTIMATED:
+        run.ranges.record_exact(_group_norms(step, run.groups), before, after)
+    run.current_loss = after
 
 
 def fedrecover(
@@ -307,6 +435,8 @@ def fedrecover(
     schedule: FedRecoverSchedule | None = None,
     *,
     groups: Sequence[Sequence[str]] | None = None,
+    guard: DivergenceGuard | None = None,
+    loss: Callable[[State], float] | None = None,
     progress: Callable[[FedRecoverStep], None] | None = None,
 ) -> Recovery:
     """FedRecover (Cao et al., Sec. IV): the model retrained without ``excluded``, most clients'
@@ -329,32 +459,47 @@ def fedrecover(
     groups : sequence of sequences of str, optional
         Keys handled as independent models (a stack's members); default one group of every
         floating tensor.
+    guard : DivergenceGuard, optional
+        Ours (:mod:`fedunlearn.unlearning.divergence_guard`): estimated rounds held to the exact
+        rounds' range, exact replies to the history's norms. None (the default here; the run
+        config's default is on): the paper's recovery.
+    loss : callable, optional
+        The server-side loss of a model state, for the guard's loss check (one group only).
     progress : callable, optional
         Called with each round's :class:`FedRecoverStep`.
 
     Returns
     -------
     Recovery
-        The recovered model M̂^{T+1} and the exact updates it cost.
+        The recovered model M̂^{T+1}, how each round got its updates, and what it cost.
     """
     schedule = FedRecoverSchedule() if schedule is None else schedule
     excluded = set(excluded)
     rounds = _consecutive_rounds(history)
     model = history.read_global(rounds[0])
     keys = parameter_groups(model, groups)
+    if loss is not None and len(keys) > 1:
+        raise ConfigError("loss", "one loss", "no loss for a stack of models (groups)")
     tau = schedule.abnormality_threshold
-    if tau is None:
-        thresholds = abnormality_thresholds(history, excluded, keys, schedule.tolerance_rate)
-    else:
-        thresholds = [float(tau)] * len(keys)
-    recovery = Recovery(model=model, thresholds=thresholds)
-    buffers: dict[int, ClientBuffers] = {}
+    scales = None
+    if tau is None or guard is not None:
+        scales = history_scales(history, excluded, keys, schedule.tolerance_rate)
+    thresholds = scales.thresholds if tau is None else [float(tau)] * len(keys)
+    ranges = None if guard is None else GuardRanges(guard, scales.peaks)
+    run = _Recovering(
+        history,
+        exact,
+        excluded,
+        keys,
+        schedule.buffer_size,
+        Recovery(model=model, thresholds=thresholds),
+        ranges,
+        loss,
+    )
+    run.current_loss = run.evaluate(model)
     for position, t in enumerate(rounds, start=1):
-        scheduled = schedule.is_exact(position, len(rounds))
-        step = _recover_round(
-            history, t, scheduled, exact, excluded, keys, buffers, recovery, schedule.buffer_size
-        )
-        recovery.steps.append(step)
+        step = _recover_round(run, t, schedule.is_exact(position, len(rounds)))
+        run.recovery.steps.append(step)
         if progress is not None:
             progress(step)
-    return recovery
+    return run.recovery

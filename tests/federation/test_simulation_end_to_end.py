@@ -110,6 +110,8 @@ def test_a_finished_run_can_be_reopened_to_forget_a_client_and_not_twice(tmp_pat
         "unlearn-only": True,
         "unlearn-clients": "1",
         "unlearn-methods": "federaser,fedaccum",
+        # two short rounds leave FedEraser flagged; without FedRetrain, auto would refuse it
+        "unlearn-adopt": "federaser",
     }
     simulate(request, num_supernodes=3)
 

@@ -58,7 +58,9 @@ def test_adoption_swaps_in_the_trajectory_and_deletes_what_the_old_history_compu
         "model_final.safetensors",
         "model_initial.safetensors",
     ]
-    assert not any(f.startswith((".discarded", "original", "store.request")) for f in state["files"])
+    assert not any(
+        f.startswith((".discarded", "original", "store.request")) for f in state["files"]
+    )
     assert history.JOURNAL not in state["files"] and "deleted" in lines[0]
     assert history.pending_request(run) is None and history.is_adopted(run, [1])
     history.adopt(run, keep_original=False)  # nothing left to adopt: nothing changes
@@ -123,3 +125,60 @@ def test_a_missing_adopted_model_is_refused_before_anything_moves(tmp_path):
     with pytest.raises(Exception, match="unlearn-adopt"):
         history.adopt(run, keep_original=False)
     assert (run.path / "model_final.safetensors").is_file() and run.store_path.is_dir()
+
+
+# ------------------------------------------------------------------ choosing what to adopt
+def _candidates_staged(tmp_path):
+    from types import SimpleNamespace
+
+    from fedunlearn.config import ExperimentConfig
+    from server.unlearning import UnlearningContext
+
+    run = RunDirectory.create(tmp_path / "run", {})
+    old = UpdateStore(run.store_path)
+    old.write_round(1, {"w": torch.zeros(2)}, {0: ({"w": torch.ones(2)}, 5)})
+    candidates = ["federaser", "fedretrain"]
+    for method in candidates:
+        history.open_staging(run, 1, old, method).close()
+    config = ExperimentConfig.from_run_config({})
+    outcome = SimpleNamespace(run=run, config=config)
+    context = UnlearningContext(None, None, [0], [], print, candidates)
+    return run, outcome, context
+
+
+def _comparison(federaser: float, fedretrain: float):
+    import pandas as pd
+
+    return pd.DataFrame(
+        {
+            "method": ["fedavg", "federaser", "fedretrain"],
+            "test_accuracy": [0.95, federaser, fedretrain],
+            "flag": ["", "", ""],
+        }
+    )
+
+
+def test_the_candidate_not_adopted_leaves_no_staging_store(tmp_path):
+    from server.unlearning import _adopt_one
+
+    run, outcome, context = _candidates_staged(tmp_path)
+    lines = []
+    adoption = _adopt_one(outcome, context, _comparison(0.576, 0.938), 1, lines.append)
+    assert adoption.method == "fedretrain"
+    assert [p.name for p in run.path.glob("store.request-*")] == ["store.request-1-fedretrain"]
+    assert "federaser is 36.20 points below fedretrain" in lines[-1]
+
+
+def test_a_refused_adoption_removes_every_staging_store_and_touches_nothing_else(tmp_path):
+    from fedunlearn.unlearning.verdicts import AdoptionRefused
+    from server.unlearning import _adopt_one
+
+    run, outcome, context = _candidates_staged(tmp_path)
+    table = _comparison(0.2, 0.1)
+    table["flag"] = ["", "75.0 points below original (flag-gap 5)", "diverged: ..."]
+    before = sorted(p.name for p in run.path.iterdir() if not p.name.startswith("store.request"))
+    with pytest.raises(AdoptionRefused):
+        _adopt_one(outcome, context, table, 1, print)
+    assert not list(run.path.glob("store.request-*"))
+    assert sorted(p.name for p in run.path.iterdir()) == before
+    assert UpdateStore(run.store_path, readonly=True).read_update(1, 0)["w"].tolist() == [1.0, 1.0]

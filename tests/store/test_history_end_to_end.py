@@ -115,7 +115,13 @@ def test_no_kept_file_rebuilds_the_forgotten_clients_updates(tmp_path, simulate,
     # The same training, identical bit for bit, without the request: the truth, and what a run
     # kept before this design (the original store and models). With every method, the training
     # run keeps every round's global model and update (FedRecover): the most an attacker can get.
-    settings = {"retain-interval": interval, "unlearn-methods": methods}
+    # FedEraser's trajectory is the one under attack: adopted however far it is from FedRetrain
+    # after 4 short rounds (auto would adopt FedRetrain's: FedEraser's model is flagged here)
+    settings = {
+        "retain-interval": interval,
+        "unlearn-methods": methods,
+        "unlearn-adopt": "federaser",
+    }
     trained = train_and_forget(tmp_path, simulate, "trained", **settings, **{"unlearn-clients": ""})
     default = train_and_forget(tmp_path, simulate, "default", **settings)
     keys = sorted(load_file(str(default / "model_initial.safetensors")))

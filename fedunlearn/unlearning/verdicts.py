@@ -1,0 +1,156 @@
+"""What a comparison may claim of each method's model: flags on rows that must not read as results,
+and which model an unlearning request may adopt.
+
+A row of the comparison table is flagged (``flag`` column, the console, the figures) when
+
+* its model is not finite, or its test loss is not (it diverged);
+* it is more than ``flag-gap`` points of test accuracy below the reference (FedRetrain, the model
+  retrained without the targets), or, without a reference in the run, below the original model;
+* it forgot nothing, whatever its accuracy: with a reference, its model is nearer the original
+  than a quarter of the way the original is from the reference (L2 over all parameters,
+  :data:`FORGOT_NOTHING_SHARE`); without one, it is the original model itself (L2 to it 0).
+
+Why not "no closer to the reference than the original is" (L2): parameter distances between
+networks trained along different trajectories say nothing of forgetting. On the main job (IID
+digits) FedEraser lands 0.22 points from FedRetrain with an L2 to it of 2.25, against the
+original's 1.16; on digits label shards SIFU, which retrained from a noised M^1, is 2.03 from
+FedRetrain against the original's 1.43, and 2.29 from the original. Both would read as "forgot
+nothing". A model that stayed by the original (Crab rolling back nothing: L2 to FedRetrain 2.164
+against the original's 2.159) is caught by its own distance to the original.
+
+The original (``fedavg``) is never flagged: it is the starting point every method is compared with.
+
+Adoption (``unlearn-adopt``): the adopted model's trajectory becomes the run's history, and every
+later request builds on it, so ``auto`` never adopts a flagged model: it takes the first candidate
+(FedEraser before FedRetrain) that is unflagged and, when FedRetrain ran, within
+``adopt-tolerance`` points of its test accuracy. When nothing qualifies the request is refused
+(:class:`AdoptionRefused`) before anything is deleted. A method named explicitly is the user's
+decision: it is adopted, flagged or not, and a flag is stated in the reason the log records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from fedunlearn.errors import ConfigError
+
+REFERENCE = "fedretrain"
+ORIGINAL = "fedavg"
+#: A model within this share of the original's distance to the reference, from the original,
+#: forgot nothing.
+FORGOT_NOTHING_SHARE = 0.25
+
+
+def _points(value: float) -> float:
+    return 100.0 * value
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def row_flag(row: pd.Series, reference: pd.Series | None, original: pd.Series | None, gap: float):
+    """The reason ``row`` is flagged, or ``""``; ``reference`` and ``original`` are the table's
+    FedRetrain and original rows (None when absent), ``gap`` is ``flag-gap`` in points."""
+    if row["method"] == ORIGINAL:
+        return ""
+    if not _finite(row["test_loss"]) or not _finite(row.get("l2_to_original", 0.0)):
+        return "diverged: its model or test loss is not finite"
+    anchor, anchor_name = (
+        (reference, REFERENCE) if reference is not None else (original, "original")
+    )
+    if anchor is not None and row["method"] != anchor_name:
+        below = _points(anchor["test_accuracy"] - row["test_accuracy"])
+        if below > gap:
+            return f"{below:.1f} points below {anchor_name} (flag-gap {gap:g})"
+    moved = row.get("l2_to_original", math.nan)
+    if reference is not None and original is not None and row["method"] != REFERENCE:
+        span = original["l2_to_fedretrain"]
+        if _finite(moved) and _finite(span) and moved <= FORGOT_NOTHING_SHARE * span:
+            return (
+                f"forgot nothing: it stayed by the original (L2 {moved:.4g} from it, against "
+                f"{span:.4g} from the original to {REFERENCE})"
+            )
+    if reference is None and moved == 0:
+        return "forgot nothing: it is the original model"
+    return ""
+
+
+def flag_rows(table: pd.DataFrame, flag_gap: float) -> list[str]:
+    """:func:`row_flag` for every row of a comparison table (columns ``method``,
+    ``test_accuracy``, ``test_loss``, ``l2_to_fedretrain``, ``l2_to_original``)."""
+    rows = {row["method"]: row for _, row in table.iterrows()}
+    reference, original = rows.get(REFERENCE), rows.get(ORIGINAL)
+    if reference is not None and not _finite(reference["test_loss"]):
+        reference = None  # a diverged reference measures nothing: held to the original instead
+    return [row_flag(row, reference, original, flag_gap) for _, row in table.iterrows()]
+
+
+class AdoptionRefused(ConfigError):
+    """No model of the request may become the run's history."""
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """The adopted method and why (one line for the log)."""
+
+    method: str
+    reason: str
+
+
+def choose_adoption(
+    table: pd.DataFrame,
+    flags: Sequence[str],
+    candidates: Sequence[str],
+    *,
+    explicit: str | None,
+    tolerance: float,
+) -> Adoption:
+    """Which of ``candidates`` (adoptable methods that wrote a trajectory, in preference order)
+    the request adopts: ``explicit`` (``unlearn-adopt`` other than auto), flagged or not; else the
+    first unflagged candidate within ``tolerance`` points of FedRetrain (when it ran).
+
+    Raises :class:`AdoptionRefused` naming every candidate's problem when none qualifies."""
+    accuracy = dict(zip(table["method"], table["test_accuracy"]))
+    flagged = {m: f for m, f in zip(table["method"], flags) if f}
+    problems = []
+    if explicit and explicit in accuracy:
+        warning = f"; it is FLAGGED ({flagged[explicit]})" if explicit in flagged else ""
+        return Adoption(explicit, "unlearn-adopt names it" + warning)
+    for method in [explicit] if explicit else candidates:
+        if method not in accuracy:
+            problems.append(f"{method} has no model in this request")
+        elif method in flagged:
+            problems.append(f"{method} is flagged ({flagged[method]})")
+        elif method == REFERENCE or REFERENCE not in accuracy or REFERENCE in flagged:
+            return Adoption(method, _why(method, problems))
+        else:
+            below = _points(accuracy[REFERENCE] - accuracy[method])
+            if below <= tolerance:
+                return Adoption(
+                    method,
+                    f"{below:.2f} points below {REFERENCE}, within adopt-tolerance {tolerance:g}",
+                )
+            problems.append(
+                f"{method} is {below:.2f} points below {REFERENCE} (adopt-tolerance {tolerance:g})"
+            )
+    key, value = ("unlearn-adopt", explicit) if explicit else ("unlearn-methods", candidates)
+    raise AdoptionRefused(
+        key,
+        value,
+        "a model that may become the run's history; none may: "
+        + "; ".join(problems)
+        + ". Nothing was adopted or deleted: run the request again with fedretrain among "
+        "unlearn-methods, raise flag-gap / adopt-tolerance, or name the model to adopt in "
+        "unlearn-adopt",
+    )
+
+
+def _why(method: str, problems: Sequence[str]) -> str:
+    if method == REFERENCE:
+        return "; ".join(problems) or "the only candidate"
+    return "unflagged; no unflagged fedretrain in the request to compare with"

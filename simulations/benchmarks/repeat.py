@@ -1,0 +1,228 @@
+"""A comparison or a judge run repeated over K training seeds: every seed's row, mean ± sd, and for
+the judge each method's verdict per seed and at how many seeds it holds.
+
+One ``fedunlearn-run`` per seed (``--set seed=S``; the split, the initial model and the batch order
+all change), skipped when its run directory already holds the result (rerun to resume). A verdict
+printed from one seed is that seed's; what the README and RESULTS claim of a method holds at
+every one of at least three seeds.
+
+Writes, in ``--output-dir``:
+
+* a comparison (``unlearning.csv`` per seed): ``seeds.csv`` (every seed's rows, a ``seed``
+  column), ``seeds.md`` (per method: mean ± sd of test accuracy, gap to FedRetrain, client-epochs,
+  then each seed's value and flag);
+* a judge run (``judge.csv`` per seed, ``judge-models`` > 0): ``judge_seeds.csv`` (every seed's
+  table) and ``judge_seeds.md`` (per method and seed the verdict, F and U-LiRA; "holds at k of K
+  seeds").
+
+Usage::
+
+    python -m simulations.benchmarks.repeat simulations/judge_every_method_digits.toml \\
+        --seeds 3 --set judge-models=16 --output-dir results/judge-seeds
+    python -m simulations.benchmarks.repeat simulations/digits.toml --seeds 3 \\
+        --output-dir results/digits-seeds [--data-root DIR] [--first-seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedunlearn.judge.report import INDISTINGUISHABLE, judge_verdicts
+from simulations import run as runner
+from simulations.benchmarks import default_data_root
+
+RESULT_FILES = ("unlearning.csv", "judge.csv")
+
+
+def run_point(
+    config: Path,
+    output: Path,
+    name: str,
+    sets: Sequence[str],
+    *,
+    data_root: str | None = None,
+    app: Path = runner.PROJECT_ROOT,
+) -> Path:
+    """``fedunlearn-run CONFIG`` as run ``name`` under ``output`` with ``sets``; nothing is run
+    when the run directory already holds a result. Returns the run directory."""
+    directory = output / name
+    if any((directory / f).is_file() for f in RESULT_FILES):
+        return directory
+    argv = [str(config), "--output-dir", str(output), "--app", str(app)]
+    argv += ["--set", f"run-name='{name}'"] + [x for s in sets for x in ("--set", s)]
+    if data_root:
+        argv += ["--data-root", data_root]
+    print(f"=== {name}: fedunlearn-run {' '.join(argv)}", flush=True)
+    code = runner.main(argv)
+    if code != 0:
+        raise SystemExit(f"{name} failed (exit {code}); see the lines above")
+    return directory
+
+
+def mean_sd(values: Sequence[float]) -> str:
+    """``mean ± sd`` (sample sd; one value: the value)."""
+    array = np.asarray(values, dtype=float)
+    if len(array) < 2:
+        return f"{array.mean():.4f}"
+    return f"{array.mean():.4f} ± {array.std(ddof=1):.4f}"
+
+
+def with_gaps(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """``table`` (rows of several comparisons, identified by ``keys``) with each row's test
+    accuracy gap to FedRetrain of the same comparison, in points, and its client-epochs as a
+    share of FedRetrain's."""
+    table = table.copy()
+    reference = table[table["method"] == "fedretrain"].set_index(list(keys))
+    joined = table.join(
+        reference[["test_accuracy", "client_epochs"]], on=list(keys), rsuffix="_fedretrain"
+    )
+    table["gap_points"] = 100 * (joined["test_accuracy"] - joined["test_accuracy_fedretrain"])
+    table["client_epochs_share"] = joined["client_epochs"] / joined["client_epochs_fedretrain"]
+    return table
+
+
+def comparison_summary(long: pd.DataFrame, keys: Sequence[str] = ()) -> pd.DataFrame:
+    """Per method (and ``keys``): mean ± sd over seeds of test accuracy, gap and client-epochs
+    share, how many seeds flagged it, and every seed's gap."""
+    rows = []
+    for group, part in long.groupby([*keys, "method"], sort=False):
+        group = group if isinstance(group, tuple) else (group,)
+        flags = part["flag"].fillna("").astype(str)
+        rows.append(
+            {
+                **dict(zip([*keys, "method"], group)),
+                "seeds": len(part),
+                "test_accuracy": mean_sd(part["test_accuracy"]),
+                "gap_points": mean_sd(part["gap_points"]),
+                "client_epochs_share": mean_sd(part["client_epochs_share"]),
+                "flagged": f"{int((flags != '').sum())} of {len(part)}",
+                "gap_per_seed": ", ".join(
+                    f"s{s}: {g:+.2f}{' FLAG' if f else ''}"
+                    for s, g, f in zip(part["seed"], part["gap_points"], flags)
+                ),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def judge_seed_rows(tables: dict[int, pd.DataFrame]) -> pd.DataFrame:
+    """Per seed and method: the verdict (:func:`judge_verdicts`), F and U-LiRA accuracy with
+    their intervals, backdoor success."""
+    rows = []
+    for seed, table in tables.items():
+        indexed = table.set_index("population")
+        for population, verdict in judge_verdicts(table).items():
+            row = indexed.loc[population]
+            rows.append(
+                {
+                    "seed": seed,
+                    "method": population,
+                    "verdict": verdict["verdict"],
+                    "backdoor_removed": verdict["backdoor_removed"],
+                    "f": f"{row['f']:.3f} [{row['f-low']:.3f}, {row['f-high']:.3f}]",
+                    "ulira": (
+                        f"{row['ulira-accuracy']:.3f} [{row['ulira-accuracy-low']:.3f}, "
+                        f"{row['ulira-accuracy-high']:.3f}]"
+                    ),
+                    "f_retrain_independent": (
+                        f"{indexed.loc['retrain-independent', 'f']:.3f} "
+                        f"[{indexed.loc['retrain-independent', 'f-low']:.3f}, "
+                        f"{indexed.loc['retrain-independent', 'f-high']:.3f}]"
+                    ),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def holds(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per method: at how many seeds it was indistinguishable from retraining, and removed the
+    backdoor."""
+    out = []
+    for method, part in rows.groupby("method", sort=False):
+        k = len(part)
+        same = int((part["verdict"] == INDISTINGUISHABLE).sum())
+        removed = part["backdoor_removed"].dropna()
+        out.append(
+            {
+                "method": method,
+                "indistinguishable from retraining": f"holds at {same} of {k} seeds",
+                "backdoor removed": (
+                    f"holds at {int(removed.astype(bool).sum())} of {len(removed)} seeds"
+                    if len(removed)
+                    else "n/a"
+                ),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def _write(table: pd.DataFrame, path: Path, title: str = "") -> str:
+    markdown = (f"{title}\n\n" if title else "") + table.to_markdown(index=False) + "\n"
+    table.to_csv(path.with_suffix(".csv"), index=False)
+    path.with_suffix(".md").write_text(markdown, encoding="utf-8")
+    return markdown
+
+
+def summarize(output: Path, seeds: Sequence[int]) -> str:
+    """Read every seed's result under ``output`` and write the tables; returns the markdown."""
+    names = {seed: output / f"seed-{seed}" for seed in seeds}
+    if all((d / "judge.csv").is_file() for d in names.values()):
+        tables = {seed: pd.read_csv(d / "judge.csv") for seed, d in names.items()}
+        long = pd.concat([t.assign(seed=s) for s, t in tables.items()], ignore_index=True)
+        long.to_csv(output / "judge_seeds.csv", index=False)
+        rows = judge_seed_rows(tables)
+        text = _write(holds(rows), output / "judge_seeds_holds", "Verdicts over seeds")
+        return text + "\n" + _write(rows, output / "judge_seeds", "Every seed")
+    missing = [str(d) for d in names.values() if not (d / "unlearning.csv").is_file()]
+    if missing:
+        raise SystemExit(f"no result yet in {', '.join(missing)}")
+    long = pd.concat(
+        [pd.read_csv(d / "unlearning.csv").assign(seed=s) for s, d in names.items()],
+        ignore_index=True,
+    )
+    long = with_gaps(long, ["seed"])
+    long.to_csv(output / "seeds.csv", index=False)
+    return _write(comparison_summary(long), output / "seeds", "Over seeds (mean ± sd)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--seeds", type=int, default=3, help="how many training seeds (>= 1)")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--output-dir", type=Path, default=Path("results/seeds"))
+    parser.add_argument(
+        "--data-root",
+        default=default_data_root(must_exist=True),
+        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
+    )
+    parser.add_argument("--set", action="append", default=[], help="extra key=value per run")
+    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
+    parser.add_argument("--summarize-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: a whole number >= 1")
+    output = args.output_dir.resolve()
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    for seed in [] if args.summarize_only else seeds:
+        run_point(
+            args.config,
+            output,
+            f"seed-{seed}",
+            [*args.set, f"seed={seed}"],
+            data_root=args.data_root,
+            app=args.app,
+        )
+    print(summarize(output, seeds))
+    print(f"results in {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Flags and adoption: a row that must not read as a result is flagged, and a request never
+adopts (by ``auto``) a model below tolerance or flagged."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fedunlearn.unlearning.verdicts import AdoptionRefused, choose_adoption, flag_rows
+
+
+def _table(**rows) -> pd.DataFrame:
+    """``method=(test_accuracy, l2_to_fedretrain[, test_loss[, l2_to_original]])``."""
+    out = []
+    for method, values in rows.items():
+        accuracy, l2, loss, original = (*values, 0.1, 1.0)[:4]
+        out.append(
+            {
+                "method": method,
+                "test_accuracy": accuracy,
+                "l2_to_fedretrain": l2,
+                "test_loss": loss,
+                "l2_to_original": original,
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def _flags(table, gap=5.0) -> dict[str, str]:
+    return dict(zip(table["method"], flag_rows(table, gap)))
+
+
+# ------------------------------------------------------------------ flags
+def test_the_issues_rows_are_flagged():
+    table = _table(
+        fedavg=(0.981, 2.159),
+        fedrecover=(0.096, 6.5e7),  # diverged, 88.5 points below
+        crab=(0.975, 2.164, 0.1, 0.2),  # close in accuracy, but it stayed by the original
+        federaser=(0.576, 1.2),  # 36 points below
+        sifu=(0.979, 0.9),
+        fedretrain=(0.981, 0.0),
+    )
+    flags = _flags(table)
+    assert "88.5 points below fedretrain" in flags["fedrecover"]
+    assert flags["crab"].startswith("forgot nothing") and "L2 0.2 from it" in flags["crab"]
+    assert "40.5 points below" in flags["federaser"]
+    assert flags["sifu"] == flags["fedavg"] == flags["fedretrain"] == ""
+
+
+def test_a_non_finite_row_is_flagged_diverged_whatever_else():
+    table = _table(fedavg=(0.9, 1.0), fedrecover=(0.9, 0.5, math.nan), fedretrain=(0.9, 0.0))
+    assert _flags(table)["fedrecover"].startswith("diverged")
+    table = _table(fedavg=(0.9, 1.0), fedretrain=(0.1, 0.0, math.inf))
+    assert _flags(table)["fedretrain"].startswith("diverged")
+
+
+def test_without_fedretrain_rows_are_held_to_the_original():
+    table = _table(
+        fedavg=(0.95, math.nan), federaser=(0.85, math.nan), crab=(0.94, math.nan, 0.2, 0.0)
+    )
+    flags = _flags(table)
+    assert "10.0 points below original" in flags["federaser"]
+    assert flags["crab"] == "forgot nothing: it is the original model"
+
+
+@given(
+    reference=st.floats(0.0, 1.0),
+    accuracy=st.floats(0.0, 1.0),
+    gap=st.floats(0.0, 100.0),
+    span=st.floats(0.0, 10.0),
+    moved=st.floats(0.0, 10.0),
+)
+def test_a_row_below_the_gap_or_by_the_original_is_never_unflagged(
+    reference, accuracy, gap, span, moved
+):
+    table = _table(
+        fedavg=(reference, span, 0.1, 0.0),
+        method=(accuracy, 1.0, 0.1, moved),
+        fedretrain=(reference, 0.0, 0.1, span),
+    )
+    flag = _flags(table, gap)["method"]
+    must = 100 * (reference - accuracy) > gap or moved <= 0.25 * span
+    assert bool(flag) == must
+
+
+def test_models_retrained_elsewhere_are_not_said_to_have_forgotten_nothing():
+    """The digits-shards run: SIFU retrained from a noised M^1 lands farther from FedRetrain
+    (2.03) than the original is (1.43), and farther still from the original (2.29)."""
+    table = _table(
+        fedavg=(0.647, 1.43, 0.1, 0.0), sifu=(0.76, 2.03, 0.1, 2.29), fedretrain=(0.80, 0.0)
+    )
+    assert _flags(table)["sifu"] == ""
+
+
+# ------------------------------------------------------------------ adoption
+def _adopt(table, candidates=("federaser", "fedretrain"), explicit=None, tolerance=1.0, gap=5.0):
+    return choose_adoption(
+        table, flag_rows(table, gap), list(candidates), explicit=explicit, tolerance=tolerance
+    )
+
+
+def test_the_shards_case_adopts_fedretrain_and_says_why():
+    # FedEraser on digits label shards, forget clients 2 and 5: 0.576 against FedRetrain's 0.938
+    table = _table(fedavg=(0.95, 3.0), federaser=(0.576, 2.0), fedretrain=(0.938, 0.0))
+    adoption = _adopt(table, gap=100.0)  # not even flagged: the tolerance alone refuses it
+    assert adoption.method == "fedretrain"
+    assert "federaser is 36.20 points below fedretrain (adopt-tolerance 1)" in adoption.reason
+
+
+def test_fedeaser_within_tolerance_is_adopted():
+    table = _table(fedavg=(0.98, 3.0), federaser=(0.9745, 1.0), fedretrain=(0.98, 0.0))
+    adoption = _adopt(table)
+    assert adoption.method == "federaser" and "within adopt-tolerance 1" in adoption.reason
+    assert _adopt(table, tolerance=0.5).method == "fedretrain"
+
+
+@given(federaser=st.floats(0.0, 1.0), fedretrain=st.floats(0.0, 1.0), tolerance=st.floats(0, 100))
+def test_auto_never_adopts_a_model_below_tolerance(federaser, fedretrain, tolerance):
+    table = _table(fedavg=(1.0, 3.0), federaser=(federaser, 1.0), fedretrain=(fedretrain, 0.0))
+    adoption = _adopt(table, tolerance=tolerance, gap=100.0)
+    if adoption.method == "federaser":
+        assert 100 * (fedretrain - federaser) <= tolerance
+
+
+def test_without_fedretrain_a_flagged_model_is_refused_and_the_error_says_what_to_do():
+    table = _table(fedavg=(0.95, math.nan), federaser=(0.6, math.nan))
+    with pytest.raises(AdoptionRefused) as refused:
+        _adopt(table, candidates=["federaser"])
+    assert refused.value.parameter == "unlearn-methods"
+    assert "federaser is flagged (35.0 points below original" in str(refused.value)
+    assert "Nothing was adopted or deleted" in str(refused.value)
+    unflagged = _table(fedavg=(0.95, math.nan), federaser=(0.94, math.nan))
+    assert _adopt(unflagged, candidates=["federaser"]).method == "federaser"
+
+
+def test_a_diverged_fedretrain_is_not_adopted_either():
+    table = _table(fedavg=(0.95, 1.0), federaser=(0.2, 2.0), fedretrain=(0.1, 0.0, math.nan))
+    with pytest.raises(AdoptionRefused, match="fedretrain is flagged \\(diverged"):
+        _adopt(table)
+
+
+def test_an_explicit_choice_is_adopted_and_a_flag_is_said():
+    table = _table(fedavg=(0.95, 3.0), federaser=(0.576, 2.0), fedretrain=(0.938, 0.0))
+    adoption = _adopt(table, candidates=["federaser"], explicit="federaser")
+    assert adoption.method == "federaser"
+    assert "unlearn-adopt names it; it is FLAGGED (36.2 points below" in adoption.reason
