@@ -18,7 +18,8 @@ from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.store.durable_io import append_jsonl
 from fedunlearn.training.model_state import state_sha256
 from fedunlearn.training.stacked import member_groups
-from fedunlearn.unlearning.crab import CrabSelector, crab_recover
+from fedunlearn.unlearning.crab import CrabSelector, check_state_format, forget_in_state
+from fedunlearn.unlearning.crab_recovery import crab_recover
 from fedunlearn.unlearning.fedrecover import FedRecoverSchedule
 from fedunlearn.unlearning.fedrecover import fedrecover as recover
 from fedunlearn.unlearning.gaussian_mechanism import add_noise, entropy_generator
@@ -95,12 +96,15 @@ def fedrecover(context, name: str):
 
 
 def crab_policy(config) -> CrabSelector:
-    """Crab's selective storage with the run's P, X, alpha and window."""
+    """Crab's selective storage with the run's P, X, alpha and window bound, closing its last
+    window at the run's last round (and keeping round 1 for the sensitivity rollback, ours)."""
     return CrabSelector(
         round_ratio=config.crab_round_ratio,
         client_ratio=config.crab_client_ratio,
         loss_drop=config.crab_loss_drop,
         window=config.crab_window,
+        final_round=config.rounds,
+        keep_first_round=config.crab_rollback == "sensitivity",
     )
 
 
@@ -117,44 +121,54 @@ def _policy_state(store, need: str, method: str) -> dict:
 
 
 def crab(context, name: str):
-    """Crab (Jiang et al. 2025): adaptive rollback to the latest kept round the removed clients had
-    not significantly affected, then update renewal and calibration over the kept rounds after it."""
+    """Crab (Jiang et al. 2025): roll back to the first kept round (``crab-rollback =
+    first-kept``, the authors') or to the latest kept round before the removed clients' share of a
+    global step exceeded β (``sensitivity``, ours), then re-run the kept rounds after it: update
+    renewal by the kept remaining clients, calibration to the stored step sizes, aggregation."""
     history = context.history(name, "selected-history")
     state = _policy_state(context.outcome.store, "selected-history", name)
-    log = context.log
+    check_state_format(state)
+    if state["window"]["rounds"]:
+        raise ConfigError(
+            "unlearn-methods",
+            name,
+            f"a run whose training finished: rounds {state['window']['rounds']} of Crab's last "
+            "window were never chosen among",
+        )
+    config, log = context.outcome.config, context.log
 
     def progress(step):
-        log(f"{name}: round {step.round}, {len(step.clients)} client(s)")
+        kind = "re-ran" if step.renewed else "stored updates of"
+        log(f"{name}: {kind} round {step.round}, {len(step.clients)} client(s)")
 
     result = crab_recover(
         history,
         context.excluded,
         exact_updates(context, name),
-        sensitivity_bound=context.outcome.config.crab_sensitivity_bound,
+        rollback=config.crab_rollback,
+        sensitivity_bound=config.crab_sensitivity_bound,
         influence=state["influence"],
         groups=member_groups(history.read_global(history.rounds()[0])),
         progress=progress,
     )
-    log(f"{name}: rolled back to round {result.rollback_round}")
+    rule = "authors" if result.rule == "first-kept" else result.rule
+    log(
+        f"{name}: rolled back to round {result.rollback_round} ({rule} rule), re-ran rounds "
+        f"{result.rerun_rounds} of the kept {history.rounds()}"
+    )
     return result.model, {
+        "rule": rule,
         "rollback_round": result.rollback_round,
-        "exact_client_rounds": result.exact_client_rounds,
+        "rollback_rounds": result.rollback_rounds,
+        "rerun_rounds": result.rerun_rounds,
         "kept_rounds": history.rounds(),
+        "exact_client_rounds": result.exact_client_rounds,
     }
 
 
 def forget_crab_state(state, clients) -> dict:
-    """Crab's saved selection without ``clients``' recorded contribution norms."""
-    state = dict(state)
-    state["influence"] = {
-        t: {
-            **record,
-            "clients": {c: v for c, v in record["clients"].items() if int(c) not in clients},
-        }
-        for t, record in state["influence"].items()
-    }
-    state["kept"] = {t: [c for c in kept if c not in clients] for t, kept in state["kept"].items()}
-    return state
+    """Crab's saved selection without ``clients``' norms, scores and kept places."""
+    return forget_in_state(state, clients)
 
 
 def sifu_policy(config) -> SensitivityRetention:
