@@ -267,7 +267,8 @@ class RetainingFedAvg(FedAvg):
                     writer.add_norms(partition_id, updates[partition_id], counts[partition_id])
         # A round no policy kept, with no policy state to carry, leaves the record as it was:
         # the header is rewritten only when something changed (not every round).
-        if kept is not None or settled or any(hasattr(p, "state_dict") for p in self.policies.values()):
+        stateful = any(hasattr(p, "state_dict") for p in self.policies.values())
+        if kept is not None or settled or stateful:
             self._save_record(server_round)
         # after the record: a crash in between leaves blobs the record no longer names, which
         # resume() deletes, never a record naming deleted blobs
