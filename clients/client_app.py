@@ -115,6 +115,9 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
         device=setup.device,
     )
     weight_decay = float(config.get("weight-decay", setup.config.weight_decay))
+    reported = {}
+    if int(config.get("report-start-loss", 0)):  # L^t for Crab's windows, before any step
+        reported["start-loss"] = _model_loss(model, x, y, setup)
     if isinstance(model, ModelStack):
         loss = _train_stack(model, x, y, config, setup, objective, weight_decay, settings)
     else:
@@ -135,12 +138,21 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
             "partition-id": setup.partition_id,
             "train-loss": loss,
             "calibration": int(action == "calibrate"),
+            **reported,
         }
     )
     content = RecordDict(
         {"arrays": ArrayRecord(_reply_state(msg, model, setup)), "metrics": metrics}
     )
     return Message(content=content, reply_to=msg)
+
+
+def _model_loss(model, x: torch.Tensor, y: torch.Tensor, setup: ClientSetup) -> float:
+    """The mean loss of the received model on the data it is about to train on (a stack's: its
+    members' mean)."""
+    if isinstance(model, ModelStack):
+        return mean_evaluation(evaluate_stack(model, x, y, device=setup.device)).loss
+    return evaluate_model(model, x, y, device=setup.device).loss
 
 
 def _reply_state(msg: Message, model, setup: ClientSetup) -> dict[str, torch.Tensor]:

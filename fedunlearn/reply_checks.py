@@ -31,6 +31,8 @@ ArraySpec = tuple[tuple[int, ...], str]
 
 #: The metrics a ``train`` / ``train.calibrate`` reply carries (clients/client_app.py).
 TRAIN_METRICS = frozenset({"num-examples", "partition-id", "train-loss", "calibration"})
+#: Those it carries when the message asks (``report-start-loss``: Crab's time windows).
+OPTIONAL_TRAIN_METRICS = frozenset({"start-loss"})
 #: The metrics an ``evaluate`` reply carries.
 EVALUATE_METRICS = frozenset({"num-examples", "partition-id", "eval-loss", "eval-accuracy"})
 #: The metrics a ``query.describe`` reply carries (server/federation.py).
@@ -66,9 +68,12 @@ def check_finite_arrays(arrays: Iterable[tuple[str, np.ndarray]]) -> None:
             raise RefusedReply(f"array {name!r} holds {bad} non-finite value(s)")
 
 
-def check_metrics(metrics: Mapping[str, object], expected: Collection[str]) -> dict[str, float]:
-    """Exactly the ``expected`` metric names, each a finite int or float (not a bool or a list)."""
-    _same_names("metrics", expected, metrics)
+def check_metrics(
+    metrics: Mapping[str, object], expected: Collection[str], optional: Collection[str] = ()
+) -> dict[str, float]:
+    """Exactly the ``expected`` metric names (and any of ``optional``), each a finite int or float
+    (not a bool or a list)."""
+    _same_names("metrics", expected, {name for name in metrics if name not in optional})
     values: dict[str, float] = {}
     for name, value in metrics.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -111,10 +116,12 @@ def check_training_reply(
     shapes and counts, so a malformed reply is refused before its arrays are decoded).
     """
     check_array_specs(sent, received)
-    values = check_metrics(metrics, TRAIN_METRICS)
+    values = check_metrics(metrics, TRAIN_METRICS, OPTIONAL_TRAIN_METRICS)
     check_partition(values["partition-id"], partition)
     check_count("num-examples", values["num-examples"], 1, declared_examples)
     check_count("calibration", values["calibration"], 0, 1)
+    if float(values.get("start-loss", 0.0)) < 0.0:
+        raise RefusedReply(f"start-loss = {values['start-loss']} is negative")
     check_finite_arrays(arrays)
     return values
 

@@ -19,7 +19,8 @@ from fedunlearn.store.durable_io import append_jsonl
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import state_sha256
 from fedunlearn.training.stacked import member_groups
-from fedunlearn.unlearning.crab import CrabSelector, crab_recover
+from fedunlearn.unlearning.crab import CrabSelector, check_state_format, forget_in_state
+from fedunlearn.unlearning.crab_recovery import crab_recover
 from fedunlearn.unlearning.divergence_guard import DivergenceGuard
 from fedunlearn.unlearning.fedrecover import GUARDED, FedRecoverSchedule
 from fedunlearn.unlearning.fedrecover import fedrecover as recover
@@ -146,12 +147,15 @@ def fedrecover(context, name: str):
 
 
 def crab_policy(config) -> CrabSelector:
-    """Crab's selective storage with the run's P, X, alpha and window."""
+    """Crab's selective storage with the run's P, X, alpha and window bound, closing its last
+    window at the run's last round (and keeping round 1 for the sensitivity rollback, ours)."""
     return CrabSelector(
         round_ratio=config.crab_round_ratio,
         client_ratio=config.crab_client_ratio,
         loss_drop=config.crab_loss_drop,
         window=config.crab_window,
+        final_round=config.rounds,
+        keep_first_round=config.crab_rollback == "sensitivity",
     )
 
 
@@ -168,44 +172,68 @@ def _policy_state(store, need: str, method: str) -> dict:
 
 
 def crab(context, name: str):
-    """Crab (Jiang et al. 2025): adaptive rollback to the latest kept round the removed clients had
-    not significantly affected, then update renewal and calibration over the kept rounds after it."""
+    """Crab (Jiang et al. 2025): roll back to the first kept round (``crab-rollback =
+    first-kept``, the authors') or to the latest kept round before the removed clients' share of a
+    global step exceeded β (``sensitivity``, ours), then re-run the kept rounds after it: update
+    renewal by the kept remaining clients, calibration to the stored step sizes, aggregation."""
     history = context.history(name, "selected-history")
     state = _policy_state(context.outcome.store, "selected-history", name)
-    log = context.log
+    check_state_format(state)
+    if state["window"]["rounds"]:
+        raise ConfigError(
+            "unlearn-methods",
+            name,
+            f"a run whose training finished: rounds {state['window']['rounds']} of Crab's last "
+            "window were never chosen among",
+        )
+    config, log = context.outcome.config, context.log
 
     def progress(step):
-        log(f"{name}: round {step.round}, {len(step.clients)} client(s)")
+        kind = "re-ran" if step.renewed else "stored updates of"
+        log(f"{name}: {kind} round {step.round}, {len(step.clients)} client(s)")
 
     result = crab_recover(
         history,
         context.excluded,
         exact_updates(context, name),
-        sensitivity_bound=context.outcome.config.crab_sensitivity_bound,
+        rollback=config.crab_rollback,
+        sensitivity_bound=config.crab_sensitivity_bound,
         influence=state["influence"],
         groups=member_groups(history.read_global(history.rounds()[0])),
         progress=progress,
     )
-    log(f"{name}: rolled back to round {result.rollback_round}")
+    rule = "authors" if result.rule == "first-kept" else result.rule
+    did = (
+        f"rolled back to round {result.rollback_round} ({rule} rule), re-ran rounds "
+        f"{_rounds(result.rerun_rounds)} of the kept {_rounds(history.rounds())}"
+    )
+    log(f"{name}: {did}")
     return result.model, {
+        "did": did,
+        "rule": rule,
         "rollback_round": result.rollback_round,
-        "exact_client_rounds": result.exact_client_rounds,
+        "rollback_rounds": result.rollback_rounds,
+        "rerun_rounds": result.rerun_rounds,
         "kept_rounds": history.rounds(),
+        "exact_client_rounds": result.exact_client_rounds,
     }
+
+
+def _rounds(rounds) -> str:
+    """``[1, 2, 3, 5]`` as ``1-3, 5``: a table cell, not a list of twenty numbers."""
+    rounds, spans = sorted(rounds), []
+    for t in rounds:
+        if spans and t == spans[-1][1] + 1:
+            spans[-1][1] = t
+        else:
+            spans.append([t, t])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+    return f"[{text}]"
 
 
 def forget_crab_state(state, clients) -> dict:
-    """Crab's saved selection without ``clients``' recorded contribution norms."""
-    state = dict(state)
-    state["influence"] = {
-        t: {
-            **record,
-            "clients": {c: v for c, v in record["clients"].items() if int(c) not in clients},
-        }
-        for t, record in state["influence"].items()
-    }
-    state["kept"] = {t: [c for c in kept if c not in clients] for t, kept in state["kept"].items()}
-    return state
+    """Crab's saved selection without ``clients``' norms, scores and kept places."""
+    return forget_in_state(state, clients)
 
 
 def sifu_policy(config) -> SensitivityRetention:

@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 #: Metrics every training reply must carry for retention.
 PARTITION_ID_KEY = "partition-id"
+#: The config key asking the clients for L^t (the loss of the model they received, before they
+#: train), and the metric that answers it: what a policy with ``wants_start_loss`` reads.
+START_LOSS_REQUEST, START_LOSS_KEY = "report-start-loss", "start-loss"
 
 
 def aggregate_train_metrics(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
@@ -56,6 +59,17 @@ def aggregate_train_metrics(records: list[RecordDict], weighted_by_key: str) -> 
     )
     aggregated[weighted_by_key] = int(weight_sum)
     return aggregated
+
+
+def _start_loss(replies: list[Message], weighted_by_key: str) -> float | None:
+    """L^t: the replies' ``start-loss`` weighted by their sample counts (None if none reported)."""
+    total = weight = 0.0
+    for reply in replies:
+        metrics = next(iter(reply.content.metric_records.values()))
+        if START_LOSS_KEY in metrics:
+            total += float(metrics[weighted_by_key]) * float(metrics[START_LOSS_KEY])
+            weight += float(metrics[weighted_by_key])
+    return total / weight if weight > 0 else None
 
 
 def _partition_order(reply: Message) -> tuple[int, int]:
@@ -175,6 +189,9 @@ class RetainingFedAvg(FedAvg):
         if RECORD_KEY in metadata:
             self.record = RetentionRecord.from_json(metadata[RECORD_KEY])
             self.record.truncate(last_round)
+            if any(hasattr(p, "settle") for p in self.policies.values()):
+                # a crash after a settlement was saved but before its deletions: finish them
+                self._delete_unkept([r for r in self.store.rounds() if r <= last_round])
         states = metadata.get(STATE_KEY, {}).get(str(last_round), {})
         for name, policy in self.policies.items():
             if name in states and hasattr(policy, "load_state_dict"):
@@ -183,9 +200,12 @@ class RetainingFedAvg(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """FedAvg's configuration; remembers M^t, the model sent this round, for the updates."""
+        """FedAvg's configuration; remembers M^t, the model sent this round, for the updates, and
+        asks the clients for its loss when a policy wants it."""
         if self.store is not None:
             self._sent_arrays = {server_round: arrays}
+            if any(getattr(p, "wants_start_loss", False) for p in self.policies.values()):
+                config = ConfigRecord({**dict(config), START_LOSS_REQUEST: 1})
         return super().configure_train(server_round, arrays, config, self._sampled_from(grid))
 
     def configure_evaluate(
@@ -210,7 +230,8 @@ class RetainingFedAvg(FedAvg):
         return arrays, metrics
 
     def _retain(self, server_round: int, replies: list[Message]) -> None:
-        """Ask every policy what it keeps of this round; write the union and the record."""
+        """Ask every policy what it keeps of this round (and, of one that settles, what it finally
+        keeps of earlier ones); write the union and the record, then delete what is left unkept."""
         sent = self._sent_arrays.pop(server_round, None)
         if sent is None:
             raise RuntimeError(
@@ -219,12 +240,22 @@ class RetainingFedAvg(FedAvg):
             )
         global_state = sent.to_torch_state_dict()
         updates, counts = self._updates(server_round, replies, global_state)
-        chosen = []
+        loss = _start_loss(replies, self.weighted_by_key)
+        chosen, settled = {}, set()
         for name, policy in self.policies.items():
-            selection = Selection.of(policy.select(server_round, global_state, updates, counts))
+            extra = {"loss": loss} if getattr(policy, "wants_start_loss", False) else {}
+            selection = Selection.of(
+                policy.select(server_round, global_state, updates, counts, **extra)
+            )
             self.record.add(name, server_round, selection)
-            chosen.append(selection)
-        kept = Selection.merge(chosen)
+            chosen[name] = selection
+            for decided, clients in getattr(policy, "settle", dict)().items():
+                self.record.settle(name, decided, clients)
+                if decided == server_round:
+                    chosen[name] = Selection(clients is not None, frozenset(clients or ()))
+                else:
+                    settled.add(decided)
+        kept = Selection.merge(chosen.values())
         if kept is not None:
             assert self.store is not None
             model = global_state if kept.keep_global else None
@@ -235,10 +266,29 @@ class RetainingFedAvg(FedAvg):
                     writer.add_norms(partition_id, updates[partition_id], counts[partition_id])
         # A round no policy kept, with no policy state to carry, leaves the record as it was:
         # the header is rewritten only when something changed (not every round).
-        if kept is not None or any(hasattr(p, "state_dict") for p in self.policies.values()):
+        stateful = any(hasattr(p, "state_dict") for p in self.policies.values())
+        if kept is not None or settled or stateful:
             self._save_record(server_round)
+        # after the record: a crash in between leaves blobs the record no longer names, which
+        # resume() deletes, never a record naming deleted blobs
+        self._delete_unkept(sorted(settled))
         if kept is not None and self.on_retained is not None:
             self.on_retained(server_round, sorted(kept.kept))
+
+    def _delete_unkept(self, rounds: Iterable[int]) -> None:
+        """Delete, of each of ``rounds`` still in the store, what no policy's record keeps."""
+        assert self.store is not None
+        stored = set(self.store.rounds())
+        for server_round in rounds:
+            if server_round not in stored:
+                continue
+            wanted = self.record.union(server_round)
+            if wanted is None:
+                self.store.delete_from_round(server_round)
+                continue
+            unkept = set(self.store.clients(server_round)) - wanted.clients
+            if unkept:
+                self.store.delete_from_round(server_round, unkept)
 
     def _updates(self, server_round: int, replies: list[Message], global_state):
         """U_k^t = M_k^t - M^t (computed when read, never all held at once) and N_k of every

@@ -268,22 +268,39 @@ class RunParameters:
     crab_round_ratio: float = unlearning(
         0.6,
         Interval(NUMBER, 0.0, 1.0, closed="right"),
-        "Crab's P: share of each window's rounds kept",
+        "Crab's P (the authors' select_round_ratio): share of each window's rounds kept, those "
+        "whose global step has the largest KL divergence (at least one)",
     )
     crab_client_ratio: float = unlearning(
-        0.7, Interval(NUMBER, 0.0, 1.0, closed="right"), "Crab's X: share of a kept round's clients"
+        0.7,
+        Interval(NUMBER, 0.0, 1.0, closed="right"),
+        "Crab's X (select_client_ratio): share of a kept round's clients kept, those whose model "
+        "is most cosine-aligned with the global model (at least one)",
     )
     crab_loss_drop: float = unlearning(
         0.1,
         Interval(NUMBER, 0.0, 1.0, closed="neither"),
-        "Crab's alpha: a window closes once the loss fell by this fraction",
+        "Crab's alpha: a window closes at the first round whose global model's training loss is "
+        "below (1 - alpha) times the loss at the window's start",
     )
-    crab_window: int = unlearning(10, AT_LEAST_1, "Crab: the most rounds one window spans")
+    crab_window: int = unlearning(
+        0,
+        Interval(WHOLE, 0),
+        "Crab: a window closes anyway once it spans this many rounds (ours: a bound on the rounds "
+        "kept whole until their window closes); 0: no bound, as the authors'",
+    )
+    crab_rollback: str = unlearning(
+        "first-kept",
+        Options(_lazy("fedunlearn.unlearning.crab_recovery", "ROLLBACK_RULES")),
+        "first-kept: the authors' recovery, every kept round re-run from the first; sensitivity: "
+        "ours, roll back to the latest kept round before the removed clients' share of a global "
+        "step exceeded crab-sensitivity-bound (round 1 is then always kept)",
+    )
     crab_sensitivity_bound: float = unlearning(
         0.1,
         NON_NEGATIVE,
-        "Crab's beta: roll back to the latest kept round before the removed clients' share of a "
-        "global step first exceeded it",
+        "Crab's beta, with crab-rollback = sensitivity only: the removed clients' largest share "
+        "of a global step before the rollback round",
     )
     sifu_epsilon: float = unlearning(1.0, POSITIVE, "SIFU's epsilon of (epsilon, delta)-unlearning")
     sifu_delta: float = unlearning(

@@ -83,7 +83,14 @@ class Selection:
 
 
 class RetentionPolicy(Protocol):
-    """Decides, after each training round, what one method needs kept of it."""
+    """Decides, after each training round, what one method needs kept of it.
+
+    Two optional members: ``wants_start_loss = True`` has the clients report L^t, the training
+    loss of the model they received, passed to ``select`` as ``loss`` (Crab's time windows); a
+    ``settle()`` method, called after every ``select``, returns the final choice of earlier rounds
+    the policy kept provisionally (``{round: clients}``, None for nothing of the round), for a
+    policy that chooses rounds after they happened (Crab chooses when a window closes): the
+    strategy records it and deletes what no policy keeps any more."""
 
     def select(
         self,
@@ -140,6 +147,14 @@ class RetentionRecord:
         store says which: a whole update or its norms)."""
         if selection.keeps_anything():
             self.selections[policy][server_round] = tuple(sorted(selection.kept))
+
+    def settle(self, policy: str, server_round: int, clients: Collection[int] | None) -> None:
+        """Replace what ``policy`` kept of ``server_round`` by its final choice: ``clients`` with
+        the round's model, or (None) nothing of the round."""
+        if clients is None:
+            self.selections[policy].pop(server_round, None)
+        else:
+            self.selections[policy][server_round] = tuple(sorted(int(c) for c in clients))
 
     def union(self, server_round: int) -> Selection | None:
         """Every client some policy kept of ``server_round``, in any form (None: nothing kept)."""

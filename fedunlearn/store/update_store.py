@@ -531,6 +531,34 @@ class UpdateStore:
                     fsync_directory(directory.parent)
         return sorted({row.round for row in deleted} | {row.round for row in norms})
 
+    def delete_from_round(self, round: int, clients: Iterable[int] | None = None) -> int:
+        """Physically remove, of committed round ``round``, the updates (and norms) of ``clients``,
+        or with ``clients`` None the whole round, its global model too; return the blob count.
+
+        A policy that chooses its rounds after they happened (Crab's windows) keeps them whole
+        until it has chosen; the retaining strategy then removes what no policy kept. Rows go
+        first, as in :meth:`delete_client`."""
+        self._require_writable("delete_from_round")
+        round_number = self._require_committed(round)
+        wanted = None if clients is None else _client_set("clients", clients)
+        with self._exclusive():
+            rows = [
+                row
+                for row in self._rows(round_number)
+                if wanted is None or (row.kind == "update" and row.client in wanted)
+            ]
+            norms = [
+                row
+                for row in self._index.norms_rows(round_number)
+                if wanted is None or row.client in wanted
+            ]
+            deleted = self._delete_rows(rows, norms)
+            for directory in {(self.root / row.path).parent for row in deleted}:
+                if directory.is_dir() and not any(directory.iterdir()):
+                    directory.rmdir()
+                    fsync_directory(directory.parent)
+        return len(deleted)
+
     # ------------------------------------------------------------------ reading
     def rounds(self) -> list[int]:
         """Committed rounds, ascending."""

@@ -6,16 +6,19 @@ Each module is importable by its own path; this package re-exports their public 
 """
 
 from fedunlearn.unlearning.crab import (
-    CrabRecovery,
     CrabSelector,
-    CrabStep,
-    check_sensitivity_bound,
     contribution_norms,
+    model_alignment,
+    parameter_divergence,
+)
+from fedunlearn.unlearning.crab_recovery import (
+    CrabRecovery,
+    CrabStep,
+    check_rollback_rule,
+    check_sensitivity_bound,
     crab_recover,
     excluded_sensitivities,
-    parameter_divergence,
     rollback_rounds,
-    update_alignment,
 )
 from fedunlearn.unlearning.federaser import (
     ExactUpdatesFn,
@@ -106,12 +109,13 @@ __all__ = [
     "CrabStep",
     "CrabRecovery",
     "crab_recover",
+    "check_rollback_rule",
     "check_sensitivity_bound",
     "contribution_norms",
     "excluded_sensitivities",
+    "model_alignment",
     "parameter_divergence",
     "rollback_rounds",
-    "update_alignment",
     "PruningLayer",
     "pruning_layer",
     "class_channel_sums",

@@ -213,6 +213,27 @@ def test_hostile_evaluation_metrics_are_refused(metrics, fragment):
         check_evaluate_reply({**good, **metrics}, partition=1, declared_examples=50)
 
 
+@pytest.mark.parametrize(
+    "start_loss, fragment",
+    [(-0.5, "start-loss = -0.5 is negative"), (float("inf"), "not finite"), ("x", "not a number")],
+)
+def test_the_optional_start_loss_is_accepted_only_as_a_finite_number_at_least_zero(
+    start_loss, fragment
+):
+    spec = {"w": ((2,), "float32")}
+    good = {"num-examples": 5, "partition-id": 0, "train-loss": 0.1, "calibration": 0}
+    for metrics in (good, {**good, "start-loss": 2.3}):  # asked for by Crab's windows, or not
+        check_training_reply(spec, spec, metrics, partition=0, declared_examples=5)
+    with pytest.raises(RefusedReply, match=fragment):
+        check_training_reply(
+            spec, spec, {**good, "start-loss": start_loss}, partition=0, declared_examples=5
+        )
+    with pytest.raises(RefusedReply, match="unexpected 'end-loss'"):
+        check_training_reply(
+            spec, spec, {**good, "end-loss": 1.0}, partition=0, declared_examples=5
+        )
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     value=st.one_of(

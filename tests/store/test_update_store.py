@@ -451,6 +451,20 @@ def test_delete_rounds_after_removes_later_rounds_rows_and_files_only(tmp_path):
         store.delete_rounds_after(-1)
 
 
+def test_delete_from_round_removes_those_clients_or_the_whole_round_and_nothing_else(tmp_path):
+    store = UpdateStore(tmp_path / "store")
+    write_rounds(store, rounds=(1, 2, 3))
+    others = [p for p in blob_files(store.root) if "round_000002" not in str(p)]
+    assert store.delete_from_round(2, [0, 2]) == 2
+    assert store.clients(2) == [1] and store.num_examples(2) == {1: 20}
+    assert_states_equal(store.read_global(2), make_state(200))
+    assert store.delete_from_round(2) == 2  # the global model and client 1's update
+    assert store.rounds() == [1, 3] and not (store.root / "blobs" / "round_000002").exists()
+    assert blob_files(store.root) == others and store.verify() == []
+    with pytest.raises(ConfigError, match="a committed round"):
+        store.delete_from_round(2)
+
+
 # ---------------------------------------------------------------- a store that never destroys
 def tree(root: Path) -> dict[str, tuple]:
     """Every path under ``root`` with its kind, mode, size, mtime and (files) contents."""

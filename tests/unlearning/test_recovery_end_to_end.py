@@ -70,11 +70,18 @@ def test_fedrecover_and_crab_recover_close_to_retraining_at_a_fraction_of_its_co
     assert recover["retained_mb"] > table.loc["federaser", "retained_mb"] > 0
     assert table.loc["fedretrain", "retained_mb"] == 0
     assert recover["communication_mb"] > 0
-    # Crab keeps a selection (round 1 always) and so less than FedRecover's every round
+    # Crab keeps a selection, less than FedRecover's every round, rolls back to its first kept
+    # round and re-runs the kept rounds after it (the remaining kept clients, 1 epoch each)
     crab = table.loc["crab"]
-    assert seen["crab_rounds"][0] == 1 and len(seen["crab_rounds"]) < 12
+    kept = seen["crab_rounds"]
+    assert 1 < len(kept) < 12
     assert 0 < crab["retained_mb"] < recover["retained_mb"]
-    assert crab["client_epochs"] < retrain["client_epochs"]
+    log = tmp_path / "recover" / "unlearning_log.jsonl"
+    (request,) = [json.loads(line) for line in log.open()]
+    details = request["details"]["crab"]
+    assert details["rule"] == "authors" and details["kept_rounds"] == kept
+    assert details["rollback_round"] == kept[0] and details["rerun_rounds"] == kept[1:]
+    assert 0 < crab["client_epochs"] == details["exact_client_rounds"] < retrain["client_epochs"]
     assert abs(crab["test_accuracy"] - retrain["test_accuracy"]) < 0.1
 
 

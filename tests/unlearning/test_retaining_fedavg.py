@@ -293,3 +293,86 @@ def test_a_norms_run_resumed_after_a_crash_redoes_its_norms_rounds_once(tmp_path
     assert store.rounds() == [1, 2, 3] and store.read_round(3).norms_only == [0, 1, 2]
     assert store.metadata["retention"][INTERVAL] == {str(r): [0, 1, 2] for r in (1, 2, 3)}
     assert store.verify() == []
+
+
+def _crab_round(strategy, server_round, global_state, client_states, sizes, losses):
+    """One round whose clients report ``start-loss`` as asked."""
+    messages = list(
+        strategy.configure_train(server_round, ArrayRecord(global_state), ConfigRecord(), _grid())
+    )
+    assert all(m.content["config"]["report-start-loss"] == 1 for m in messages)
+    replies = []
+    for k, (state, n) in enumerate(zip(client_states, sizes)):
+        reply = _reply(state, n, k, 101 * (k + 1))
+        reply.content["metrics"]["start-loss"] = losses[k]
+        replies.append(reply)
+    return strategy.aggregate_train(server_round, replies)[0].to_torch_state_dict()
+
+
+def _crab_strategy(store, rounds, **kwargs):
+    from fedunlearn.unlearning.crab import CrabSelector
+
+    policies = {
+        "retained-updates": IntervalRetention(4),
+        "selected-history": CrabSelector(round_ratio=0.5, client_ratio=0.5, final_round=rounds),
+    }
+    return RetainingFedAvg(store, policies=policies, min_train_nodes=3, min_available_nodes=3)
+
+
+# L^t, weighted by N = 5, 6, 7: 1.0, 0.95 (window [1, 2] closes at 3), 0.8, 0.78, 0.75, 0.74
+_CRAB_LOSSES = [1.0, 0.95, 0.8, 0.78, 0.75, 0.74]
+
+
+def test_crab_keeps_rounds_whole_until_its_window_closes_then_only_what_it_chose(tmp_path):
+    from server.retention_plan import history
+    from strategies.retaining_fedavg import RECORD_KEY
+
+    store = UpdateStore(tmp_path / "store")
+    strategy, global_state = _crab_strategy(store, 6), _state(0)
+    crab = strategy.policies["selected-history"]
+    for server_round, loss in enumerate(_CRAB_LOSSES, start=1):
+        clients = [_state(10 * server_round + k) for k in range(3)]
+        losses = [loss + d for d in (0.07, 0.0, -0.05)]  # weighted by 5, 6, 7: loss
+        global_state = _crab_round(strategy, server_round, global_state, clients, [5, 6, 7], losses)
+        if server_round == 2:  # the window [1, 2] is open: both rounds kept whole
+            assert store.rounds() == [1, 2] and store.clients(2) == [0, 1, 2]
+        if server_round == 3:  # closed at round 3 (0.8 < 0.9 * 1.0): one of [1, 2], one client
+            assert list(crab.kept) in ([1], [2]) and crab.open_rounds == [3]
+    kept = crab.kept
+    assert len(kept) == 1 + 2 and crab.open_rounds == []  # ⌊0.5 · 2⌋ of [1, 2], 2 of [3 .. 6]
+    assert all(len(c) == 1 for c in kept.values())  # ⌊0.5 · 3⌋ clients
+    view = history(store, "selected-history")
+    assert view.rounds() == list(kept) and {t: view.clients(t) for t in kept} == kept
+    # what no policy kept is gone: FedEraser's rounds 1 and 5 stay whole, Crab's its clients
+    assert store.rounds() == sorted({1, 5} | set(kept))
+    for server_round in store.rounds():
+        whole = server_round in (1, 5)
+        assert store.clients(server_round) == ([0, 1, 2] if whole else kept[server_round])
+    assert store.metadata[RECORD_KEY]["selected-history"] == {
+        str(t): c for t, c in kept.items()
+    }
+    assert store.verify() == []
+
+
+def test_a_crash_between_crabs_record_and_its_deletions_is_finished_on_resume(tmp_path):
+    from strategies.retaining_fedavg import STATE_KEY
+
+    store = UpdateStore(tmp_path / "store")
+    strategy, global_state = _crab_strategy(store, 6), _state(0)
+    deleting = store.delete_from_round
+    store.delete_from_round = lambda *a, **k: 0  # the deletions of round 3's settlement are lost
+    for server_round, loss in enumerate(_CRAB_LOSSES[:3], start=1):
+        clients = [_state(10 * server_round + k) for k in range(3)]
+        global_state = _crab_round(
+            strategy, server_round, global_state, clients, [5, 6, 7], [loss] * 3
+        )
+    store.delete_from_round = deleting
+    assert store.rounds() == [1, 2, 3] and store.clients(2) == [0, 1, 2]
+    assert "3" in store.metadata[STATE_KEY]
+    resumed = _crab_strategy(store, 6)
+    resumed.resume(3)
+    kept = resumed.policies["selected-history"].kept
+    expected = sorted({1} | set(kept) | {3})  # FedEraser's round 1, Crab's choice, the open round
+    assert store.rounds() == expected and resumed.policies["selected-history"].open_rounds == [3]
+    for server_round in set(kept) - {1}:
+        assert store.clients(server_round) == kept[server_round]
