@@ -318,6 +318,8 @@ def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_s
         "num-clients = 3\nrounds = 3\nlocal-epochs = 1\nretain-interval = 1\n"
         f'output-dir = "{tmp_path / "runs"}"\nrun-name = "deployed"\n'
         'unlearn-clients = "1"\nunlearn-methods = "federaser"\nnode-wait-seconds = 90\n'
+        # 3 short rounds leave FedEraser flagged: without FedRetrain, auto would refuse it
+        'unlearn-adopt = "federaser"\n'
     )
     flwr_run = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "server", "--stream", "--run-config"]
     first, first_log = processes.start("flwr-run-killed", [*flwr_run, str(run_config)])

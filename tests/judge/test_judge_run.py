@@ -30,6 +30,9 @@ COMMON = {
     # No abnormality fixing: in a stack, one member's abnormal estimate has its client compute
     # exactly for every member (one message trains them all), which a single run would not.
     "fedrecover-threshold": 1e9,
+    # Nor the divergence guard: in a stack it watches each member's step (no loss) and a round it
+    # redoes is redone for every member.
+    "fedrecover-guard": False,
     "node-wait-seconds": 60,
 }
 JUDGED = (
