@@ -112,3 +112,58 @@ def test_backdoor_is_missing_without_a_trigger_and_unknown_populations_are_refus
     assert reference_counts(32) == (1, 2, 4, 8, 16, 32) and reference_counts(1) == (1,)
     rows = rmia_reference_sweep(data, "original", counts=(1, 4))
     assert [row["reference-models"] for row in rows] == [1, 4]
+
+
+def test_the_verdicts_put_the_method_that_forgot_with_retraining(world_and_table):
+    from fedunlearn.judge import DISTINGUISHABLE, INDISTINGUISHABLE, judge_verdicts
+
+    _, table = world_and_table
+    verdicts = judge_verdicts(table)
+    assert set(verdicts) == {"leaky", "exact"}  # the floor and ceilings are not judged
+    assert verdicts["exact"]["verdict"] == INDISTINGUISHABLE
+    assert verdicts["leaky"]["verdict"] == DISTINGUISHABLE
+    assert "- exact: indistinguishable from retraining" in judge_markdown(table)
+
+
+def _interval_table(method_f, method_ulira, ceiling_f=(0.4, 0.5), floor_f=(0.0, 0.1)):
+    rows = []
+    for population, f, ulira in (
+        ("original", floor_f, (0.7, 0.8)),
+        ("m", method_f, method_ulira),
+        ("fedretrain", ceiling_f, (0.45, 0.55)),
+        ("retrain-independent", ceiling_f, (0.45, 0.55)),
+    ):
+        rows.append(
+            {
+                "population": population,
+                "f": sum(f) / 2,
+                "f-low": f[0],
+                "f-high": f[1],
+                "ulira-accuracy": sum(ulira) / 2,
+                "ulira-accuracy-low": ulira[0],
+                "ulira-accuracy-high": ulira[1],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(
+    ("f", "ulira", "expected"),
+    [
+        ((0.45, 0.6), (0.5, 0.6), "indistinguishable from retraining"),
+        ((0.2, 0.3), (0.5, 0.6), "distinguishable from retraining"),  # F below the ceiling
+        ((0.45, 0.6), (0.6, 0.7), "distinguishable from retraining"),  # U-LiRA tells it apart
+        ((0.51, 0.6), (0.5, 0.6), "distinguishable from retraining"),  # F above the ceiling
+    ],
+)
+def test_a_verdict_needs_both_intervals_to_overlap_retrainings(f, ulira, expected):
+    from fedunlearn.judge import judge_verdicts
+
+    assert judge_verdicts(_interval_table(f, ulira))["m"]["verdict"] == expected
+
+
+def test_without_signal_no_method_gets_a_verdict():
+    from fedunlearn.judge import judge_verdicts
+
+    table = _interval_table((0.45, 0.6), (0.5, 0.6), floor_f=(0.3, 0.45))
+    assert judge_verdicts(table)["m"]["verdict"] == NO_SIGNAL

@@ -1,0 +1,52 @@
+"""The seed and suite tables: gaps are taken within each comparison, a verdict holds at the seeds
+it held at, and a flag at any seed is counted."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from simulations.benchmarks.repeat import comparison_summary, holds, mean_sd, with_gaps
+
+
+def _long():
+    rows = []
+    for seed, (retrain, eraser, flag) in enumerate([(0.9, 0.88, ""), (0.8, 0.5, "gap")]):
+        rows += [
+            {"seed": seed, "method": "fedretrain", "test_accuracy": retrain, "client_epochs": 100,
+             "flag": ""},
+            {"seed": seed, "method": "federaser", "test_accuracy": eraser, "client_epochs": 25,
+             "flag": flag},
+        ]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_gaps_are_to_fedretrain_of_the_same_seed():
+    long = with_gaps(_long(), ["seed"])
+    eraser = long[long["method"] == "federaser"]
+    assert [round(g, 6) for g in eraser["gap_points"]] == [-2.0, -30.0]
+    assert list(eraser["client_epochs_share"]) == [0.25, 0.25]
+
+
+def test_the_summary_counts_flags_and_lists_every_seed():
+    summary = comparison_summary(with_gaps(_long(), ["seed"])).set_index("method")
+    assert summary.loc["federaser", "flagged"] == "1 of 2"
+    assert summary.loc["federaser", "gap_per_seed"] == "s0: -2.00, s1: -30.00 FLAG"
+    assert summary.loc["federaser", "gap_points"] == mean_sd([-2.0, -30.0])
+    assert mean_sd([1.0]) == "1.0000"
+
+
+def test_a_verdict_holds_at_the_seeds_it_held_at():
+    rows = pd.DataFrame(
+        {
+            "seed": [0, 1, 2, 0, 1, 2],
+            "method": ["a"] * 3 + ["b"] * 3,
+            "verdict": ["indistinguishable from retraining"] * 2
+            + ["distinguishable from retraining"]
+            + ["distinguishable from retraining"] * 3,
+            "backdoor_removed": [True, True, True, True, False, None],
+        }
+    )
+    table = holds(rows).set_index("method")
+    assert table.loc["a", "indistinguishable from retraining"] == "holds at 2 of 3 seeds"
+    assert table.loc["b", "indistinguishable from retraining"] == "holds at 0 of 3 seeds"
+    assert table.loc["b", "backdoor removed"] == "holds at 1 of 2 seeds"
