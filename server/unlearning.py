@@ -201,14 +201,15 @@ def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Lo
         log(f"adoption refused: {refused.allowed}")
         raise
     discard_stagings(outcome.run, request, keep=adoption.method)
+    passed_over = [
+        f"{m} was no candidate (its trajectory keeps {', '.join(UNLEARNING[m].trajectory_keeps)} "
+        f"only, and a later request must be able to run {', '.join(config.methods)})"
+        for m in UNLEARNING.names(adoptable=True)
+        if explicit is None and m in config.methods and m not in context.candidates
+    ]
+    if passed_over:
+        adoption = Adoption(adoption.method, "; ".join(passed_over))
     log(f"adopting {adoption.method}'s trajectory as the run's history: {adoption.reason}")
-    for method in [m for m in UNLEARNING.names(adoptable=True) if m in config.methods]:
-        if explicit is None and method not in context.candidates:
-            keeps = ", ".join(UNLEARNING[method].trajectory_keeps)
-            log(
-                f"{method} was no candidate: its trajectory keeps {keeps} only, and a later "
-                f"request must be able to run {', '.join(config.methods)}"
-            )
     return adoption
 
 
