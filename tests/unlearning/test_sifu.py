@@ -386,6 +386,22 @@ def test_the_non_expansive_factor_is_the_authors_one_minus_eta_lambda_to_the_k()
         observed(problem, training, expansion="convex")
 
 
+def test_the_run_config_chooses_the_expansion_and_the_certificate_names_it():
+    from fedunlearn.config import ExperimentConfig
+    from server.recovery_methods import sifu_policy
+
+    config = ExperimentConfig.from_run_config({"sifu-expansion": "non-expansive"})
+    accumulator = sifu_policy(config).accumulator
+    assert accumulator.parameters["expansion"] == "non-expansive"
+    assert accumulator.assumptions()["regime"] == "non-expansive (assumed)"  # the ledger's line
+    assert (
+        sifu_policy(ExperimentConfig.from_run_config({})).accumulator.parameters["expansion"]
+        == "smoothness"
+    )
+    with pytest.raises(ConfigError, match="sifu-expansion"):
+        ExperimentConfig.from_run_config({"sifu-expansion": "convex"})
+
+
 # ------------------------------------------------------------------ sequential requests
 def test_a_second_request_after_rollback_noise_and_forget_is_still_bounded():
     """Unlearn client 1 (rollback to T, noise, retrain without it), then client 3: the bound is the
