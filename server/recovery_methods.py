@@ -239,7 +239,7 @@ def forget_crab_state(state, clients) -> dict:
 def sifu_policy(config) -> SensitivityRetention:
     """SIFU's retention: every round's global model and the accumulated bounds Psi(n, i) under
     the run's client SGD (lr, momentum, weight decay, E_loc epochs of ceil(N_k / B) steps) and the
-    assumed smoothness L (``sifu-smoothness``)."""
+    assumed smoothness L (``sifu-smoothness``), or non-expansive local work (``sifu-expansion``)."""
     return SensitivityRetention(
         SensitivityAccumulator(
             learning_rate=config.lr,
@@ -248,6 +248,7 @@ def sifu_policy(config) -> SensitivityRetention:
             batch_size=config.batch_size,
             momentum=config.momentum,
             weight_decay=config.weight_decay,
+            expansion=config.sifu_expansion,
         )
     )
 

@@ -315,6 +315,12 @@ class RunParameters:
         "L, the smoothness the certificate assumes of every mini-batch loss (exact for linear "
         "models, an assumption for networks)",
     )
+    sifu_expansion: str = unlearning(
+        "smoothness",
+        Options(_lazy("fedunlearn.unlearning.sifu", "EXPANSIONS")),
+        "SIFU's per-round factor rho: from sifu-smoothness (a bound), or non-expansive (assumed, "
+        "as the authors' code does: |1 - lr weight-decay|^K)",
+    )
     sifu_mechanism: str = unlearning(
         "analytic",
         Options(_lazy("fedunlearn.unlearning.gaussian_mechanism", "MECHANISMS")),

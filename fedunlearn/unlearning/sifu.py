@@ -35,6 +35,17 @@ without momentum: the non-convex case, > 1). With ``strong_convexity`` mu (twice
 every mini-batch Hessian's eigenvalues in [mu, L], no momentum) it is
 max(|1 - eta mu'|, |1 - eta L'|)^K, mu' = mu + lambda, at most 1 for eta <= 2 / L'.
 
+``expansion = "non-expansive"`` takes instead rho_n = |1 - eta lambda|^K whatever L, momentum and
+K: the factor of the authors' code (``FL/server.py``, ``Server.compute_metric``: ``coef_regu``;
+1 in all their experiments, lambda = 0). It *assumes* every client's local work is non-expansive,
+which is proven for plain gradient descent on convex losses with eta <= 2 / L (the strongly convex
+case above with mu = 0) and for nothing else: not with momentum, not for a network, not when
+eta L > 2. The certificate then holds only under that assumption (``assumptions()["regime"]``);
+``simulations/benchmarks/sifu_reference.py`` measures how it fares against the true sensitivity.
+Everything else stays ours: the round's real aggregation weights p_k (the authors' code uses 1/M
+with M the whole federation, though only the sampled clients are averaged) and the combined bound
+of the set I (their rollback takes the largest single-client bound of I).
+
 **Budget, rollback, noise.** The Gaussian mechanism (Dwork & Roth 2014, Theorem A.1): if
 ||theta^T - theta_{-I}^T|| <= Psi* and xi ~ N(0, sigma^2 I) with Psi* = epsilon sigma / c,
 c = sqrt(2 ln(1.25 / delta)), epsilon < 1, then theta^T + xi and theta_{-I}^T + xi are
@@ -64,9 +75,10 @@ hold, which is all the certificate needs. Each member is certified as one run of
 
 Assumptions the certificate rests on: L bounds the smoothness of every mini-batch loss wherever
 the two runs go (globally for the linear and logistic models of the tests; for a neural network L
-is not known in general, and the certificate holds only under the stated L), the local optimizer is (momentum) SGD with the stated eta, beta, lambda
-and steps, FedAvg with server learning rate 1, and the rollback rounds are taken as given, as in
-the paper. The bound's own float64 arithmetic carries a rounding allowance; the rounding of
+is not known in general, and the certificate holds only under the stated L) or, with
+``expansion = "non-expansive"``, the local work is non-expansive; the local optimizer is
+(momentum) SGD with the stated eta, beta, lambda and steps, FedAvg with server learning rate 1,
+and the rollback rounds are taken as given, as in the paper. The bound's own float64 arithmetic carries a rounding allowance; the rounding of
 training itself (both runs, float32) is outside the theorem, as for every certificate here.
 """
 
@@ -101,6 +113,9 @@ _CONSTRAINTS = {
     "sifu-batch-size": Interval(int, 1),
 }
 _DOUBLE_ROUNDING = 2.0**-52
+#: How rho_n is obtained: from L, momentum and weight decay (a bound), or assumed non-expansive
+#: (the authors' code: |1 - eta lambda|^K).
+EXPANSIONS = ("smoothness", "non-expansive")
 
 
 # ------------------------------------------------------------------ local work's Lipschitz constant
@@ -245,6 +260,9 @@ class SensitivityAccumulator:
     strong_convexity : float, optional
         mu in [0, L] for strongly convex, twice differentiable losses (no momentum); None: the
         non-convex bound.
+    expansion : {"smoothness", "non-expansive"}, default "smoothness"
+        rho_n from L (a bound under L), or |1 - eta lambda|^K, the authors' code's factor, which
+        assumes non-expansive local work (module docstring).
     groups : list of lists of state keys, optional
         Independent models (a judge stack's members); None: one model of every floating tensor.
     """
@@ -260,6 +278,7 @@ class SensitivityAccumulator:
         momentum: float = 0.0,
         weight_decay: float = 0.0,
         strong_convexity: float | None = None,
+        expansion: str = "smoothness",
         groups: Sequence[Sequence[str]] | None = None,
     ) -> None:
         self.parameters = _validated_parameters(
@@ -271,6 +290,7 @@ class SensitivityAccumulator:
             momentum=momentum,
             weight_decay=weight_decay,
             strong_convexity=strong_convexity,
+            expansion=expansion,
         )
         self.groups = None if groups is None else [list(group) for group in groups]
         self.forgotten = 0
@@ -335,8 +355,10 @@ class SensitivityAccumulator:
         superset of those the reference keeps, so the largest is an upper bound)."""
         rho = 0.0
         for steps in set(record.steps):
+            p = self.parameters
+            if steps not in self._lipschitz and p["expansion"] == "non-expansive":
+                self._lipschitz[steps] = abs(1 - p["learning_rate"] * p["weight_decay"]) ** steps
             if steps not in self._lipschitz:
-                p = self.parameters
                 self._lipschitz[steps] = local_lipschitz(
                     p["learning_rate"],
                     p["smoothness"],
@@ -389,6 +411,8 @@ class SensitivityAccumulator:
 
     def assumptions(self) -> dict[str, Any]:
         regime = "non-convex" if self.parameters["strong_convexity"] is None else "strongly-convex"
+        if self.parameters["expansion"] == "non-expansive":
+            regime = "non-expansive (assumed)"
         return {**self.parameters, "regime": regime, "server_learning_rate": 1.0}
 
     # -------------------------------------------------------------- after an unlearning request
@@ -470,6 +494,9 @@ def _validated_parameters(**values: Any) -> dict[str, Any]:
                 "a number in [0, sifu-smoothness] with sifu-momentum = 0 (or unset: non-convex)",
             )
     out["strong_convexity"] = mu
+    if values["expansion"] not in EXPANSIONS:
+        raise ConfigError("sifu-expansion", values["expansion"], f"one of {', '.join(EXPANSIONS)}")
+    out["expansion"] = values["expansion"]
     return out
 
 

@@ -336,6 +336,72 @@ def test_momentum_expansion_is_exact_on_a_concave_quadratic():
     assert local_lipschitz(lr, smoothness, 6) == pytest.approx((1 + lr * smoothness) ** 6)
 
 
+# ------------------------------------------------------------------ the authors' factor, as an option
+def test_the_non_expansive_option_holds_where_it_is_proven_gradient_descent_on_a_convex_loss():
+    """rho = 1 (the authors' code with lambda = 0) is a theorem for plain gradient descent on a
+    convex loss with eta <= 2 / L: ridge at the range's edge, logistic, softmax with partial
+    participation."""
+    cases = [
+        (least_squares([12, 20, 8, 15]), Training(lr=1.9, epochs=3)),
+        (logistic([7, 23, 4, 16]), Training(lr=1.5, epochs=2)),
+        (softmax([9, 17, 6, 12]), Training(lr=1.0, epochs=2, participation=_schedule)),
+    ]
+    for problem, training in cases:
+        training.lr /= problem.smoothness
+        worst = worst_ratio(problem, training, SINGLE_AND_PAIRS, expansion="non-expansive")
+        assert 0 < worst <= 1 + 1e-9
+
+
+def test_the_non_expansive_option_is_an_assumption_a_non_convex_loss_breaks_it():
+    """Outside convex gradient descent it is an assumption (``regime`` says so): on a
+    concave-convex objective the same check fails, while the smoothness bound holds."""
+    problem = concave_convex([12, 20, 8, 15], curvature=2.0)
+    training = Training(lr=0.5 / problem.smoothness, epochs=3)
+    assert worst_ratio(problem, training, [(0,), (1,)]) <= 1 + 1e-9
+    with pytest.raises(AssertionError):
+        worst_ratio(problem, training, [(0,), (1,)], expansion="non-expansive")
+    accumulator, _ = observed(problem, training, expansion="non-expansive")
+    assert accumulator.assumptions()["regime"] == "non-expansive (assumed)"
+
+
+def test_the_non_expansive_factor_is_the_authors_one_minus_eta_lambda_to_the_k():
+    """Psi(n + 1) = |1 - eta lambda|^K Psi(n) + ||omega_n|| whatever L (FL/server.py's coef_regu)."""
+    problem = least_squares([12, 20, 8, 15])
+    training = Training(lr=0.3 / problem.smoothness, epochs=2, weight_decay=0.5, rounds=4)
+    accumulator, _ = observed(problem, training, expansion="non-expansive")
+    saved = accumulator.to_json()
+    contributions = json.loads(json.dumps(saved))  # eta lambda = 1: rho = 0, Psi(n + 1) = omega_n
+    contributions["parameters"].update(learning_rate=1.0, weight_decay=1.0, smoothness=1e9)
+    omega = [b[0] for b in SensitivityAccumulator.from_json(contributions).bounds(0)]
+    rho = (1 - training.lr * training.weight_decay) ** 2  # K = 2 epochs of one full batch
+    expected = [0.0]
+    for n in range(1, len(omega)):
+        expected.append(rho * expected[-1] + omega[n])
+    assert [b[0] for b in accumulator.bounds(0)] == pytest.approx(expected, rel=1e-12)
+    assert min(omega[1:]) > 0 and 0 < rho < 1
+    assert SensitivityAccumulator.from_json(saved).bounds(0) == accumulator.bounds(0)
+    del saved["parameters"]["expansion"]  # a state saved before the option: the smoothness bound
+    assert SensitivityAccumulator.from_json(saved).parameters["expansion"] == "smoothness"
+    with pytest.raises(ConfigError, match="sifu-expansion"):
+        observed(problem, training, expansion="convex")
+
+
+def test_the_run_config_chooses_the_expansion_and_the_certificate_names_it():
+    from fedunlearn.config import ExperimentConfig
+    from server.recovery_methods import sifu_policy
+
+    config = ExperimentConfig.from_run_config({"sifu-expansion": "non-expansive"})
+    accumulator = sifu_policy(config).accumulator
+    assert accumulator.parameters["expansion"] == "non-expansive"
+    assert accumulator.assumptions()["regime"] == "non-expansive (assumed)"  # the ledger's line
+    assert (
+        sifu_policy(ExperimentConfig.from_run_config({})).accumulator.parameters["expansion"]
+        == "smoothness"
+    )
+    with pytest.raises(ConfigError, match="sifu-expansion"):
+        ExperimentConfig.from_run_config({"sifu-expansion": "convex"})
+
+
 # ------------------------------------------------------------------ sequential requests
 def test_a_second_request_after_rollback_noise_and_forget_is_still_bounded():
     """Unlearn client 1 (rollback to T, noise, retrain without it), then client 3: the bound is the
