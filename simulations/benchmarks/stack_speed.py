@@ -31,7 +31,7 @@ import torch
 
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training import stacked
-from fedunlearn.training.local import train_epochs
+from fedunlearn.training.local import resolve_device, train_epochs
 from fedunlearn.training.stacked import build_model_stack, member_seeds, train_stack_epochs
 
 
@@ -61,17 +61,22 @@ SETTINGS = (
 )
 
 
-def _best_of(repeats: int, run) -> float:
+def _best_of(repeats: int, run, device: torch.device) -> float:
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the kernels queued, not only launched
         times.append(time.perf_counter() - started)
     return min(times)
 
 
-def time_setting(setting: Setting, members: int, repeats: int) -> dict:
+def time_setting(
+    setting: Setting, members: int, repeats: int, device: torch.device | str = "cpu"
+) -> dict:
     """Seconds per model of each formulation for ``members`` models in ``setting``."""
+    device = torch.device(device)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(setting.samples, *setting.sample_shape, generator=generator)
     y = torch.randint(0, setting.num_classes, (setting.samples,), generator=generator)
@@ -88,6 +93,7 @@ def time_setting(setting: Setting, members: int, repeats: int) -> dict:
         lr=setting.lr,
         batch_size=setting.batch_size,
         momentum=setting.momentum,
+        device=device,
     )
 
     def separate():
@@ -101,14 +107,19 @@ def time_setting(setting: Setting, members: int, repeats: int) -> dict:
         with mock.patch.object(stacked, "_is_plain_sequential", return_value=False):
             stacked_run()
 
-    row = {"setting": setting.name, "model": setting.model, "members": members}
+    row = {
+        "setting": setting.name,
+        "model": setting.model,
+        "members": members,
+        "device": device.type,
+    }
     for label, run in (
         ("separate", separate),
         ("stacked", stacked_run),
         ("stacked-vmap", vmap_run),
     ):
         run()  # warm-up: first-call allocations and kernel selection are not what we measure
-        row[f"{label}_s_per_model"] = _best_of(repeats, run) / members
+        row[f"{label}_s_per_model"] = _best_of(repeats, run, device) / members
     row["speedup"] = row["separate_s_per_model"] / row["stacked_s_per_model"]
     row["speedup_vmap"] = row["separate_s_per_model"] / row["stacked-vmap_s_per_model"]
     return row
@@ -121,14 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", nargs="+", default=[s.name for s in SETTINGS])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, cuda or auto (cuda when visible): where models train"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
     rows = []
     for setting in SETTINGS:
         if setting.name not in args.settings:
             continue
         for members in args.members:
-            row = time_setting(setting, members, args.repeats)
+            row = time_setting(setting, members, args.repeats, device)
             print(
                 f"{setting.name} N={members}: separate {row['separate_s_per_model']:.4f}s, "
                 f"stacked {row['stacked_s_per_model']:.4f}s per model "
@@ -139,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     table = pd.DataFrame(rows)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.output_dir / "stack_speed.csv", index=False)
-    header = f"Seconds per model, best of {args.repeats}, {args.threads} CPU thread(s).\n\n"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    header = (
+        f"Seconds per model, best of {args.repeats}, on {where}, {args.threads} CPU thread(s).\n\n"
+    )
     markdown = table.to_markdown(index=False, floatfmt=".4f")
     (args.output_dir / "stack_speed.md").write_text(header + markdown + "\n")
     print(markdown)
