@@ -87,26 +87,36 @@ INDISTINGUISHABLE = "indistinguishable from retraining"
 DISTINGUISHABLE = "distinguishable from retraining"
 
 
-def _overlap(rows: pd.DataFrame, a: str, b: str, column: str) -> bool | None:
-    """Whether the 95% intervals of ``column`` of populations ``a`` and ``b`` overlap (None
-    when the column is missing or an interval is not finite)."""
+def _side(rows: pd.DataFrame, population: str, column: str) -> int | None:
+    """Where ``population``'s 95% interval of ``column`` lies against retrain-independent's:
+    -1 wholly below, +1 wholly above, 0 overlapping (None: the column is missing or an interval
+    is not finite)."""
     low, high = f"{column}-low", f"{column}-high"
     if column not in rows.columns or low not in rows.columns:
         return None
-    bounds = np.asarray([rows.loc[p, k] for p in (a, b) for k in (low, high)], dtype=float)
-    if not np.all(np.isfinite(bounds)):
+    bounds = [rows.loc[p, k] for p in (population, INDEPENDENT) for k in (low, high)]
+    if not np.all(np.isfinite(np.asarray(bounds, dtype=float))):
         return None
-    return bool(bounds[0] <= bounds[3] and bounds[2] <= bounds[1])
+    if bounds[1] < bounds[2]:
+        return -1
+    return 1 if bounds[0] > bounds[3] else 0
 
 
 def judge_verdicts(table: pd.DataFrame) -> dict[str, dict[str, object]]:
     """Per method (every population but original, fedretrain and retrain-independent), what one
-    judge run says of it: ``verdict`` (:data:`INDISTINGUISHABLE` when its forgetting score F and
-    its U-LiRA accuracy both have 95% intervals that overlap retrain-independent's, the models
-    retrained without the target from other seeds; else :data:`DISTINGUISHABLE`;
-    :data:`NO_SIGNAL` when the setting does not separate original from retraining), ``f`` and
-    ``ulira`` (the two overlaps) and ``backdoor_removed`` (its backdoor success interval reaches
-    down to retrain-independent's; None without a backdoor column)."""
+    judge run says of it, against retrain-independent (models retrained without the target from
+    other seeds: how far retraining itself is from FedRetrain):
+
+    * ``verdict``: :data:`DISTINGUISHABLE` when the attacks tell it from FedRetrain better than
+      they tell retrain-independent (F's 95% interval wholly below retrain-independent's, or
+      U-LiRA's accuracy wholly above it); else :data:`INDISTINGUISHABLE`; :data:`NO_SIGNAL` when
+      the setting does not separate the original from retraining;
+    * ``closer``: indistinguishable and even closer to FedRetrain than retrain-independent is (F
+      above, or U-LiRA below its interval): methods that retrain from FedRetrain's own initial
+      model and batch order (FedRecover, SIFU from round 1) are coupled to it;
+    * ``f``, ``ulira``: the two sides (-1, 0, +1; :func:`_side`);
+    * ``backdoor_removed``: its backdoor success interval reaches down to retrain-independent's
+      (None without a backdoor column)."""
     rows = table.set_index("population")
     fixed = {ORIGINAL, REFERENCE, INDEPENDENT}
     signal = separated(table)
@@ -114,8 +124,7 @@ def judge_verdicts(table: pd.DataFrame) -> dict[str, dict[str, object]]:
     for population in rows.index:
         if population in fixed:
             continue
-        f = _overlap(rows, population, INDEPENDENT, "f")
-        ulira = _overlap(rows, population, INDEPENDENT, "ulira-accuracy")
+        f, ulira = _side(rows, population, "f"), _side(rows, population, "ulira-accuracy")
         backdoor = None
         if "backdoor-success-low" in rows.columns and np.isfinite(
             rows.loc[population, "backdoor-success-low"]
@@ -124,12 +133,15 @@ def judge_verdicts(table: pd.DataFrame) -> dict[str, dict[str, object]]:
                 rows.loc[population, "backdoor-success-low"]
                 <= rows.loc[INDEPENDENT, "backdoor-success-high"]
             )
-        verdict = (
-            NO_SIGNAL
-            if not signal
-            else (INDISTINGUISHABLE if f and ulira in (True, None) else DISTINGUISHABLE)
-        )
-        out[population] = {"verdict": verdict, "f": f, "ulira": ulira, "backdoor_removed": backdoor}
+        told_apart = f in (-1, None) or ulira == 1
+        verdict = DISTINGUISHABLE if told_apart else INDISTINGUISHABLE
+        out[population] = {
+            "verdict": verdict if signal else NO_SIGNAL,
+            "closer": signal and not told_apart and (f == 1 or ulira == -1),
+            "f": f,
+            "ulira": ulira,
+            "backdoor_removed": backdoor,
+        }
     return out
 
 
@@ -158,13 +170,20 @@ def judge_markdown(table: pd.DataFrame) -> str:
         lines.append(f"**{NO_SIGNAL}**: F(original) and F(retrain-independent) overlap.")
         return "\n".join(lines) + "\n"
     lines.append(
-        "Verdicts of this training seed (F and U-LiRA intervals against retrain-independent's; "
+        "Verdicts of this training seed (F and U-LiRA intervals against retrain-independent's: "
+        "distinguishable when the attacks tell a method from fedretrain better than they tell "
+        "retraining from other seeds; "
         "a verdict that should hold for a method needs several seeds: "
         "`python -m simulations.benchmarks.repeat CONFIG --seeds 3`):"
     )
+    backdoor = {True: "; backdoor removed", False: "; backdoor NOT removed", None: ""}
     for population, verdict in judge_verdicts(table).items():
-        backdoor = {True: "; backdoor removed", False: "; backdoor NOT removed", None: ""}
-        lines.append(f"- {population}: {verdict['verdict']}{backdoor[verdict['backdoor_removed']]}")
+        closer = (
+            " (closer to fedretrain than retraining from other seeds)" if verdict["closer"] else ""
+        )
+        lines.append(
+            f"- {population}: {verdict['verdict']}{closer}{backdoor[verdict['backdoor_removed']]}"
+        )
     lines.append("")
     fixed = {ORIGINAL, REFERENCE, INDEPENDENT}
     methods = table[~table["population"].isin(fixed)]

@@ -124,6 +124,7 @@ def judge_seed_rows(tables: dict[int, pd.DataFrame]) -> pd.DataFrame:
                     "seed": seed,
                     "method": population,
                     "verdict": verdict["verdict"],
+                    "closer to fedretrain than retraining": verdict["closer"],
                     "backdoor_removed": verdict["backdoor_removed"],
                     "f": f"{row['f']:.3f} [{row['f-low']:.3f}, {row['f-high']:.3f}]",
                     "ulira": (
