@@ -22,9 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulations import run as runner
-from simulations.benchmarks import default_data_root
-from simulations.benchmarks.repeat import comparison_summary, run_point, with_gaps
+from simulations.benchmarks.repeat import add_run_options, comparison_summary, run_point, with_gaps
 
 CONFIG = Path(__file__).resolve().parents[1] / "fedrecover_skew_mnist.toml"
 VARIANTS = {
@@ -39,9 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     parser.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=list(VARIANTS))
-    parser.add_argument("--output-dir", type=Path, default=Path("results/fedrecover-guard"))
-    parser.add_argument("--data-root", default=default_data_root())
-    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
+    add_run_options(parser, "results/fedrecover-guard")
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
     tables = []
@@ -49,9 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             sets = [*VARIANTS[variant], f"seed={seed}", f"unlearn-clients='{seed}'"]
             name = f"{variant}-s{seed}"
-            directory = run_point(
-                CONFIG, output, name, sets, data_root=args.data_root, app=args.app
-            )
+            if not args.summarize_only:
+                run_point(
+                    CONFIG, output, name, [*sets, *args.set], data_root=args.data_root, app=args.app
+                )
+            directory = output / name
+            if not (directory / "unlearning.csv").is_file():
+                continue
             table = pd.read_csv(directory / "unlearning.csv")
             tables.append(table.assign(variant=variant, seed=seed))
     long = with_gaps(pd.concat(tables, ignore_index=True), ["variant", "seed"])

@@ -65,6 +65,20 @@ def run_point(
     return directory
 
 
+def add_run_options(parser: argparse.ArgumentParser, output_dir: str) -> None:
+    """The options every benchmark that runs ``fedunlearn-run`` points shares: where results
+    go, the data root, extra ``--set`` values, the app, and summarising what is there."""
+    parser.add_argument("--output-dir", type=Path, default=Path(output_dir))
+    parser.add_argument(
+        "--data-root",
+        default=default_data_root(must_exist=True),
+        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
+    )
+    parser.add_argument("--set", action="append", default=[], help="extra key=value per run")
+    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
+    parser.add_argument("--summarize-only", action="store_true", help="only tabulate what ran")
+
+
 def mean_sd(values: Sequence[float]) -> str:
     """``mean ± sd`` (sample sd; one value: the value)."""
     array = np.asarray(values, dtype=float)
@@ -197,15 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", type=Path)
     parser.add_argument("--seeds", type=int, default=3, help="how many training seeds (>= 1)")
     parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--output-dir", type=Path, default=Path("results/seeds"))
-    parser.add_argument(
-        "--data-root",
-        default=default_data_root(must_exist=True),
-        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
-    )
-    parser.add_argument("--set", action="append", default=[], help="extra key=value per run")
-    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
-    parser.add_argument("--summarize-only", action="store_true")
+    add_run_options(parser, "results/seeds")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: a whole number >= 1")

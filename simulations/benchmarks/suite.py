@@ -39,9 +39,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fedunlearn.plots import legend_outside, save_figure  # noqa: E402
-from simulations import run as runner  # noqa: E402
-from simulations.benchmarks import default_data_root  # noqa: E402
 from simulations.benchmarks.repeat import (  # noqa: E402
+    add_run_options,
     comparison_summary,
     run_point,
     with_gaps,
@@ -158,15 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", nargs="*", choices=list(DATASETS))
     parser.add_argument("--partitions", nargs="*", choices=list(PARTITIONS))
     parser.add_argument("--seeds", nargs="*", type=int)
-    parser.add_argument("--output-dir", type=Path, default=Path("results/suite"))
-    parser.add_argument(
-        "--data-root",
-        default=default_data_root(must_exist=True),
-        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
-    )
-    parser.add_argument("--set", action="append", default=[], help="extra key=value per run")
-    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
-    parser.add_argument("--summarize-only", action="store_true")
+    add_run_options(parser, "results/suite")
     args = parser.parse_args(argv)
     datasets = args.datasets or (["digits"] if args.quick else list(DATASETS))
     seeds = args.seeds if args.seeds is not None else (SEEDS[:1] if args.quick else SEEDS)
