@@ -20,7 +20,7 @@ Usage::
     python -m simulations.benchmarks.repeat simulations/judge_every_method_digits.toml \\
         --seeds 3 --set judge-models=16 --output-dir results/judge-seeds
     python -m simulations.benchmarks.repeat simulations/digits.toml --seeds 3 \\
-        --output-dir results/digits-seeds [--data-root DIR] [--first-seed 0]
+        --output-dir results/digits-seeds [--data-root DIR] [--first-seed 0 | --seed-list 0 1 7]
 """
 
 from __future__ import annotations
@@ -211,12 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", type=Path)
     parser.add_argument("--seeds", type=int, default=3, help="how many training seeds (>= 1)")
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument(
+        "--seed-list", type=int, nargs="+", help="these seeds instead of --seeds/--first-seed"
+    )
     add_run_options(parser, "results/seeds")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: a whole number >= 1")
     output = args.output_dir.resolve()
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    seeds = args.seed_list or list(range(args.first_seed, args.first_seed + args.seeds))
     for seed in [] if args.summarize_only else seeds:
         run_point(
             args.config,
