@@ -4,7 +4,7 @@ Digits, K = 10 clients holding label shards (2 per client), the main job's train
 forgets clients 2 and 5 with ``unlearn-adopt = auto``. Then request 2 forgets client 3 from the
 adopted history: first ``--dry-run`` with every client-removal method (refused, naming what the
 history lacks, when request 1 did not run them), then for real with the methods the history
-serves. A second run trains with every method, so that its history keeps what all of them need,
+serves (the dry-run forgets client 4, whom no request forgets, so it answers for the history alone). A second run trains with every method, so that its history keeps what all of them need,
 and its request 2 runs every method.
 
 Prints, per run, the adoption line of request 1 and what request 2 did; writes ``adoption.md``.
@@ -64,7 +64,9 @@ def scenario(name: str, output: Path, methods: str, seed: int) -> dict:
             raise SystemExit(f"{name}: request 1 failed")
     table = pd.read_csv(directory / "unlearning.csv").set_index("method")
     second = [*common, "unlearn-only=true", "unlearn-clients='3'"]
-    code, refusal = _run(name, output, [*second, f"unlearn-methods='{EVERY}'"], dry_run=True)
+    # client 4: never forgotten, so the dry-run's answer is the history's, before or after request 2
+    probe = [*common, "unlearn-only=true", "unlearn-clients='4'", f"unlearn-methods='{EVERY}'"]
+    code, refusal = _run(name, output, probe, dry_run=True)
     dry = "passed" if code == 0 else refusal.strip().splitlines()[-1]
     if not (directory / "unlearning-2.csv").is_file():
         code, _ = _run(name, output, [*second, f"unlearn-methods='{methods}'"])
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         scenario(f"shards-default-s{args.seed}", output, DEFAULT, args.seed),
         scenario(f"shards-every-s{args.seed}", output, EVERY, args.seed),
     ]
-    markdown = pd.DataFrame(rows).T.to_markdown() + "\n"
+    markdown = pd.DataFrame(rows).set_index("run").T.to_markdown() + "\n"
     (output / "adoption.md").write_text(markdown, encoding="utf-8")
     print(markdown)
     return 0
