@@ -83,6 +83,20 @@ def test_fedrecover_and_crab_recover_close_to_retraining_at_a_fraction_of_its_co
     assert details["rollback_round"] == kept[0] and details["rerun_rounds"] == kept[1:]
     assert 0 < crab["client_epochs"] == details["exact_client_rounds"] < retrain["client_epochs"]
     assert abs(crab["test_accuracy"] - retrain["test_accuracy"]) < 0.1
+    # every row says what its method did; a row within flag-gap and away from the original is
+    # not flagged, and the flags the log records are the table's
+    assert crab["did"].startswith(f"rolled back to round {kept[0]} (authors rule), re-ran rounds")
+    assert crab["rollback_round"] == kept[0]
+    assert recover["did"].endswith("redone by the guard") and "estimated" in recover["did"]
+    assert table.loc["federaser", "did"].startswith("4 retained round(s): 3 calibrated")
+    recorded = request["flags"]
+    assert recorded == {m: f for m, f in table["flag"].items() if isinstance(f, str) and f}
+    flagged = set(recorded)
+    assert not {"fedrecover", "fedretrain"} & flagged
+    below = 100 * (retrain["test_accuracy"] - crab["test_accuracy"])
+    assert ("crab" in flagged) == (below > 5), (below, recorded)
+    assert request["adopted"] == "fedretrain"  # FedEraser's trajectory would not serve Crab's need
+    assert "federaser was no candidate" in request["adoption"]
 
 
 def test_sifu_rolls_back_within_budget_certifies_and_forgets_the_client_in_its_bounds(
