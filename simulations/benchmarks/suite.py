@@ -4,7 +4,8 @@ Every method of ``simulations/suite.toml`` (FedEraser, FedAccum, FedRecover, Cra
 × {IID, Dirichlet(0.5), Dirichlet(0.1), label shards} × {digits, MNIST, Fashion-MNIST, Adult}
 × 3 training seeds. Seed S forgets client S, so targets vary with the seed. Each point is one
 ``fedunlearn-run`` (train → every method → table), skipped when its run directory already holds
-``unlearning.csv``: rerun the command to resume.
+``unlearning.csv``: rerun the command to resume. A point that fails is reported and the suite goes
+on; ``suite.md`` names every point without a result.
 
 Writes, in ``--output-dir``:
 
@@ -50,7 +51,9 @@ SUITE_CONFIG = Path(__file__).resolve().parents[1] / "suite.toml"
 #: Each dataset's own keys (the rest is suite.toml's).
 DATASETS = {
     "digits": ["dataset='digits'", "lr=0.05", "batch-size=32"],
-    "mnist": ["dataset='mnist'", "train-samples=6000", "lr=0.05", "momentum=0.9"],
+    # MNIST at simulations/mnist.toml's lr = 0.05 diverged on Dirichlet(0.1), seed 2 (round 3
+    # train loss 92, every model at 0.098): the suite uses Fashion-MNIST's 0.02.
+    "mnist": ["dataset='mnist'", "train-samples=6000", "lr=0.02", "momentum=0.9"],
     "fashion-mnist": ["dataset='fashion-mnist'", "train-samples=6000", "lr=0.02", "momentum=0.9"],
     "adult": ["dataset='adult'", "train-samples=6000", "lr=0.01", "momentum=0.9"],
 }
@@ -101,6 +104,16 @@ def summary(long: pd.DataFrame) -> pd.DataFrame:
         zip(table["dataset"], table["partition"], table["method"])
     ]  # fmt: skip
     return table
+
+
+def missing_points(long: pd.DataFrame, chosen) -> str:
+    """A markdown line naming every chosen point without a result (failed or not run yet)."""
+    done = set(zip(long["dataset"], long["partition"], long["seed"]))
+    missing = [name for dataset, partition, seed, name, _ in chosen
+               if (dataset, partition, seed) not in done]  # fmt: skip
+    if not missing:
+        return ""
+    return f"\nNo result ({len(missing)} of {len(chosen)} points): {', '.join(missing)}.\n"
 
 
 MARKERS = {"iid": "o", "dirichlet-0.5": "s", "dirichlet-0.1": "^", "shards": "D"}
@@ -167,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     for index, (_, _, _, name, sets) in enumerate([] if args.summarize_only else chosen, 1):
         print(f"=== point {index}/{len(chosen)}, {time.perf_counter() - started:.0f}s", flush=True)
         root = args.data_root if not name.startswith("digits") else None
-        run_point(SUITE_CONFIG, output, name, [*sets, *args.set], data_root=root, app=args.app)
+        try:
+            run_point(SUITE_CONFIG, output, name, [*sets, *args.set], data_root=root, app=args.app)
+        except SystemExit as failed:  # one failed point must not end a run of hours
+            print(f"=== {failed}; the suite goes on", flush=True)
     long = collect(output, chosen)
     long.to_csv(output / "suite.csv", index=False)
     table = summary(long)
-    markdown = table.to_markdown(index=False) + "\n"
+    markdown = table.to_markdown(index=False) + "\n" + missing_points(long, chosen)
     (output / "suite.md").write_text(markdown, encoding="utf-8")
     save_figure(suite_figure(long), output / "suite.png")
     print(markdown)
