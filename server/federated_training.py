@@ -42,6 +42,7 @@ from fedunlearn.training.stacked import (
     mean_evaluation,
     member_seeds,
 )
+from fedunlearn.unlearning.verdicts import training_flag
 from server.federation import FederationMembers, discover_clients, failure_reasons
 from server.history import finish_pending
 from server.progress import Log
@@ -512,6 +513,7 @@ def _finish(run, store, config, members, final_state, elapsed, resuming: bool, l
         "server_peak_rss_mb": megabytes(peak_rss_bytes()),
         "refused_replies": int(metrics.get("refused", pd.Series(dtype=int)).sum()),
         "dropped_clients": {str(k): v for k, v in sorted(members.dropped.items())},
+        "training_flag": training_flag(metrics["test_accuracy"]),
     }
     if resuming:
         summary["resumed"] = len(run.read_log(RECOVERY_LOG))
@@ -522,6 +524,8 @@ def _finish(run, store, config, members, final_state, elapsed, resuming: bool, l
         f"{len(retained_rounds)} retained round(s), {summary['store_bytes'] / 1e6:.2f} MB; "
         f"results in {run.path}"
     )
+    if summary["training_flag"]:
+        log(f"WARNING {summary['training_flag']}: a comparison built on this model means little")
 
 
 def _row(server_round, result, train_metrics, replied, retained, round_seconds, elapsed) -> dict:

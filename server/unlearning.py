@@ -49,6 +49,7 @@ from fedunlearn.unlearning.verdicts import (
     AdoptionRefused,
     choose_adoption,
     flag_rows,
+    training_flag,
 )
 from server.federated_training import (
     TrainingOutcome,
@@ -170,6 +171,10 @@ def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: 
     config = outcome.config
     table, angles = measure(outcome, runner.models, runner.seconds, targets)
     table = with_verdicts(with_costs(table, runner, outcome.store), runner.details, config.flag_gap)
+    metrics = outcome.run.metrics
+    if "test_accuracy" in metrics:
+        original = (table["method"] == "fedavg").to_numpy()
+        table.loc[original, "flag"] = training_flag(metrics["test_accuracy"])
     runner.publish("unlearning", table, title="unlearning results", floatfmt=".4f")
     for method, flag in zip(table["method"], table["flag"]):
         if flag:

@@ -50,3 +50,20 @@ def test_a_verdict_holds_at_the_seeds_it_held_at():
     assert table.loc["a", "indistinguishable from retraining"] == "holds at 2 of 3 seeds"
     assert table.loc["b", "indistinguishable from retraining"] == "holds at 0 of 3 seeds"
     assert table.loc["b", "backdoor removed"] == "holds at 1 of 2 seeds"
+
+
+def test_the_suite_names_points_without_a_result_and_points_whose_training_is_flagged():
+    from simulations.benchmarks.suite import points, points_note
+
+    chosen = list(points(["digits"], ["iid"], [0, 1, 2]))
+    long = pd.DataFrame(
+        [
+            {"dataset": "digits", "partition": "iid", "seed": s, "method": "fedavg", "flag": f}
+            for s, f in [(0, ""), (2, "training collapsed: final test accuracy 0.0982 ...")]
+        ]
+    )
+    note = points_note(long, chosen)
+    assert "No result (1 of 3 points): digits-iid-s1." in note
+    assert "digits-iid-s2: the original is flagged (training collapsed" in note
+    assert "digits-iid-s0" not in note
+    assert points_note(long[long["seed"] == 0], chosen[:1]) == ""

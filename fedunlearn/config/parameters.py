@@ -345,7 +345,7 @@ class RunParameters:
         5.0,
         Interval(NUMBER, 0.0, 100.0),
         "a method this many points of test accuracy below FedRetrain (without it: the "
-        "original) is flagged, as is one no closer to FedRetrain than the original",
+        "original) is flagged, as is one that stayed by the original (forgot nothing)",
     )
     keep_original: bool = unlearning(
         False, Flag(), "keep the pre-request model and history under original-<request>/"

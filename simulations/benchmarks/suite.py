@@ -106,14 +106,21 @@ def summary(long: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def missing_points(long: pd.DataFrame, chosen) -> str:
-    """A markdown line naming every chosen point without a result (failed or not run yet)."""
+def points_note(long: pd.DataFrame, chosen) -> str:
+    """Markdown lines naming every chosen point without a result (failed or not run yet) and
+    every point whose original training is flagged (its comparison means little)."""
     done = set(zip(long["dataset"], long["partition"], long["seed"]))
     missing = [name for dataset, partition, seed, name, _ in chosen
                if (dataset, partition, seed) not in done]  # fmt: skip
-    if not missing:
-        return ""
-    return f"\nNo result ({len(missing)} of {len(chosen)} points): {', '.join(missing)}.\n"
+    lines = [f"No result ({len(missing)} of {len(chosen)} points): {', '.join(missing)}."] * bool(
+        missing
+    )
+    originals = long[(long["method"] == "fedavg") & (long["flag"].fillna("").astype(str) != "")]
+    lines += [
+        f"{d}-{p}-s{s}: the original is flagged ({f}); its rows mean little."
+        for d, p, s, f in originals[[*KEYS, "flag"]].itertuples(index=False)
+    ]
+    return "".join(f"\n{line}\n" for line in lines)
 
 
 MARKERS = {"iid": "o", "dirichlet-0.5": "s", "dirichlet-0.1": "^", "shards": "D"}
@@ -187,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     long = collect(output, chosen)
     long.to_csv(output / "suite.csv", index=False)
     table = summary(long)
-    markdown = table.to_markdown(index=False) + "\n" + missing_points(long, chosen)
+    markdown = table.to_markdown(index=False) + "\n" + points_note(long, chosen)
     (output / "suite.md").write_text(markdown, encoding="utf-8")
     save_figure(suite_figure(long), output / "suite.png")
     print(markdown)

@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedunlearn.unlearning.verdicts import AdoptionRefused, choose_adoption, flag_rows
+from fedunlearn.unlearning.verdicts import (
+    AdoptionRefused,
+    choose_adoption,
+    flag_rows,
+    training_flag,
+)
 
 
 def _table(**rows) -> pd.DataFrame:
@@ -32,6 +37,33 @@ def _table(**rows) -> pd.DataFrame:
 
 def _flags(table, gap=5.0) -> dict[str, str]:
     return dict(zip(table["method"], flag_rows(table, gap)))
+
+
+# ------------------------------------------------------------------ the original's training
+def test_the_suites_collapsed_mnist_training_is_flagged():
+    # results of MNIST, lr 0.05, Dirichlet(0.1), seed 2: learned to 0.4875, then 0.0982
+    curve = [0.0878, 0.1142, 0.4875, 0.1135, *[0.0982] * 7]
+    assert training_flag(curve).startswith("training collapsed: final test accuracy 0.0982")
+
+
+def test_a_training_that_learned_nothing_or_diverged_is_flagged():
+    assert training_flag([0.1311, 0.11, 0.1022]).startswith("training learned nothing")
+    assert training_flag([0.1, 0.8, math.nan]).startswith("training diverged")
+
+
+@given(
+    initial=st.floats(0.0, 0.3),
+    best=st.floats(0.4, 1.0),
+    share=st.floats(0.5, 1.0),
+    wiggle=st.lists(st.floats(0.0, 1.0), max_size=8),
+)
+def test_a_training_that_learned_and_kept_half_its_best_is_not_flagged(
+    initial, best, share, wiggle
+):
+    # label shards oscillate: a final round well below the best is still a trained model
+    final = max(share * best, initial + 0.06)
+    curve = [initial, *[w * best for w in wiggle], best, final]
+    assert training_flag(curve) == ""
 
 
 # ------------------------------------------------------------------ flags
