@@ -67,3 +67,14 @@ def test_the_suite_names_points_without_a_result_and_points_whose_training_is_fl
     assert "digits-iid-s2: the original is flagged (training collapsed" in note
     assert "digits-iid-s0" not in note
     assert points_note(long[long["seed"] == 0], chosen[:1]) == ""
+
+
+def test_the_suites_method_rows_count_flags_and_give_the_worst_gap_per_partition():
+    from simulations.benchmarks.suite import by_method
+
+    long = with_gaps(_long().assign(partition="shards", dataset="digits"), ["seed"])
+    row = by_method(long).set_index("method").loc["federaser"]
+    assert row["flagged"] == "1 of 2 runs"
+    assert row["gap shards"] == "-16.00 (worst -30.0)"
+    assert row["client-epochs share"] == "0.25"
+    assert list(by_method(long)["method"]) == ["federaser"]

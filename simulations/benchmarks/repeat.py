@@ -92,12 +92,13 @@ def with_gaps(table: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     accuracy gap to FedRetrain of the same comparison, in points, and its client-epochs as a
     share of FedRetrain's."""
     table = table.copy()
-    reference = table[table["method"] == "fedretrain"].set_index(list(keys))
-    joined = table.join(
-        reference[["test_accuracy", "client_epochs"]], on=list(keys), rsuffix="_fedretrain"
-    )
-    table["gap_points"] = 100 * (joined["test_accuracy"] - joined["test_accuracy_fedretrain"])
-    table["client_epochs_share"] = joined["client_epochs"] / joined["client_epochs_fedretrain"]
+    reference = table.loc[
+        table["method"] == "fedretrain", [*keys, "test_accuracy", "client_epochs"]
+    ]
+    joined = table[list(keys)].merge(reference, on=list(keys), how="left")
+    retrained, epochs = joined["test_accuracy"].to_numpy(), joined["client_epochs"].to_numpy()
+    table["gap_points"] = 100 * (table["test_accuracy"].to_numpy() - retrained)
+    table["client_epochs_share"] = table["client_epochs"].to_numpy() / epochs
     return table
 
 

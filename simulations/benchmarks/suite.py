@@ -12,8 +12,9 @@ Writes, in ``--output-dir``:
 * ``suite.csv``: every row of every run (dataset, partition, seed, method, test accuracy, gap to
   FedRetrain in points, client-epochs and their share of FedRetrain's, what the method did, its
   flag);
-* ``suite.md``: per dataset, partition and method, mean ± sd over seeds, how many seeds flagged
-  it, and what it did at the first seed;
+* ``suite.md``: per method, how many runs flagged it and its gap per partition (mean and worst);
+  then per dataset, partition and method, mean ± sd over seeds, how many seeds flagged it, and
+  what it did at the first seed;
 * ``suite.png``: gap to FedRetrain against client-epochs share, one point per method and
   setting (mean over seeds), flagged points marked.
 
@@ -106,6 +107,22 @@ def summary(long: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def by_method(long: pd.DataFrame) -> pd.DataFrame:
+    """One row per method (neither the original nor FedRetrain): how many runs flagged it, its
+    gap to FedRetrain per partition (mean over datasets and seeds, and the worst run), and its
+    client-epochs as a share of FedRetrain's (mean)."""
+    rows = long[~long["method"].isin(["fedavg", "fedretrain"])]
+    table = []
+    for method, part in rows.groupby("method", sort=False):
+        flags = part["flag"].fillna("").astype(str) != ""
+        row = {"method": method, "flagged": f"{int(flags.sum())} of {len(part)} runs"}
+        for partition, gaps in part.groupby("partition", sort=False)["gap_points"]:
+            row[f"gap {partition}"] = f"{gaps.mean():+.2f} (worst {gaps.min():+.1f})"
+        row["client-epochs share"] = f"{part['client_epochs_share'].mean():.2f}"
+        table.append(row)
+    return pd.DataFrame(table)
+
+
 def points_note(long: pd.DataFrame, chosen) -> str:
     """Markdown lines naming every chosen point without a result (failed or not run yet) and
     every point whose original training is flagged (its comparison means little)."""
@@ -194,7 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     long = collect(output, chosen)
     long.to_csv(output / "suite.csv", index=False)
     table = summary(long)
-    markdown = table.to_markdown(index=False) + "\n" + points_note(long, chosen)
+    markdown = (
+        "Per method, over every dataset and seed:\n\n"
+        + by_method(long).to_markdown(index=False)
+        + "\n\nPer dataset and partition, over seeds:\n\n"
+        + table.to_markdown(index=False)
+        + "\n"
+        + points_note(long, chosen)
+    )
     (output / "suite.md").write_text(markdown, encoding="utf-8")
     save_figure(suite_figure(long), output / "suite.png")
     print(markdown)
