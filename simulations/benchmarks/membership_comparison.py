@@ -19,22 +19,14 @@ import pandas as pd
 
 from fedunlearn.membership.evaluation import mean_std
 from simulations import run as runner
-from simulations.benchmarks import default_data_root
+from simulations.benchmarks.repeat import add_run_options
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path, help="a run config with mia = true")
-    parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (>= 3 for std)")
-    parser.add_argument(
-        "--data-root",
-        default=default_data_root(must_exist=True),
-        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
-    )
-    parser.add_argument("--set", action="append", default=[], help="extra key=value for every run")
-    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
-    parser.add_argument("--summarize-only", action="store_true")
+    add_run_options(parser, "results/membership")
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
