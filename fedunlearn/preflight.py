@@ -130,9 +130,7 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
                 f"a finished run under {config.output_path}; {path / name} is missing{hint}",
             )
     trained = trained_config(config, path)
-    effective = trained.replace(
-        **{field: getattr(config, field) for field in REQUEST_FIELDS}, unlearn_only=True
-    )
+    effective = request_config(trained, config)
     forgotten = forgotten_clients(config, path)
     again = sorted(set(config.unlearn_targets) & forgotten)
     if again:
@@ -151,6 +149,19 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
         )
     check_history(effective, path)
     return effective
+
+
+def request_config(trained: ExperimentConfig, request: ExperimentConfig) -> ExperimentConfig:
+    """The configuration an ``unlearn-only`` request runs with: the trained run's, with the
+    request's :data:`REQUEST_FIELDS` and the run it names (``run-name``, ``output-dir``: an
+    auto-named run's ``config.json`` stores ``run-name = ""``, and the request may reach the run
+    by another path)."""
+    return trained.replace(
+        **{field: getattr(request, field) for field in REQUEST_FIELDS},
+        run_name=request.run_name,
+        output_dir=request.output_dir,
+        unlearn_only=True,
+    )
 
 
 def check_history(config: ExperimentConfig, path: Path) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.errors import ConfigError
-from fedunlearn.preflight import REQUEST_FIELDS
+from fedunlearn.preflight import request_config
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.federated_training import TrainingOutcome, discover
@@ -43,9 +43,7 @@ def load_trained_run(
                 f"a finished run under {request.output_path}; {path / needed} is missing",
             )
     trained = ExperimentConfig.from_run_config(json.loads((path / "config.json").read_text()))
-    config = trained.replace(
-        **{key: getattr(request, key) for key in REQUEST_FIELDS}, unlearn_only=True
-    )
+    config = request_config(trained, request)
     data = load_federated_data(config)
     members = discover(grid, config, data, log=log)
     run = RunDirectory.open(path)

@@ -9,8 +9,9 @@ It is ``flwr run <app> --stream`` plus what that command cannot do for you:
 * resolves ``data-root`` and ``output-dir`` against *your* working directory (the ServerApp runs in
   the SuperLink's process, whose working directory is not yours);
 * sizes the federation to ``num-clients`` and sets the client resources (CPU and GPU fractions);
-  with ``num-clients`` = 0 (not set) it leaves the size to the connection's federation (Flower's
-  default local one has 2 SuperNodes), whose size the app adopts;
+  with ``num-clients`` = 0 (not set) it runs :data:`DEFAULT_NUM_CLIENTS` (the main job's K), so
+  that ``fedunlearn-run`` with or without ``simulations/digits.toml`` trains the same federation
+  (plain ``flwr run`` keeps the app's default: adopt the federation's size);
 * exits non-zero when the run fails (``flwr run`` itself exits 0), quoting the failure;
 * shows our progress lines only: Flower's log lines and Ray's warnings with ``--verbose``
   (:mod:`simulations.console`), and no ANSI colour codes unless the output is a terminal.
@@ -18,7 +19,7 @@ It is ``flwr run <app> --stream`` plus what that command cannot do for you:
 Examples
 --------
     fedunlearn-run simulations/digits.toml           # the main job: digits, 10 clients
-    fedunlearn-run                                   # the app defaults, on the default federation
+    fedunlearn-run                                   # the app defaults: the main job
     fedunlearn-run simulations/mnist.toml --data-root ~/data
     fedunlearn-run simulations/mnist.toml --set rounds=5 --set retain=false --num-gpus 0.25
 """
@@ -41,7 +42,7 @@ from typing import Any, TextIO
 
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_path_text
 from fedunlearn.errors import ConfigError, FedUnlearnError
-from fedunlearn.preflight import complete_unlearn_request, preflight
+from fedunlearn.preflight import complete_unlearn_request, preflight, trained_config
 from simulations.console import ConsoleFilter, use_color
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -129,6 +130,11 @@ def toml_value(key: str, value: Any) -> str:
     raise ConfigError(key, value, "a string, a whole number, a finite number or true/false")
 
 
+#: The federation ``fedunlearn-run`` starts when ``num-clients`` is not set: the main job's
+#: (``simulations/digits.toml``, "the app defaults with K = 10").
+DEFAULT_NUM_CLIENTS = 10
+
+
 def render_run_config(values: dict[str, Any]) -> str:
     """A flat run-config TOML document (``flwr run --run-config FILE``): ``key = value`` lines."""
     return "".join(f"{key} = {toml_value(key, v)}\n" for key, v in sorted(values.items()))
@@ -170,6 +176,14 @@ def _run_status(run_id: str, env: dict[str, str]) -> tuple[str, str]:
         return "unknown", (out.stdout + out.stderr).strip()
 
 
+def _unset_num_clients(config: ExperimentConfig) -> int:
+    """The federation size when ``num-clients`` is not set: a resumed run's own (its
+    ``config.json`` holds the size it adopted), else :data:`DEFAULT_NUM_CLIENTS`."""
+    if config.resume and (config.run_directory() / "config.json").is_file():
+        return trained_config(config, config.run_directory()).num_clients
+    return DEFAULT_NUM_CLIENTS
+
+
 def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
     """Validate everything before anything starts: the keys, the launcher's flags, the data and
     the run directory (read-only). Returns the configuration and the run-config TOML to hand to
@@ -183,6 +197,9 @@ def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
     config = ExperimentConfig.from_run_config(values)
     if config.unlearn_only:
         values = complete_unlearn_request(values, config)
+        config = ExperimentConfig.from_run_config(values)
+    if config.num_clients == ADOPT_FEDERATION_SIZE:
+        values["num-clients"] = _unset_num_clients(config)
         config = ExperimentConfig.from_run_config(values)
     if not (math.isfinite(args.num_cpus) and args.num_cpus > 0):
         raise ConfigError("--num-cpus", args.num_cpus, "a finite number > 0")
@@ -281,13 +298,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.app, config_file, config.num_clients, args.num_cpus, args.num_gpus
         )
         print("fedunlearn-run:", " ".join(command), flush=True)
-        if config.num_clients == ADOPT_FEDERATION_SIZE:
-            print(
-                "fedunlearn-run: num-clients not set (0): the app adopts the federation's size "
-                "(Flower's default local federation: 2 SuperNodes; set num-clients=K for K)",
-                file=sys.stderr,
-                flush=True,
-            )
         if args.dry_run:
             print(text, end="")
             return 0

@@ -232,3 +232,15 @@ def test_with_num_clients_unset_only_the_run_directory_and_the_dataset_are_check
         pf.preflight(missing)
     assert info.value.parameter == "data-root"
     assert not (tmp_path / "out").exists()
+
+
+def test_an_auto_named_run_reopens_with_unlearn_only(tmp_path):
+    # an auto-named run (run-name left empty) stores run-name = "" in its config.json
+    trained = _finished(tmp_path, name="digits-20261126-061654")
+    path = trained.run_directory()
+    saved = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**saved, "run-name": ""}))
+    effective = pf.check_run_directory(_request(trained, "3"))
+    assert effective.run_name == "digits-20261126-061654"
+    assert effective.run_directory() == path
+    assert effective.unlearn_only and effective.unlearn_targets == [3]

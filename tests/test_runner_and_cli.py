@@ -93,14 +93,34 @@ def test_dry_run_sizes_the_federation_to_num_clients(tmp_path, capsys, no_flower
     assert "num-clients = 7" in out and f'output-dir = "{tmp_path}"' in out
 
 
-def test_without_num_clients_the_dry_run_leaves_the_size_to_the_federation(
+def test_without_num_clients_the_runner_trains_the_main_jobs_federation(
     tmp_path, capsys, no_flower
 ):
+    # the README's sequential recipe has no config file: it must train digits.toml's K = 10, or
+    # its second step (unlearn-clients=3) is refused on a federation of 2
     code = runner.main(["--dry-run", "--output-dir", str(tmp_path)])
-    captured = capsys.readouterr()
+    bare = capsys.readouterr().out
     assert code == 0
-    assert "num-supernodes" not in captured.out and "client-resources-num-cpus=1" in captured.out
-    assert "the app adopts the federation's size" in captured.err
+    assert "num-supernodes=10 client-resources-num-cpus=1" in bare and "num-clients = 10" in bare
+    main_job = runner.PROJECT_ROOT / "simulations" / "digits.toml"
+    assert runner.main([str(main_job), "--dry-run", "--output-dir", str(tmp_path)]) == 0
+    assert "num-supernodes=10 " in capsys.readouterr().out
+
+
+def test_a_resumed_run_keeps_the_federation_it_adopted(tmp_path, capsys, no_flower):
+    import json
+
+    from fedunlearn.config import ExperimentConfig
+
+    started = ExperimentConfig.from_run_config(
+        {"output-dir": str(tmp_path), "run-name": "adopted-2", "num-clients": 2}
+    )
+    started.run_directory().mkdir(parents=True)
+    (started.run_directory() / "config.json").write_text(json.dumps(started.to_run_config()))
+    argv = ["--dry-run", "--output-dir", str(tmp_path), "--set", "run-name='adopted-2'"]
+    assert runner.main([*argv, "--set", "resume=true"]) == 0
+    out = capsys.readouterr().out
+    assert "num-supernodes=2 " in out and "num-clients = 2" in out
 
 
 def test_a_failed_flower_run_makes_a_non_zero_exit(tmp_path, monkeypatch, capsys):
@@ -268,6 +288,7 @@ def test_scale_benchmark_refuses_bad_sizes(tmp_path, capsys, argv, fragment):
 
 # ----------------------------------------------------------------------------- the run-config TOML
 
+
 @settings(max_examples=300, deadline=None)
 @given(st.text())
 def test_every_text_reads_back_from_the_run_config_toml_or_is_refused(text):
@@ -332,6 +353,7 @@ def test_the_dry_run_writes_the_validated_values_not_the_raw_ones(tmp_path, caps
         "output-dir": str(tmp_path / "J\u00fcrgen \U00020000"),
         "unlearn-clients": "3",
         "lr": 1.0,
+        "num-clients": runner.DEFAULT_NUM_CLIENTS,  # the runner's federation, not Flower's 2
     }
     assert "\\u" not in text  # UTF-8 text, not escapes
     assert not (tmp_path / "J\u00fcrgen \U00020000").exists()

@@ -126,3 +126,26 @@ def test_a_finished_run_can_be_reopened_to_forget_a_client_and_not_twice(tmp_pat
 
     with pytest.raises(ConfigError, match="already were"):
         simulate(request, num_supernodes=3)
+
+
+def test_an_auto_named_run_is_reopened_by_its_printed_name(tmp_path, simulate):
+    """The default run name (``<dataset>-<timestamp>``, ``run-name`` left empty) is what the
+    README's unlearn-only recipe names: both the launcher's checks and the server reopen it."""
+    from simulations import run as runner
+
+    common = {"num-clients": 3, "rounds": 2, "local-epochs": 1, "retain-interval": 1}
+    common |= {"output-dir": str(tmp_path), "node-wait-seconds": 60}
+    simulate({**common, "unlearn-clients": ""}, num_supernodes=3)
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert json.loads((run_dir / "config.json").read_text())["run-name"] == ""
+    request = ["--set", f"run-name='{run_dir.name}'", "--set", "unlearn-only=true"]
+    request += ["--set", "unlearn-clients='1'", "--output-dir", str(tmp_path), "--dry-run"]
+    assert runner.main(request) == 0
+    simulate(
+        {**common, "run-name": run_dir.name, "unlearn-only": True, "unlearn-clients": "1",
+         "unlearn-methods": "federaser,fedretrain"},
+        num_supernodes=3,
+    )  # fmt: skip
+    table = pd.read_csv(run_dir / "unlearning.csv")
+    assert table["method"].tolist() == ["fedavg", "federaser", "fedretrain"]
+    assert UpdateStore(run_dir / "store").clients() == [0, 2]
