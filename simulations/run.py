@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -130,6 +131,8 @@ def toml_value(key: str, value: Any) -> str:
     raise ConfigError(key, value, "a string, a whole number, a finite number or true/false")
 
 
+#: The exit status after Ctrl-C (128 + SIGINT), as a shell reports an interrupted command.
+INTERRUPTED = 130
 #: The federation ``fedunlearn-run`` starts when ``num-clients`` is not set: the main job's
 #: (``simulations/digits.toml``, "the app defaults with K = 10").
 DEFAULT_NUM_CLIENTS = 10
@@ -253,25 +256,64 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class RunInterrupted(Exception):
+    """Ctrl-C during a run: the run id and run directory seen so far (None when not yet)."""
+
+    def __init__(self, run_id: str | None, run_directory: str | None):
+        super().__init__(run_id)
+        self.run_id, self.run_directory = run_id, run_directory
+
+
 def stream_run(
     command: Sequence[str], env: Mapping[str, str], console: ConsoleFilter, out: TextIO
 ) -> tuple[int, str | None]:
     """Run ``command`` (``flwr run --stream``), copy what ``console`` lets through to ``out`` as it
-    comes; returns its exit status and the run id it announced (None if it did not)."""
+    comes; returns its exit status and the run id it announced (None if it did not). Ctrl-C ends
+    the command and raises :class:`RunInterrupted`."""
     process = subprocess.Popen(
         list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(env)
     )
-    run_id = None
+    run_id = run_directory = None
     assert process.stdout is not None
-    for line in process.stdout:
-        match = re.search(r"started run (\d+)", line)
-        if match:
-            run_id = match.group(1)
-        shown = console(line)
-        if shown is not None:
-            out.write(shown)
-            out.flush()
+    try:
+        for line in process.stdout:
+            match = re.search(r"started run (\d+)", line)
+            run_id = match.group(1) if match else run_id
+            found = re.search(r"\[fedunlearn\] run directory: (.+)$", line.rstrip())
+            run_directory = found.group(1) if found else run_directory
+            shown = console(line)
+            if shown is not None:
+                out.write(shown)
+                out.flush()
+    except KeyboardInterrupt:
+        process.terminate()
+        process.wait()
+        raise RunInterrupted(run_id, run_directory) from None
     return process.wait(), run_id
+
+
+def stop_interrupted(
+    interrupted: RunInterrupted, argv: Sequence[str], env: Mapping[str, str]
+) -> int:
+    """Stop the run Ctrl-C left on the SuperLink (``flwr stop``), say how to continue it, and
+    return 130 (the shell's status for an interrupted command)."""
+    if interrupted.run_id is None:
+        print("\nfedunlearn-run: interrupted before the run started", file=sys.stderr)
+        return INTERRUPTED
+    stop = subprocess.run(
+        ["flwr", "stop", interrupted.run_id], capture_output=True, text=True, env=dict(env)
+    )
+    said = "stopped" if stop.returncode == 0 else f"could not stop (flwr stop {interrupted.run_id})"
+    print(f"\nfedunlearn-run: interrupted: {said} run {interrupted.run_id}", file=sys.stderr)
+    if interrupted.run_directory:
+        folder = Path(interrupted.run_directory)
+        again = [a for a in argv if a != "--dry-run"]
+        again += ["--output-dir", str(folder.parent), "--set", f"run-name={folder.name}"]
+        again += ["--set", "resume=true"]
+        print(
+            f"fedunlearn-run: continue it with: fedunlearn-run {shlex.join(again)}", file=sys.stderr
+        )
+    return INTERRUPTED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -307,7 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         }
         console = ConsoleFilter(verbose=args.verbose, color=use_color(sys.stdout))
-        code, run_id = stream_run(command, env, console, sys.stdout)
+        try:
+            code, run_id = stream_run(command, env, console, sys.stdout)
+        except RunInterrupted as interrupted:
+            return stop_interrupted(interrupted, list(argv or sys.argv[1:]), env)
     if code != 0:
         return code
     if run_id is None:

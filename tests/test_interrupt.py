@@ -1,0 +1,72 @@
+"""Ctrl-C on ``fedunlearn-run``: the streamed command ends, the run is stopped on the SuperLink,
+the way to continue it is printed, and the exit status is 130."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from simulations import run as runner
+from simulations.console import ConsoleFilter
+
+#: A stand-in for `flwr run --stream`: announces a run and its directory, then keeps running.
+FLWR = (
+    "import sys, time\n"
+    "print('Successfully started run 4242', flush=True)\n"
+    "print('[fedunlearn] run directory: /runs/digits-20261126-061654', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def _interrupt_after(seconds: float) -> None:
+    """Ctrl-C as a terminal sends it, to this process, from a timer."""
+    threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+
+def test_ctrl_c_ends_the_streamed_command_and_says_which_run(monkeypatch):
+    started = []
+    popen = runner.subprocess.Popen
+    monkeypatch.setattr(
+        runner.subprocess, "Popen", lambda *a, **k: started.append(popen(*a, **k)) or started[-1]
+    )
+    _interrupt_after(1.5)
+    began = time.monotonic()
+    with pytest.raises(runner.RunInterrupted) as interrupted:
+        runner.stream_run([sys.executable, "-c", FLWR], {}, ConsoleFilter(), io.StringIO())
+    assert time.monotonic() - began < 30  # not the stand-in's 60 s
+    assert interrupted.value.run_id == "4242"
+    assert interrupted.value.run_directory == "/runs/digits-20261126-061654"
+    assert started[0].poll() is not None  # the command is gone, not left running
+
+
+def test_the_interrupted_run_is_stopped_and_the_resume_command_printed(monkeypatch, capsys):
+    asked = []
+    monkeypatch.setattr(
+        runner.subprocess,
+        "run",
+        lambda argv, **kwargs: asked.append(argv) or runner.subprocess.CompletedProcess(argv, 0),
+    )
+    interrupted = runner.RunInterrupted("4242", "/runs/digits-20261126-061654")
+    code = runner.stop_interrupted(
+        interrupted, ["simulations/digits.toml", "--set", "rounds=50"], {}
+    )
+    assert code == 130
+    assert asked == [["flwr", "stop", "4242"]]
+    err = capsys.readouterr().err
+    assert "interrupted: stopped run 4242" in err
+    assert (
+        "fedunlearn-run simulations/digits.toml --set rounds=50 --output-dir /runs "
+        "--set run-name=digits-20261126-061654 --set resume=true"
+    ) in err
+
+
+def test_before_a_run_started_nothing_is_stopped(monkeypatch, capsys):
+    monkeypatch.setattr(runner.subprocess, "run", lambda *a, **k: pytest.fail("nothing to stop"))
+    assert runner.stop_interrupted(runner.RunInterrupted(None, None), [], {}) == 130
+    assert "interrupted before the run started" in capsys.readouterr().err
