@@ -7,6 +7,10 @@ class FedUnlearnError(Exception):
     """Base class of every error this package raises on purpose."""
 
 
+class RunStopped(FedUnlearnError):
+    """The run was asked to stop (Ctrl-C on ``fedunlearn-run``) and stopped after a completed round."""
+
+
 class ConfigError(FedUnlearnError, ValueError):
     """A parameter has a value outside what is allowed.
 

@@ -23,6 +23,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from fedunlearn.certified.dp_accounting import dp_fedavg_epsilon
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import FederatedData, load_federated_data, run_settings
+from fedunlearn.errors import RunStopped
 from fedunlearn.memory import (
     current_rss_bytes,
     megabytes,
@@ -369,6 +370,7 @@ def _open_run(config: ExperimentConfig, resuming: bool, initial_state, log: Log)
     path = config.run_directory()
     if resuming:
         run = RunDirectory.open(path)
+        run.take_stop_request()  # the Ctrl-C that interrupted it
         finish_pending(run, log=log)  # an interrupted history rewrite, before the store opens
         if (path / "model_initial.safetensors").is_file():
             initial_state = run.load_model("model_initial")
@@ -463,9 +465,7 @@ class _RoundRecorder:
         device = resolve_device(self.config.device)
         initial = evaluate_run_model(self.model, splits.test.x, splits.test.y, device=device)
         row = _row(0, initial, MetricRecord(), 0, False, 0.0, self.elapsed())
-        self.run.append_metrics(
-            {**row, **self._store_size(), "refused": 0, "check_seconds": 0.0}
-        )
+        self.run.append_metrics({**row, **self._store_size(), "refused": 0, "check_seconds": 0.0})
         self.log(
             f"round 0/{self.config.rounds}  test accuracy {initial.accuracy:.4f}  "
             f"test loss {initial.loss:.4f}"
@@ -489,6 +489,11 @@ class _RoundRecorder:
             + ("  retained" if retained else "")
             + f"  {seconds:.1f}s"
         )
+        if self.run.take_stop_request():
+            raise RunStopped(
+                f"stopped after round {server_round} (Ctrl-C on fedunlearn-run); the checkpoint "
+                f"holds it: continue with resume=true and run-name={self.run.path.name}"
+            )
 
 
 def _finish(run, store, config, members, final_state, elapsed, resuming: bool, log: Log):

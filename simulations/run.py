@@ -44,6 +44,7 @@ from typing import Any, TextIO
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_path_text
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.preflight import complete_unlearn_request, preflight, trained_config
+from fedunlearn.store.run_directory import request_stop
 from simulations.console import ConsoleFilter, use_color
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -292,6 +293,25 @@ def stream_run(
     return process.wait(), run_id
 
 
+def _without_run_location(argv: Sequence[str]) -> list[str]:
+    """``argv`` without ``--output-dir DIR``, ``--set run-name=...`` and ``--set resume=...`` (the
+    resume command names the run itself)."""
+    kept, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        following = argv[i + 1] if i + 1 < len(argv) else ""
+        if arg == "--output-dir" or (
+            arg == "--set" and following.split("=")[0].strip() in ("run-name", "resume")
+        ):
+            skip = True
+            continue
+        if not arg.startswith("--output-dir=") and arg != "--dry-run":
+            kept.append(arg)
+    return kept
+
+
 def stop_interrupted(
     interrupted: RunInterrupted, argv: Sequence[str], env: Mapping[str, str]
 ) -> int:
@@ -300,6 +320,8 @@ def stop_interrupted(
     if interrupted.run_id is None:
         print("\nfedunlearn-run: interrupted before the run started", file=sys.stderr)
         return INTERRUPTED
+    if interrupted.run_directory:
+        request_stop(Path(interrupted.run_directory))  # training stops after its current round
     stop = subprocess.run(
         ["flwr", "stop", interrupted.run_id], capture_output=True, text=True, env=dict(env)
     )
@@ -307,7 +329,7 @@ def stop_interrupted(
     print(f"\nfedunlearn-run: interrupted: {said} run {interrupted.run_id}", file=sys.stderr)
     if interrupted.run_directory:
         folder = Path(interrupted.run_directory)
-        again = [a for a in argv if a != "--dry-run"]
+        again = _without_run_location(argv)
         again += ["--output-dir", str(folder.parent), "--set", f"run-name={folder.name}"]
         again += ["--set", "resume=true"]
         print(

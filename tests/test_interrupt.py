@@ -70,3 +70,24 @@ def test_before_a_run_started_nothing_is_stopped(monkeypatch, capsys):
     monkeypatch.setattr(runner.subprocess, "run", lambda *a, **k: pytest.fail("nothing to stop"))
     assert runner.stop_interrupted(runner.RunInterrupted(None, None), [], {}) == 130
     assert "interrupted before the run started" in capsys.readouterr().err
+
+
+def test_the_stop_request_reaches_the_run_directory_once(tmp_path):
+    from fedunlearn.store.run_directory import STOP_REQUEST, RunDirectory, request_stop
+
+    assert not request_stop(tmp_path / "no-such-run")
+    assert not (tmp_path / "no-such-run").exists()  # nothing created where no run is
+    run = RunDirectory.create(tmp_path / "run", {"rounds": 3})
+    assert not run.take_stop_request()
+    assert request_stop(run.path)
+    assert (run.path / STOP_REQUEST).stat().st_mode & 0o077 == 0
+    assert run.take_stop_request() and not run.take_stop_request()
+
+
+def test_ctrl_c_asks_the_run_directory_to_stop(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(
+        runner.subprocess, "run", lambda argv, **k: runner.subprocess.CompletedProcess(argv, 0)
+    )
+    (tmp_path / "run").mkdir()
+    runner.stop_interrupted(runner.RunInterrupted("7", str(tmp_path / "run")), [], {})
+    assert (tmp_path / "run" / "stop-requested").is_file()

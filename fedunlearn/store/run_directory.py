@@ -28,9 +28,20 @@ from fedunlearn.store.durable_io import (
     read_jsonl,
 )
 
-__all__ = ["CHECKPOINT", "RunDirectory"]
+__all__ = ["CHECKPOINT", "STOP_REQUEST", "RunDirectory", "request_stop"]
 
 CHECKPOINT = "checkpoint"
+#: Written by ``fedunlearn-run`` on Ctrl-C; training stops after the round it finds it in (a
+#: stopped Flower run's ServerApp may go on for several rounds before it notices).
+STOP_REQUEST = "stop-requested"
+
+
+def request_stop(path: Path) -> bool:
+    """Ask the run in ``path`` to stop after its current round; False when there is no run."""
+    if not Path(path).is_dir():
+        return False
+    (Path(path) / STOP_REQUEST).touch(mode=0o600)
+    return True
 
 
 class RunDirectory:
@@ -109,6 +120,14 @@ class RunDirectory:
                 "resume", True, f"a run whose {target} records its round; it does not (remove it)"
             )
         return round_number, load_file(str(target))
+
+    def take_stop_request(self) -> bool:
+        """Whether a stop was requested (:func:`request_stop`); the request is consumed."""
+        request = self.path / STOP_REQUEST
+        if not request.exists():
+            return False
+        request.unlink(missing_ok=True)
+        return True
 
     def remove_checkpoint(self) -> None:
         """Drop the checkpoint once training wrote its final model and summary."""
