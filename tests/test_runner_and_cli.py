@@ -357,3 +357,22 @@ def test_the_dry_run_writes_the_validated_values_not_the_raw_ones(tmp_path, caps
     }
     assert "\\u" not in text  # UTF-8 text, not escapes
     assert not (tmp_path / "J\u00fcrgen \U00020000").exists()
+
+
+@pytest.mark.parametrize(
+    ("sets", "key"),
+    [
+        (["train-samples=99999"], "train-samples"),
+        (["scrub=true", "scrub-forget=class:99"], "scrub-forget"),
+        (["scrub=true", "scrub-forget=samples:0:5000:5"], "scrub-forget"),
+        (["certified-head=true", "certified-removals=1000000000"], "certified-removals"),
+    ],
+)
+def test_the_app_defaults_are_checked_with_their_federation_at_the_dry_run(
+    tmp_path, capsys, no_flower, sets, key
+):
+    # without num-clients these passed the dry-run and failed ~40 s into the federation
+    argv = ["--dry-run", "--output-dir", str(tmp_path)]
+    assert runner.main([*argv, *[x for s in sets for x in ("--set", s)]]) == 2
+    assert f"error: invalid {key}=" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
