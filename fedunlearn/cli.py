@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedunlearn import __version__
 from fedunlearn.errors import ConfigError, FedUnlearnError, StoreCorruptionError
 
 _UNCHECKSUMMED = (
@@ -183,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedunlearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"fedunlearn {__version__}")
     groups = parser.add_subparsers(dest="group", required=True)
     store = groups.add_parser("store", help="inspect or verify a retained-update store")
     store_commands = store.add_subparsers(dest="command", required=True)

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedunlearn import __version__
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_path_text
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.preflight import complete_unlearn_request, preflight, trained_config
@@ -229,6 +230,7 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"fedunlearn-run {__version__}")
     parser.add_argument(
         "config", nargs="?", type=Path, help="run-config TOML (default: the app's defaults)"
     )

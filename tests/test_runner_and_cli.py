@@ -376,3 +376,13 @@ def test_the_app_defaults_are_checked_with_their_federation_at_the_dry_run(
     assert runner.main([*argv, *[x for s in sets for x in ("--set", s)]]) == 2
     assert f"error: invalid {key}=" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("main", [cli.main, runner.main], ids=["fedunlearn", "fedunlearn-run"])
+def test_both_commands_say_their_version(main, capsys):
+    from fedunlearn import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip().endswith(__version__)
