@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class FedUnlearnError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -38,3 +41,14 @@ class DatasetNotFoundError(FedUnlearnError, FileNotFoundError):
 
 class StoreCorruptionError(FedUnlearnError, IOError):
     """A retained blob on disk does not match the checksum recorded for it."""
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for the choice closest to ``word`` (a misspelling, Python's
+    underscores for hyphens, another case), or ``""`` when none is close."""
+    text = str(word).strip().lower().replace("_", "-")
+    options = list(choices)
+    if text in options:
+        return f"; did you mean {text}?"
+    close = difflib.get_close_matches(text, options, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, did_you_mean
 
 #: What a method may need from the run (``MethodSpec.needs``): the retained updates of the update
 #: store (FedEraser, FedAccum), the trained model only, or statistics the clients compute at the
@@ -179,9 +179,13 @@ class Registry:
     def parse(self, value: str, *, allow_empty: bool = True) -> list[str]:
         """The names in a comma-separated config value, in the order given, each registered."""
         names = [m for m in str(value).replace(" ", "").lower().split(",") if m]
-        if any(m not in self._specs for m in names) or not (names or allow_empty):
+        wrong = [m for m in names if m not in self._specs]
+        if wrong or not (names or allow_empty):
+            hint = did_you_mean(wrong[0], self.names()) if wrong else ""
             raise ConfigError(
-                self.parameter, value, f"a comma-separated subset of {', '.join(self.names())}"
+                self.parameter,
+                value,
+                f"a comma-separated subset of {', '.join(self.names())}{hint}",
             )
         return list(dict.fromkeys(names))
 

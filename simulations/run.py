@@ -55,7 +55,7 @@ PATH_KEYS = ("data-root", "output-dir")
 def parse_assignment(text: str) -> tuple[str, Any]:
     """``key=value`` with the value read as TOML when it parses (numbers, booleans), else a string."""
     if "=" not in text:
-        raise ConfigError("--set", text, "key=value, e.g. --set rounds=5")
+        raise ConfigError("--set", text, "KEY=VALUE with no spaces, e.g. --set rounds=5")
     key, raw = (part.strip() for part in text.split("=", 1))
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
@@ -66,10 +66,16 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 def load_run_config(path: Path | None, assignments: Sequence[str] = ()) -> dict[str, Any]:
     """A run config from a flat TOML file (the format of ``flwr run --run-config FILE``) + overrides."""
+    overrides = dict(parse_assignment(text) for text in assignments)  # `--set rounds 5` first
     values: dict[str, Any] = {}
     if path is not None:
         if not path.is_file():
-            raise ConfigError("config", str(path), "an existing TOML run-config file")
+            bundled = PROJECT_ROOT / "simulations"
+            raise ConfigError(
+                "config",
+                str(path),
+                f"an existing TOML run-config file (the bundled ones: {bundled}/*.toml)",
+            )
         try:
             values = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
@@ -79,10 +85,7 @@ def load_run_config(path: Path | None, assignments: Sequence[str] = ()) -> dict[
             raise ConfigError(
                 "config", str(path), f"flat key = value pairs; found a table [{nested[0]}]"
             )
-    for text in assignments:
-        key, value = parse_assignment(text)
-        values[key] = value
-    return values
+    return values | overrides
 
 
 def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:

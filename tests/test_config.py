@@ -89,9 +89,34 @@ def test_a_set_num_clients_must_equal_the_federation_size():
     assert info.value.parameter == "num-clients" and info.value.value == 10
 
 
-def test_unknown_key_is_refused_with_the_known_keys():
-    with pytest.raises(ConfigError, match="unknown key; known keys are dataset"):
+def test_unknown_key_is_refused_with_the_nearest_known_key():
+    with pytest.raises(ConfigError, match="unknown key; did you mean retain-interval\\?"):
         ExperimentConfig.from_run_config({"retain-intervall": 2})
+
+
+@pytest.mark.parametrize(
+    ("values", "suggested"),
+    [
+        ({"local-epoch": 3}, "local-epochs"),
+        ({"unlearn_clients": "3"}, "unlearn-clients"),
+        ({"Rounds": 3}, "rounds"),
+        ({"unlearn-methods": "fedraser,crab"}, "federaser"),
+        ({"unlearn-methods": "federaser,SIFU2"}, "sifu"),
+        ({"partitioning": "dirichet"}, "dirichlet"),
+        ({"dataset": "mnsit"}, "mnist"),
+        ({"dataset": "fashion_mnist"}, "fashion-mnist"),
+    ],
+)
+def test_a_misspelling_is_answered_with_the_right_word(values, suggested):
+    with pytest.raises(ConfigError, match=f"did you mean {suggested}\\?"):
+        ExperimentConfig.from_run_config(values)
+
+
+def test_a_word_far_from_every_choice_gets_no_guess_and_no_list_of_every_key():
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.from_run_config({"zzzz": 1})
+    assert "did you mean" not in str(info.value) and "batch-size" not in str(info.value)
+    assert "docs/configuration.md" in str(info.value)
 
 
 def test_missing_data_root_directory(tmp_path):

@@ -15,7 +15,7 @@ from typing import Any
 
 from fedunlearn.config.choices import INT64
 from fedunlearn.config.paths import RUN_NAME_ALLOWED, check_path_text, check_run_name
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, did_you_mean
 
 Choices = Sequence[str] | Callable[[], Sequence[str]]
 
@@ -73,7 +73,7 @@ class Options(Constraint):
 
     def check(self, key: str, value: Any) -> None:
         if value not in self.choices:
-            self._refuse(key, value)
+            raise ConfigError(key, value, self.allowed + did_you_mean(value, self.choices))
 
 
 def _bound(value: float) -> str:
@@ -163,8 +163,10 @@ class NameList(Constraint):
 
     def parse(self, key: str, value: str) -> list[str]:
         names = [m for m in value.replace(" ", "").lower().split(",") if m]
-        if any(m not in self.options.choices for m in names) or (self.required and not names):
-            self._refuse(key, value)
+        wrong = [m for m in names if m not in self.options.choices]
+        if wrong or (self.required and not names):
+            hint = did_you_mean(wrong[0], self.options.choices) if wrong else ""
+            raise ConfigError(key, value, self.allowed + hint)
         return list(dict.fromkeys(names))
 
     def check(self, key: str, value: str) -> None:

@@ -24,7 +24,7 @@ from fedunlearn.config.parameters import (
     parameter_table,
 )
 from fedunlearn.config.rules import ConfigGroup, partition_ids, validate_config
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, did_you_mean
 from fedunlearn.store.retention import is_retained_round
 
 
@@ -61,7 +61,10 @@ class ExperimentConfig(RunParameters):
             unknown = sorted(set(run_config) - set(known))
             if unknown:
                 raise ConfigError(
-                    "run-config", unknown[0], f"unknown key; known keys are {', '.join(known)}"
+                    "run-config",
+                    unknown[0],
+                    f"unknown key{did_you_mean(unknown[0], known)} (every key, its default and "
+                    "what it accepts: docs/configuration.md)",
                 )
         values = {
             row.attribute: coerce(row.key, run_config[row.key], row.kind)
