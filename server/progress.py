@@ -52,7 +52,11 @@ class Heartbeat:
         now = self.clock()
         if now - self.last >= self.interval:
             self.last = now
-            self.log(
-                f"  {self.label}: {replied}/{self.total} clients replied, "
-                f"{now - self.started:.0f} s"
-            )
+            waited = f"{now - self.started:.0f} s"
+            if self.label.startswith("discovery"):  # Ray still starting the clients: not a failure
+                self.log(
+                    f"  {self.label}: waiting for {self.total} clients to start ({replied} "
+                    f"ready), {waited}"
+                )
+            else:
+                self.log(f"  {self.label}: {replied}/{self.total} clients replied, {waited}")

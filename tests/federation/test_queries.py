@@ -74,12 +74,12 @@ def _messages(nodes):
     ]
 
 
-def _collect(grid, time, nodes, *, timeout=100.0, lines=None, **kwargs):
+def _collect(grid, time, nodes, *, timeout=100.0, lines=None, label="round 3", **kwargs):
     return collect_replies(
         grid,
         _messages(nodes),
         timeout=timeout,
-        label="round 3",
+        label=label,
         log=None if lines is None else lines.append,
         clock=time.clock,
         sleep=time.sleep,
@@ -101,6 +101,15 @@ def test_replies_are_collected_as_they_arrive_with_a_heartbeat_every_ten_seconds
     replied, seconds = lines[1].removeprefix("  round 3: ").split(" clients replied, ")
     assert replied in ("6/10", "7/10") and 20 <= int(seconds.removesuffix(" s")) <= 21
     assert grid.pulls < 100  # not a busy loop (pulling every 0.1 s would be 300 pulls)
+
+
+def test_discovery_says_it_waits_for_clients_to_start_not_that_they_failed():
+    time = FakeTime()
+    lines = []
+    _collect(
+        SlowGrid(time, {1: 12.0, 2: 12.0}), time, [1, 2], lines=lines, label="discovery: describe"
+    )
+    assert lines == ["  discovery: describe: waiting for 2 clients to start (0 ready), 10 s"]
 
 
 def test_the_heartbeat_interval_is_configurable_and_silent_without_a_log():
