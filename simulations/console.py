@@ -27,6 +27,8 @@ THIRD_PARTY_LINES = tuple(
         # the evaluation fraction (evaluation is the server's, on its test set)
         r"^WARNING\s*:\s+Since flwr \S+, default simulated SuperNodes changed",
         r"^WARNING\s*:\s+fraction_evaluate is set to 0\.0\.",
+        # Ray ending the client actors once the run is over: the normal end, not a problem
+        r"^\(ClientAppActor pid=\d+\) WARNING\s*:\s+Manually terminating ClientAppActor",
         r"^Flower configuration not found",
         r"^Starting local SuperLink",
         r"^Using SuperLink",

@@ -28,6 +28,7 @@ FLOWER_AND_RAY = [
     f"{GREEN}INFO {RESET}:      configure_train: Sampled 10 nodes (out of 10)",
     f"{GREEN}INFO {RESET}:      aggregate_train: Received 10 results and 0 failures",
     f"{GREEN}INFO {RESET}:      ",
+    f"(ClientAppActor pid=9226) {YELLOW}WARNING {RESET}:   Manually terminating ClientAppActor",
 ]
 OURS = [
     "[fedunlearn] run directory: /tmp/runs/digits-20261124-003806",
