@@ -46,7 +46,7 @@ from fedunlearn.training.stacked import (
 from fedunlearn.unlearning.verdicts import training_flag
 from server.federation import FederationMembers, discover_clients, failure_reasons
 from server.history import finish_pending
-from server.progress import Log
+from server.progress import Log, count
 from server.queries import collect_replies
 from server.reply_screening import ReplyScreen
 from server.retention_plan import retention_policies
@@ -292,7 +292,9 @@ def participant_rounds(
     total = config.rounds if rounds is None else rounds
 
     def progress(server_round, _result, _metrics, replied, round_seconds):
-        log(f"{name}: round {server_round}/{total}, {replied} clients, {round_seconds:.1f}s")
+        log(
+            f"{name}: round {server_round}/{total}, {count(replied, 'client')}, {round_seconds:.1f}s"
+        )
 
     return fedavg_rounds(
         grid,
@@ -391,7 +393,7 @@ def _run_description(config: ExperimentConfig, data: FederatedData, members) -> 
     retention = retention if config.retain else "off"
     return (
         f"{config.dataset}: {sum(map(len, data.partitions))} of {len(splits.train)} training "
-        f"samples over {config.num_clients} clients "
+        f"samples over {count(config.num_clients, 'client')} "
         f"({config.partitioning}), {len(splits.test)} test samples; {config.rounds} rounds x "
         f"{config.local_epochs} local epochs; retention {retention}"
         + (f"; {members.cuda_clients} client(s) on CUDA" if members.cuda_clients else "")

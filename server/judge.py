@@ -43,7 +43,7 @@ from server.federated_training import (
     train_federated,
 )
 from server.method_runner import MethodRunner
-from server.progress import Log
+from server.progress import Log, count
 from server.unlearning import UnlearningContext, forget_clients
 
 
@@ -109,7 +109,7 @@ def independent_retrain(
 
     def progress(server_round, _result, _metrics, replied, round_seconds):
         log(
-            f"{INDEPENDENT}: round {server_round}/{config.rounds}, {replied} clients, "
+            f"{INDEPENDENT}: round {server_round}/{config.rounds}, {count(replied, 'client')}, "
             f"{round_seconds:.1f}s"
         )
 

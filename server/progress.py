@@ -13,6 +13,11 @@ Log = Callable[[str], None]
 HEARTBEAT_SECONDS = 10.0
 
 
+def count(n: int, noun: str) -> str:
+    """``"1 client"``, ``"3 clients"``: a count with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class Heartbeat:
     """One line at most every ``interval`` seconds while ``total`` replies are awaited, e.g.
     ``"  round 3: 7/10 clients replied, 12 s"``.
@@ -55,7 +60,7 @@ class Heartbeat:
             waited = f"{now - self.started:.0f} s"
             if self.label.startswith("discovery"):  # Ray still starting the clients: not a failure
                 self.log(
-                    f"  {self.label}: waiting for {self.total} clients to start ({replied} "
+                    f"  {self.label}: waiting for {count(self.total, 'client')} to start ({replied} "
                     f"ready), {waited}"
                 )
             else:

@@ -44,7 +44,7 @@ from fedunlearn.seeding import derive_seed
 from fedunlearn.training.model_state import State
 from server.federated_training import TrainingOutcome, participant_rounds
 from server.method_runner import SharedStatistics
-from server.progress import Log
+from server.progress import Log, count
 
 
 @dataclass
@@ -150,7 +150,9 @@ def head_statistics(context: ScrubContext) -> HeadStatistics:
         k, d = head.weights.shape
         clients = len(context.outcome.members.partition_ids)
         seconds = context.shared.seconds["head-statistics"]
-        context.log(f"head statistics (K={k}, d={d}) from {clients} clients: {seconds:.1f}s")
+        context.log(
+            f"head statistics (K={k}, d={d}) from {count(clients, 'client')}: {seconds:.1f}s"
+        )
     return head
 
 
@@ -220,13 +222,13 @@ def mean_fisher(context: ScrubContext, state: State) -> dict[str, np.ndarray]:
 def fisher_statistics(context: ScrubContext) -> dict[str, np.ndarray]:
     """The Fisher of D_r at the trained model, asked the first time a method needs it."""
     fresh = "fisher-statistics" not in context.shared.values
-    fisher = context.shared.get(
-        "fisher-statistics", lambda: mean_fisher(context, context.original)
-    )
+    fisher = context.shared.get("fisher-statistics", lambda: mean_fisher(context, context.original))
     if fresh:
         context.fishers["original"] = fisher
         seconds = context.shared.seconds["fisher-statistics"]
-        context.log(f"diagonal Fisher of D_r from {len(context.keepers)} clients: {seconds:.1f}s")
+        context.log(
+            f"diagonal Fisher of D_r from {count(len(context.keepers), 'client')}: {seconds:.1f}s"
+        )
     return fisher
 
 

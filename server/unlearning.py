@@ -59,7 +59,7 @@ from server.federated_training import (
 )
 from server.history import discard_stagings, open_staging
 from server.method_runner import MethodRunner
-from server.progress import Log
+from server.progress import Log, count
 from server.queries import collect_replies
 from server.retention_plan import (
     check_retained,
@@ -300,7 +300,9 @@ def _federaser(
     def progress(step):
         release_free_memory()  # the step's calibration replies are freed
         kind = "calibrated" if step.calibrated else "first step, uncalibrated"
-        log(f"federaser: retained round {step.retained_round}, {len(step.clients)} clients, {kind}")
+        log(
+            f"federaser: retained round {step.retained_round}, {count(len(step.clients), 'client')}, {kind}"
+        )
 
     reconstruction = eraser.unlearn(
         store, excluded, scaled_keys=parameters, progress=progress, trajectory=trajectory
@@ -332,7 +334,7 @@ def _fedretrain(
 
     def progress(server_round, _result, _metrics, replied, round_seconds):
         log(
-            f"fedretrain: round {server_round}/{config.rounds}, {replied} clients, {round_seconds:.1f}s"
+            f"fedretrain: round {server_round}/{config.rounds}, {count(replied, 'client')}, {round_seconds:.1f}s"
         )
 
     state = fedavg_rounds(

@@ -214,3 +214,13 @@ def test_only_flowers_in_memory_simulation_gets_a_window():
 
     assert in_flight_limit(SimulationGrid()) == SIMULATION_IN_FLIGHT
     assert in_flight_limit(SlowGrid(FakeTime(), {})) is None
+
+
+def test_a_count_of_one_is_singular():
+    from server.progress import count
+
+    assert [count(n, "client") for n in (0, 1, 2)] == ["0 clients", "1 client", "2 clients"]
+    time = FakeTime()
+    lines = []
+    _collect(SlowGrid(time, {1: 12.0}), time, [1], lines=lines, label="discovery: describe")
+    assert lines == ["  discovery: describe: waiting for 1 client to start (0 ready), 10 s"]
