@@ -180,7 +180,9 @@ def readouts(
             name: output_entropy(model, data[name][0][subsets[name]], device=device)
             for name in subsets
         }
-        log(f"readouts {method}: error D_f {row['error_f']:.3f}, relearn {row['relearn_epochs']}")
+        relearn = row["relearn_epochs"]
+        relearned = f"{relearn:.4g} epochs" if relearn == relearn else "not within the budget"
+        log(f"readouts {method}: error D_f {row['error_f']:.3f}, relearn {relearned}")
     table = pd.DataFrame(rows)
     reference = table.set_index("method").loc["retrain"]
     for column in ("error_f", "relearn_epochs"):
