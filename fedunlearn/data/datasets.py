@@ -192,14 +192,25 @@ def _resolve_data_root(name: str, data_root: str | os.PathLike | None, download:
         raise ConfigError(
             "data-root",
             str(root),
-            "the directory does not exist; pass an existing folder, or download=True to create it",
+            "the directory does not exist; pass an existing folder, or create it with "
+            "`fedunlearn data download NAME --root DIR` (or --set download=true)",
         )
     return root
 
 
+def _data_root_of(name: str, path: Path) -> Path:
+    """The data root a file of dataset ``name``'s layout lies under (``path`` itself when it is
+    not under the layout's top folder)."""
+    top = _EXPECTED_LAYOUT[name].split("/")[0]
+    return next((p.parent for p in [path, *path.parents] if p.name == top), path)
+
+
 def _missing(name: str, path: Path) -> DatasetNotFoundError:
     """The error for a file or folder that is not where the dataset's layout puts it."""
-    hint = f"pass download=True to fetch it, or check that the data root holds {_EXPECTED_LAYOUT[name]}"
+    hint = (
+        f"fetch it with `fedunlearn data download {name} --root {_data_root_of(name, path)}` (or "
+        f"--set download=true), or check that the data root holds {_EXPECTED_LAYOUT[name]}"
+    )
     return DatasetNotFoundError(name, path, hint=hint)
 
 

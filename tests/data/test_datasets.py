@@ -204,7 +204,9 @@ def test_missing_idx_file_is_named_exactly(name, folder, tmp_path):
     with pytest.raises(DatasetNotFoundError) as caught:
         load_dataset(name, tmp_path)
     assert caught.value.expected_path == str(raw / "train-labels-idx1-ubyte")
-    assert "download=True" in str(caught.value)
+    # the command-line spelling, with the root the user gave, not Python's download=True
+    assert f"`fedunlearn data download {name} --root {tmp_path}`" in str(caught.value)
+    assert "download=True" not in str(caught.value)
 
 
 def test_corrupt_idx_files_give_one_clear_error(tmp_path):
@@ -267,7 +269,7 @@ def test_cifar_missing_batch_is_named(tmp_path):
     with pytest.raises(DatasetNotFoundError) as caught:
         load_dataset("cifar10", tmp_path)
     assert caught.value.expected_path == str(missing)
-    assert "download=True" in str(caught.value)
+    assert f"`fedunlearn data download cifar10 --root {tmp_path}`" in str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -333,7 +335,7 @@ def test_adult_missing_test_file_is_named(tmp_path):
     with pytest.raises(DatasetNotFoundError) as caught:
         load_dataset("adult", tmp_path)
     assert caught.value.expected_path == str(folder / "adult.test")
-    assert "download=True" in str(caught.value)
+    assert f"`fedunlearn data download adult --root {tmp_path}`" in str(caught.value)
 
 
 @pytest.mark.parametrize(
