@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,6 +200,13 @@ def _resolve_data_root(name: str, data_root: str | os.PathLike | None, download:
     return root
 
 
+def _is_download_failure(error: Exception) -> bool:
+    """Whether ``error`` is a failed fetch (no network, a refused mirror), not a bad file."""
+    return isinstance(error, (urllib.error.URLError, ConnectionError, TimeoutError)) or str(
+        error
+    ).startswith("Error downloading")
+
+
 def _data_root_of(name: str, path: Path) -> Path:
     """The data root a file of dataset ``name``'s layout lies under (``path`` itself when it is
     not under the layout's top folder)."""
@@ -283,12 +292,23 @@ def _load_idx_dataset(name: str, root: Path, download: bool) -> DatasetSplits:
     dataset_class = (
         torchvision.datasets.MNIST if name == "mnist" else torchvision.datasets.FashionMNIST
     )
+    created = download and not (root / _IDX_FOLDERS[name]).exists()
     try:
         train = dataset_class(str(root), train=True, download=download)
         test = dataset_class(str(root), train=False, download=download)
     except (
         Exception
     ) as error:  # torchvision raises RuntimeError, OSError, ValueError...: report one
+        if created:  # nothing half-fetched stays behind to be mistaken for the dataset
+            shutil.rmtree(root / _IDX_FOLDERS[name], ignore_errors=True)
+        if download and _is_download_failure(error):
+            raise DatasetNotFoundError(
+                name,
+                raw_folder,
+                hint="the download failed: the network is unreachable or every mirror refused "
+                f"({str(error).splitlines()[0]}); copy {_EXPECTED_LAYOUT[name]} there from a "
+                "machine that has them",
+            ) from error
         raise _unreadable(
             name, raw_folder, "the four IDX files, readable by torchvision", error
         ) from error

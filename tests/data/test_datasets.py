@@ -19,7 +19,8 @@ from fedunlearn.errors import ConfigError, DatasetNotFoundError
 
 SHARED_DATA = Path(os.environ.get("FEDUNLEARN_DATA_ROOT") or "/nonexistent")
 needs_shared = pytest.mark.skipif(
-    not SHARED_DATA.is_dir(), reason="FEDUNLEARN_DATA_ROOT does not name a local copy of the datasets"
+    not SHARED_DATA.is_dir(),
+    reason="FEDUNLEARN_DATA_ROOT does not name a local copy of the datasets",
 )
 
 ADULT_TRAIN_ROWS = [
@@ -400,9 +401,7 @@ def test_tensor_split_rejects_mismatched_lengths():
 
 
 def test_modules_do_not_import_flower():
-    code = (
-        "import sys, fedunlearn.data.datasets, fedunlearn.data.partitioning; sys.exit('flwr' in sys.modules)"
-    )
+    code = "import sys, fedunlearn.data.datasets, fedunlearn.data.partitioning; sys.exit('flwr' in sys.modules)"
     repository = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], cwd=repository, check=False)
     assert result.returncode == 0
@@ -431,3 +430,19 @@ def test_real_adult():
     assert set(splits.train.y.tolist()) == {0, 1} == set(splits.test.y.tolist())
     # About a quarter of adults earn more than 50K in both files.
     assert 0.2 < splits.train.y.float().mean() < 0.3 and 0.2 < splits.test.y.float().mean() < 0.3
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
+def test_a_download_without_network_says_so_and_leaves_nothing_behind(tmp_path, monkeypatch, name):
+    import urllib.error
+
+    import torchvision.datasets.mnist as torchvision_mnist
+
+    def unreachable(url, **kwargs):
+        raise urllib.error.URLError("[Errno 101] Network is unreachable")
+
+    monkeypatch.setattr(torchvision_mnist, "download_and_extract_archive", unreachable)
+    with pytest.raises(DatasetNotFoundError) as caught:
+        load_dataset(name, tmp_path, download=True)
+    assert "the network is unreachable" in str(caught.value)
+    assert list(tmp_path.iterdir()) == []  # no empty MNIST/raw/ to be mistaken for the data
