@@ -211,7 +211,9 @@ def _descriptions(
         )
         for node in nodes
     ]
-    replies = query_nodes(grid, messages, op=DESCRIBE, who="discovery", timeout=timeout, log=log)
+    replies = query_nodes(
+        grid, messages, op=DESCRIBE, who="discovery", timeout=timeout, log=log
+    )
     described = {}
     for node, reply in replies.items():
         try:
@@ -234,7 +236,9 @@ def _describe(
     timeout: float,
     log: Log,
 ) -> FederationMembers:
-    described = _descriptions(grid, nodes, num_clients, settings, partition_sizes, timeout, log)
+    described = _descriptions(
+        grid, nodes, num_clients, settings, partition_sizes, timeout, log
+    )
     node_of_partition: dict[int, int] = {}
     num_examples: dict[int, int] = {}
     cuda = 0

@@ -45,7 +45,6 @@ from server.progress import Log
 
 Probabilities = Callable[[torch.Tensor], np.ndarray]
 
-
 def shadow_of(name: str) -> str | None:
     """The shadow model of an audited method whose outputs are not the original network's softmax
     (``options["shadow"]`` of its registry entry): FedEraser's attack learns what the original's

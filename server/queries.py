@@ -50,7 +50,9 @@ def check_sources(
     return {asked[node]: reply for node, reply in check_nodes(replies, asked, op, who).items()}
 
 
-def check_nodes(replies, asked: Mapping[int, int | None], op: str, who: str) -> dict[int, Message]:
+def check_nodes(
+    replies, asked: Mapping[int, int | None], op: str, who: str
+) -> dict[int, Message]:
     """:func:`check_sources` keyed by node; a node whose partition is not known yet (``None`` in
     ``asked``, e.g. at discovery) is named by its node id alone."""
 

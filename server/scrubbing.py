@@ -241,7 +241,9 @@ def _publish(context: ScrubContext, runner: MethodRunner, table, tradeoff, entro
     runner.publish("scrubbing", table, title="scrubbing results", floatfmt=".4g")
     run.write_table("scrubbing_tradeoff", tradeoff, floatfmt=".4g")
     num_classes = context.outcome.data.splits.num_classes
-    plot_entropy_histograms(entropies, run.path / "scrubbing_entropy.png", num_classes=num_classes)
+    plot_entropy_histograms(
+        entropies, run.path / "scrubbing_entropy.png", num_classes=num_classes
+    )
     plot_relearn_times(table, run.path / "scrubbing_relearn.png")
     if not tradeoff.empty:
         plot_information_tradeoff(tradeoff, run.path / "scrubbing_tradeoff.png")

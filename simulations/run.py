@@ -41,14 +41,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedunlearn import __version__
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_path_text
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.preflight import complete_unlearn_request, preflight, trained_config
 from fedunlearn.store.run_directory import request_stop
 from simulations.console import ConsoleFilter, use_color
+from simulations.run_args import PROJECT_ROOT, parser
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 PATH_KEYS = ("data-root", "output-dir")
 
 
@@ -227,41 +226,6 @@ def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
     return config, render_run_config({key: validated[key] for key in values})
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fedunlearn-run",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"fedunlearn-run {__version__}")
-    parser.add_argument(
-        "config", nargs="?", type=Path, help="run-config TOML (default: the app's defaults)"
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override one key"
-    )
-    parser.add_argument("--data-root", help="dataset root in torchvision's layout")
-    parser.add_argument("--output-dir", help="parent folder of the run directory")
-    parser.add_argument(
-        "--num-cpus", type=float, default=1.0, help="CPUs per virtual client (default 1)"
-    )
-    parser.add_argument(
-        "--num-gpus", type=float, default=0.0, help="GPU fraction per virtual client (e.g. 0.25)"
-    )
-    parser.add_argument(
-        "--app", type=Path, default=PROJECT_ROOT, help="the Flower App folder (pyproject.toml)"
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="validate and print the flwr command only"
-    )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="also show Flower's log lines and Ray's warnings (hidden by default)",
-    )
-    return parser
-
-
 class RunInterrupted(Exception):
     """Ctrl-C during a run: the run id and run directory seen so far (None when not yet)."""
 
@@ -344,7 +308,13 @@ def stop_interrupted(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """``fedunlearn-run ARGS`` (the console script enters through :func:`simulations.run_args.main`,
+    which answers ``--help`` and ``--version`` before this module's imports)."""
+    return launch(parser().parse_args(argv), argv)
+
+
+def launch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """Check, then run, the parsed command line ``args`` (``argv``: as typed, for the resume hint)."""
     try:
         config, text = check_run(args)
     except FedUnlearnError as error:

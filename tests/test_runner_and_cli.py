@@ -386,3 +386,17 @@ def test_both_commands_say_their_version(main, capsys):
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip().endswith(__version__)
+
+
+@pytest.mark.parametrize("module", ["simulations.run_args", "fedunlearn.cli"])
+def test_help_and_version_import_no_pytorch(module):
+    # `--help` answers at once: PyTorch alone takes 1.5 s to import on a 2-core machine
+    script = (
+        f"import sys, {module} as m\n"
+        "for argv in (['--help'], ['--version']):\n"
+        "    try:\n        m.main(argv)\n    except SystemExit:\n        pass\n"
+        "print('torch loaded:', 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("torch loaded: False")

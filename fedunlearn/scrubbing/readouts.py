@@ -249,13 +249,7 @@ def relearn_time(
     RelearnResult
     """
     _check_relearn_inputs(
-        (x_train, y_train),
-        (x_forget, y_forget),
-        threshold,
-        lr,
-        momentum,
-        batch_size,
-        max_epochs,
+        (x_train, y_train), (x_forget, y_forget), threshold, lr, momentum, batch_size, max_epochs,
         check_every,
     )
     device = torch.device(device)
@@ -266,16 +260,8 @@ def relearn_time(
     optimizer = torch.optim.SGD(student.parameters(), lr=lr, momentum=momentum)
     generator = torch.Generator().manual_seed(seed)
     steps, curve = _fine_tune_until_relearned(
-        student,
-        optimizer,
-        (x_train, y_train),
-        (x_forget, y_forget),
-        generator,
-        device,
-        threshold=threshold,
-        batch_size=batch_size,
-        budget=budget,
-        check_every=check_every,
+        student, optimizer, (x_train, y_train), (x_forget, y_forget), generator, device,
+        threshold=threshold, batch_size=batch_size, budget=budget, check_every=check_every,
     )
     return RelearnResult(
         steps=steps,
