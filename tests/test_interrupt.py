@@ -30,6 +30,16 @@ def _interrupt_after(seconds: float) -> None:
 
 
 def test_ctrl_c_ends_the_streamed_command_and_says_which_run(monkeypatch):
+    # Python's own Ctrl-C handler, as in a fresh fedunlearn-run (an in-process Flower simulation
+    # earlier in the test session installs its own)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_case(monkeypatch)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_case(monkeypatch):
     started = []
     popen = runner.subprocess.Popen
     monkeypatch.setattr(
