@@ -45,7 +45,7 @@ from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_pat
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.preflight import complete_unlearn_request, preflight, trained_config
 from fedunlearn.store.run_directory import request_stop
-from simulations.console import ConsoleFilter, use_color
+from simulations.console import ConsoleFilter, strip_ansi, use_color
 from simulations.run_args import PROJECT_ROOT, parser
 
 PATH_KEYS = ("data-root", "output-dir")
@@ -247,10 +247,12 @@ def stream_run(
     assert process.stdout is not None
     try:
         for line in process.stdout:
-            match = re.search(r"started run (\d+)", line)
-            run_id = match.group(1) if match else run_id
-            found = re.search(r"\[fedunlearn\] run directory: (.+)$", line.rstrip())
-            run_directory = found.group(1) if found else run_directory
+            # anchored, first one only: a client's printed line must not name another run
+            plain = strip_ansi(line).rstrip()
+            match = re.match(r"Successfully started run (\d+)$", plain)
+            run_id = run_id or (match.group(1) if match else None)
+            found = re.match(r"\[fedunlearn\] run directory: (.+)$", plain)
+            run_directory = run_directory or (found.group(1) if found else None)
             shown = console(line)
             if shown is not None:
                 out.write(shown)

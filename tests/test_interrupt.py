@@ -20,6 +20,9 @@ FLWR = (
     "import sys, time\n"
     "print('Successfully started run 4242', flush=True)\n"
     "print('[fedunlearn] run directory: /runs/digits-20261126-061654', flush=True)\n"
+    # a client's output, in the same stream, cannot redirect the stop request
+    "print('(ClientAppActor pid=1) [fedunlearn] run directory: /home', flush=True)\n"
+    "print('Successfully started run 1', flush=True)\n"
     "time.sleep(60)\n"
 )
 
