@@ -27,7 +27,12 @@ import numpy as np
 
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, model_problem
 from fedunlearn.data.datasets import load_dataset
-from fedunlearn.data.federated_data import DATA_KEYS, FederatedData, load_federated_data
+from fedunlearn.data.federated_data import (
+    DATA_KEYS,
+    FederatedData,
+    load_federated_data,
+    training_pool,
+)
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
 from fedunlearn.store.retention import check_retained
@@ -74,14 +79,25 @@ def preflight(config: ExperimentConfig) -> FederatedData | None:
     downloading it (``download = true`` and the files are not there yet). An ``unlearn-only``
     request's data are checked with the trained run's settings, which the server uses.
 
-    While ``num-clients`` is to be adopted from the federation (0), only the dataset is checked
-    here (it loads; ``None`` is returned): the partitions need K, and the ServerApp runs
-    :func:`preflight` again once it adopted the federation's size, before it writes anything."""
+    While ``num-clients`` is to be adopted from the federation (0), only what holds for any K is
+    checked here (:func:`check_dataset`; ``None`` is returned): the checks in
+    :data:`CHECKS_NEEDING_K` need the partitions, and the ServerApp runs :func:`preflight` again
+    once it adopted the federation's size, before it writes anything."""
     config = check_run_directory(config)
     if config.num_clients == ADOPT_FEDERATION_SIZE:
-        _load_without_download(config, partitioned=False)
+        check_dataset(config)
         return None
     return check_data(config)
+
+
+#: What only the federation's size K decides: with ``num-clients`` = 0 these wait until the
+#: ServerApp adopted the federation's size (and run then, before anything is written).
+CHECKS_NEEDING_K = (
+    "every client gets data",
+    "unlearn-clients and certified-remove-clients are partition ids below K",
+    "each client holds its part of the scrub-forget cohort",
+    "certified-removals fits the samples of the clients kept",
+)
 
 
 # ---------------------------------------------------------------------- the run directory
@@ -307,16 +323,7 @@ def check_data(config: ExperimentConfig) -> FederatedData | None:
     data = _load_without_download(config)
     if data is None:
         return None
-    problem = model_problem(
-        resolve_model_name(config.model, config.dataset), tuple(data.splits.input_shape)
-    )
-    if problem:
-        raise ConfigError(
-            "model",
-            config.model,
-            f"a model that fits {config.dataset} samples of shape "
-            f"{tuple(data.splits.input_shape)} ({problem})",
-        )
+    _check_model_fits(config, tuple(data.splits.input_shape))
     check_partitions(config, data)
     if config.scrub:
         cohort_masks(config, data)
@@ -325,15 +332,48 @@ def check_data(config: ExperimentConfig) -> FederatedData | None:
     return data
 
 
-def _load_without_download(
-    config: ExperimentConfig, *, partitioned: bool = True
-) -> FederatedData | None:
-    """The partitioned data (``partitioned``), or only a check that the dataset loads."""
+def check_dataset(config: ExperimentConfig) -> None:
+    """The checks that hold for any federation size (``num-clients`` = 0): ``train-samples``
+    within the training set, a model that fits the samples, a ``scrub-forget`` class label that
+    exists and asks for no more samples than there are, ``certified-removals`` below the number
+    of training samples."""
+    splits = _load_without_download(config, partitioned=False)
+    if splits is None:
+        return
+    pool = len(training_pool(len(splits.train), config.train_samples, config.seed))
+    _check_model_fits(config, tuple(splits.input_shape))
+    if config.scrub:
+        forget = ForgetSet.parse(config.scrub_forget, num_clients=0, num_classes=splits.num_classes)
+        if forget.count is not None and forget.count > pool:
+            raise ConfigError(
+                "scrub-forget", config.scrub_forget, f"at most {pool} samples (the training set's)"
+            )
+    if config.certified_head and config.certified_removals > pool - 1:
+        raise ConfigError(
+            "certified-removals",
+            config.certified_removals,
+            f"a whole number in [0, {pool - 1}]: at most the training set's {pool} samples "
+            "less one (fewer once the clients in certified-remove-clients are set aside)",
+        )
+
+
+def _check_model_fits(config: ExperimentConfig, input_shape: tuple[int, ...]) -> None:
+    problem = model_problem(resolve_model_name(config.model, config.dataset), input_shape)
+    if problem:
+        raise ConfigError(
+            "model",
+            config.model,
+            f"a model that fits {config.dataset} samples of shape {input_shape} ({problem})",
+        )
+
+
+def _load_without_download(config: ExperimentConfig, *, partitioned: bool = True) -> Any:
+    """The partitioned data (``partitioned``), or the dataset's splits; ``None`` while the files
+    are to be downloaded by the run itself."""
     try:
         if not partitioned:
             root = config.data_root_path if config.data_root else None
-            load_dataset(config.dataset, root, seed=config.seed)
-            return None
+            return load_dataset(config.dataset, root, seed=config.seed)
         return load_federated_data(dataclasses.replace(config, download=False))
     except DatasetNotFoundError as error:
         if config.download:

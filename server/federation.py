@@ -21,6 +21,7 @@ from flwr.serverapp import Grid
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.errors import ConfigError
+from fedunlearn.preflight import CHECKS_NEEDING_K
 from fedunlearn.reply_checks import DESCRIBE_METRICS, RefusedReply, check_count, check_metrics
 from server.progress import Log
 from server.queries import query_nodes
@@ -84,7 +85,7 @@ def adopt_federation_size(
     )
     log(
         f"num-clients not set (0): adopting the federation's size, {size} SuperNode(s), as "
-        "num-clients"
+        f"num-clients; now checking what needs it: {'; '.join(CHECKS_NEEDING_K)}"
     )
     return config.with_federation_size(size)
 
@@ -211,9 +212,7 @@ def _descriptions(
         )
         for node in nodes
     ]
-    replies = query_nodes(
-        grid, messages, op=DESCRIBE, who="discovery", timeout=timeout, log=log
-    )
+    replies = query_nodes(grid, messages, op=DESCRIBE, who="discovery", timeout=timeout, log=log)
     described = {}
     for node, reply in replies.items():
         try:
@@ -236,9 +235,7 @@ def _describe(
     timeout: float,
     log: Log,
 ) -> FederationMembers:
-    described = _descriptions(
-        grid, nodes, num_clients, settings, partition_sizes, timeout, log
-    )
+    described = _descriptions(grid, nodes, num_clients, settings, partition_sizes, timeout, log)
     node_of_partition: dict[int, int] = {}
     num_examples: dict[int, int] = {}
     cuda = 0

@@ -4,7 +4,10 @@ The stream mixes our progress lines (``[fedunlearn] ...`` and the tables after t
 Flower (its CLI's chatter and its logger's ``INFO :`` lines, half the output of a run) and of Ray
 (warnings its worker prints when the simulation starts). By default only ours are shown;
 ``--verbose`` shows everything. A line nobody recognises is always shown: an error or a traceback
-must never be hidden. Flower colours its levels with ANSI escape codes; they are removed unless
+must never be hidden. One exception: once the app printed ``[fedunlearn] error: MESSAGE`` (a
+refusal, already said in one line), what Flower prints after it is held back, and dropped at the
+end only if it is the traceback of that same error (its last exception line holds MESSAGE): any
+other error still reaches the user. Flower colours its levels with ANSI escape codes; they are removed unless
 the output is a terminal and ``NO_COLOR`` (https://no-color.org) is unset.
 """
 
@@ -40,6 +43,10 @@ THIRD_PARTY_LINES = tuple(
 )
 #: ... and the source line Python prints under such a warning.
 _WARNING_SOURCE = re.compile(r"^\s+warnings\.warn\(")
+#: The app's own one-line refusal (server.server_app logs every FedUnlearnError so).
+OUR_ERROR = re.compile(r"^\[fedunlearn\] error: (.+)$")
+#: The last line of a Python traceback: ``package.module.ErrorName: message``.
+_EXCEPTION_LINE = re.compile(r"^(?:\w+\.)*[A-Z]\w*: (.+)$")
 
 
 def strip_ansi(text: str) -> str:
@@ -71,6 +78,9 @@ class ConsoleFilter:
     def __init__(self, *, verbose: bool = False, color: bool = False) -> None:
         self.verbose, self.color = verbose, color
         self._after_warning = False
+        #: The message of the app's ``[fedunlearn] error:`` line, once one was printed.
+        self.error: str | None = None
+        self._held: list[str] = []
 
     def is_third_party(self, line: str) -> bool:
         """Whether ``line`` (one line, ANSI codes allowed) is Flower's or Ray's."""
@@ -84,8 +94,27 @@ class ConsoleFilter:
         return False
 
     def __call__(self, line: str) -> str | None:
-        """The text to print for ``line``, or None to print nothing."""
+        """The text to print for ``line``, or None to print nothing (or nothing yet: see
+        :meth:`finish`)."""
+        plain = strip_ansi(line).rstrip()
+        found = OUR_ERROR.match(plain)
+        if found and self.error is None:
+            self.error = found.group(1)
+        elif self.error is not None and not self.verbose and not plain.startswith("[fedunlearn]"):
+            self._held.append(line)
+            return None
         hidden = self.is_third_party(line)
         if hidden and not self.verbose:
             return None
         return line if self.color else strip_ansi(line)
+
+    def finish(self) -> str:
+        """What is left to print once the stream ended: the lines held back after the app's
+        error line, unless they only repeat that error as a traceback."""
+        held, self._held = self._held, []
+        plain = [strip_ansi(line).rstrip() for line in held]
+        raised = [m.group(1) for m in map(_EXCEPTION_LINE.match, plain) if m]
+        if raised and self.error is not None and all(self.error in r for r in raised):
+            return ""
+        kept = [line for line in held if not self.is_third_party(line)]
+        return "".join(line if self.color else strip_ansi(line) for line in kept)

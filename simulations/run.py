@@ -257,6 +257,7 @@ def stream_run(
             if shown is not None:
                 out.write(shown)
                 out.flush()
+        out.write(console.finish())
     except KeyboardInterrupt:
         process.terminate()
         process.wait()
@@ -352,6 +353,10 @@ def launch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             code, run_id = stream_run(command, env, console, sys.stdout)
         except RunInterrupted as interrupted:
             return stop_interrupted(interrupted, list(argv or sys.argv[1:]), env)
+    if console.error is not None:
+        hint = "" if args.verbose else " (--verbose shows Flower's traceback)"
+        print(f"fedunlearn-run: run {run_id} failed: {console.error}{hint}", file=sys.stderr)
+        return 1
     if code != 0:
         return code
     if run_id is None:

@@ -106,3 +106,63 @@ def test_a_ray_warning_hides_only_its_own_source_line():
     assert console("/x/site-packages/ray/_private/worker.py:1: FutureWarning: Tip\n") is None
     assert console("  warnings.warn(\n") is None
     assert console("  warnings.warn(\n") is not None
+
+
+# What `flwr run --stream` printed after a refusal the ServerApp raised once K was adopted.
+REFUSED = [
+    "[fedunlearn] error: invalid unlearn-clients='5': comma-separated partition ids in [0, 1]",
+    f"{RED}ERROR {RESET}:     Simulation raised an exception",
+    "Traceback (most recent call last):",
+    '  File "/venv/lib/python3.11/site-packages/flwr/simulation/app.py", line 337, in run',
+    "    simulation_result = _run_simulation(",
+    '  File "/apps/fedunlearn/fedunlearn/config/rules.py", line 75, in partition_ids',
+    "    raise ConfigError(key, value, allowed)",
+    "fedunlearn.errors.ConfigError: invalid unlearn-clients='5': comma-separated partition ids "
+    "in [0, 1]",
+    f"{RED}ERROR {RESET}:     Exit Code: 700",
+    "",
+    "An unhandled exception occurred when running the simulation.",
+    "For more information, visit: <https://flower.ai/docs/framework/1.42/en/ref-exit-codes/700.html>",
+]
+
+
+def feed(console: ConsoleFilter, lines: list[str]) -> str:
+    shown = [console(line + "\n") for line in lines]
+    return "".join(s for s in shown if s is not None) + console.finish()
+
+
+def test_a_refusal_after_start_is_its_one_line_without_flowers_traceback():
+    console = ConsoleFilter()
+    printed = feed(console, REFUSED)
+    assert printed == REFUSED[0] + "\n"
+    assert console.error == REFUSED[0].removeprefix("[fedunlearn] error: ")
+    assert "Traceback" in feed(ConsoleFilter(verbose=True), REFUSED)  # --verbose keeps it
+
+
+def test_another_error_after_a_refusal_is_never_hidden():
+    other = REFUSED[:7] + ["RuntimeError: CUDA out of memory"] + REFUSED[8:]
+    printed = feed(ConsoleFilter(), other)
+    assert "Traceback (most recent call last):" in printed
+    assert "RuntimeError: CUDA out of memory" in printed
+    assert "Simulation raised an exception" in printed  # Flower's error lines stay too
+    # A traceback that names no exception at all (cut short) is shown as well.
+    assert "Traceback" in feed(ConsoleFilter(), REFUSED[:5])
+    # Our own later lines keep flowing as they come.
+    console = ConsoleFilter()
+    assert console(REFUSED[0] + "\n") is not None
+    assert console("[fedunlearn] results in /tmp/x\n") == "[fedunlearn] results in /tmp/x\n"
+
+
+def test_fedunlearn_run_ends_a_refused_run_with_one_line_and_status_1(tmp_path, monkeypatch, capsys):
+    import simulations.run as runner
+
+    printed = tmp_path / "stream.txt"  # the stand-in's output; its command line is echoed
+    printed.write_text("".join(x + "\n" for x in REFUSED))
+    script = f"import sys; sys.stdout.write(open({str(printed)!r}).read())"
+    monkeypatch.setattr(runner, "build_flwr_command", lambda *a: [sys.executable, "-c", script])
+    code = runner.main(["--output-dir", str(tmp_path / "out"), "--set", "rounds=1"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "Traceback" not in out + err and "Exit Code" not in out + err
+    assert out.count("invalid unlearn-clients='5'") == 1
+    assert "fedunlearn-run: run None failed: invalid unlearn-clients='5'" in err

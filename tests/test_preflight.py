@@ -215,14 +215,40 @@ def test_an_unwritable_output_dir_is_refused(tmp_path, monkeypatch):
     assert info.value.parameter == "output-dir" and str(tmp_path) in str(info.value)
 
 
-def test_with_num_clients_unset_only_the_run_directory_and_the_dataset_are_checked(tmp_path):
-    unset = ExperimentConfig.from_run_config(
-        {"output-dir": str(tmp_path / "out"), "train-samples": 5000}
-    )
-    assert pf.preflight(unset) is None  # the partitions wait for the federation's size
+#: Values wrong for any federation size: refused with num-clients unset (0) as with K = 10.
+WRONG_FOR_ANY_K = [
+    ({"train-samples": 99999}, "train-samples"),
+    ({"scrub": True, "scrub-forget": "class:99"}, "scrub-forget"),
+    ({"scrub": True, "scrub-forget": "samples:0:5000:5"}, "scrub-forget"),
+    ({"certified-head": True, "certified-removals": 10**9}, "certified-removals"),
+]
+
+
+@pytest.mark.parametrize(("values", "key"), WRONG_FOR_ANY_K)
+def test_with_num_clients_unset_what_holds_for_any_k_is_checked_at_launch(tmp_path, values, key):
+    unset = ExperimentConfig.from_run_config({"output-dir": str(tmp_path / "out"), **values})
     with pytest.raises(ConfigError) as info:
+        pf.preflight(unset)
+    assert info.value.parameter == key
+    with pytest.raises(ConfigError) as known:
         pf.preflight(unset.with_federation_size(10))
-    assert info.value.parameter == "train-samples"
+    assert known.value.parameter == key
+    assert not (tmp_path / "out").exists()
+
+
+def test_with_num_clients_unset_what_needs_k_waits_for_the_federation(tmp_path):
+    values = {
+        "output-dir": str(tmp_path / "out"),
+        "scrub": True,
+        "scrub-forget": "samples:7:3",
+        "train-samples": 500,
+    }
+    unset = ExperimentConfig.from_run_config(values)
+    assert pf.preflight(unset) is None  # the partitions wait for the federation's size
+    assert pf.preflight(unset.with_federation_size(10)) is not None
+    with pytest.raises(ConfigError) as info:
+        pf.preflight(unset.with_federation_size(5))  # client 7 does not exist
+    assert info.value.parameter == "scrub-forget"
     root = tmp_path / "data"
     root.mkdir()
     missing = ExperimentConfig.from_run_config(
