@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +108,67 @@ def test_ctrl_c_asks_the_run_directory_to_stop(tmp_path, monkeypatch, capsys):
     (tmp_path / "run").mkdir()
     runner.stop_interrupted(runner.RunInterrupted("7", str(tmp_path / "run")), [], {})
     assert (tmp_path / "run" / "stop-requested").is_file()
+
+
+def _superlink_port_taken(port: int = 39091) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _stop_processes_of(marker: str) -> None:
+    """Stop what the real run left behind (its local SuperLink): the processes whose environment
+    holds ``marker``, by process id."""
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                os.kill(int(environ.parent.name), signal.SIGTERM)
+        except (OSError, ValueError):
+            continue
+
+
+def _rows(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+@pytest.mark.skipif(
+    _superlink_port_taken(), reason="a local SuperLink already runs here; this test starts its own"
+)
+def test_ctrl_c_on_a_real_run_stops_it_says_how_to_resume_and_exits_130(tmp_path):
+    """The real thing: ``fedunlearn-run`` on digits, Ctrl-C (SIGINT to its process group, as a
+    terminal sends it) once a few rounds are in ``metrics.csv``; no new row 10 s later."""
+    home = tmp_path / "flwr-home"
+    ray = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths are limited to 107 bytes
+    env = {**os.environ, "FLWR_HOME": str(home), "RAY_TMPDIR": ray}
+    run = tmp_path / "out" / "ctrl-c"
+    command = [
+        str(Path(sys.executable).parent / "fedunlearn-run"),
+        *("--output-dir", str(run.parent), "--set", f"run-name={run.name}"),
+        *("--set", "rounds=200", "--set", "local-epochs=1", "--set", "num-clients=2"),
+    ]
+    err = tmp_path / "stderr.txt"
+    try:
+        with open(tmp_path / "stdout.txt", "w") as out, open(err, "w") as errors:
+            process = subprocess.Popen(
+                command, stdout=out, stderr=errors, env=env, start_new_session=True
+            )
+            deadline = time.monotonic() + 240
+            while _rows(run / "metrics.csv") < 3 and time.monotonic() < deadline:
+                assert process.poll() is None, (tmp_path / "stdout.txt").read_text()
+                time.sleep(0.5)
+            assert _rows(run / "metrics.csv") >= 3, "the run did not reach round 2 in 240 s"
+            os.killpg(process.pid, signal.SIGINT)
+            code = process.wait(timeout=120)
+        rows = _rows(run / "metrics.csv")
+        time.sleep(10)
+        assert _rows(run / "metrics.csv") == rows, "the run went on after Ctrl-C"
+        assert code == runner.INTERRUPTED == 130
+        said = err.read_text()
+        assert "Traceback" not in said and "interrupted" in said
+        resume = said.split("continue it with: ", 1)[1].splitlines()[0]
+        assert f"run-name={run.name}" in resume and "resume=true" in resume
+        assert rows < 200 + 1
+    finally:
+        _stop_processes_of(f"FLWR_HOME={home}")
+        shutil.rmtree(ray, ignore_errors=True)
