@@ -120,7 +120,17 @@ class MethodRunner:
             if grid is not None:
                 context.grid = grid
 
-    def publish(self, name: str, table: pd.DataFrame, *, title: str, floatfmt: str) -> None:
-        """Write the phase's table (``<name><suffix>.csv/.md``) and log it."""
+    def publish(
+        self,
+        name: str,
+        table: pd.DataFrame,
+        *,
+        title: str,
+        floatfmt: str,
+        console: Callable[[pd.DataFrame], str] | None = None,
+    ) -> None:
+        """Write the phase's table (``<name><suffix>.csv/.md``, every column) and log it, as
+        ``console`` shows it when given (else the whole table)."""
         self.run.write_table(f"{name}{self.suffix}", table, floatfmt=floatfmt)
-        self.log(f"{title}:\n" + table.to_markdown(index=False, floatfmt=floatfmt))
+        shown = console(table) if console else table.to_markdown(index=False, floatfmt=floatfmt)
+        self.log(f"{title}:\n{shown}")

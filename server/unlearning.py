@@ -37,6 +37,7 @@ from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import UNLEARNING
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import State
+from fedunlearn.unlearning.console_table import console_table
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
 from fedunlearn.unlearning.metrics import (
     angle_degrees,
@@ -175,7 +176,13 @@ def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: 
     if "test_accuracy" in metrics:
         original = (table["method"] == "fedavg").to_numpy()
         table.loc[original, "flag"] = training_flag(metrics["test_accuracy"])
-    runner.publish("unlearning", table, title="unlearning results", floatfmt=".4f")
+    runner.publish(
+        "unlearning",
+        table,
+        title=f"unlearning results (every column: unlearning{suffix}.csv)",
+        floatfmt=".4f",
+        console=console_table,
+    )
     for method, flag in zip(table["method"], table["flag"]):
         if flag:
             log(f"FLAGGED {method}: {flag}; its row is not a result")

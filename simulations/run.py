@@ -147,11 +147,27 @@ def render_run_config(values: dict[str, Any]) -> str:
     return "".join(f"{key} = {toml_value(key, v)}\n" for key, v in sorted(values.items()))
 
 
+def inline_run_config(text: str) -> str | None:
+    """The run config ``text`` (:func:`render_run_config`'s lines) as one ``--run-config`` argument,
+    ``key=value`` pairs as ``flwr run`` reads them, or None when a value cannot be written so (a
+    string holding a double quote: Flower's parser ends a quoted value at the first one). Unlike
+    a temporary file, a printed command that holds it can be run again."""
+    pairs = []
+    for line in text.splitlines():
+        key, value = line.split(" = ", 1)
+        quoted = value.startswith('"')
+        if (quoted and '"' in value[1:-1]) or (not quoted and any(c.isspace() for c in value)):
+            return None
+        pairs.append(f"{key}={value}")
+    return " ".join(pairs)
+
+
 def build_flwr_command(
-    app: Path, config_file: Path, num_supernodes: int, num_cpus: float, num_gpus: float
+    app: Path, run_config: str, num_supernodes: int, num_cpus: float, num_gpus: float
 ) -> list[str]:
-    """``flwr run`` for ``app``; ``num_supernodes`` = 0 keeps the connection's federation size
-    (``num-clients`` = 0: the app adopts it)."""
+    """``flwr run`` for ``app`` with ``run_config`` (a TOML file's path or ``key=value`` pairs);
+    ``num_supernodes`` = 0 keeps the connection's federation size (``num-clients`` = 0: the app
+    adopts it)."""
     size = f"num-supernodes={num_supernodes} " if num_supernodes else ""
     federation = (
         f"{size}client-resources-num-cpus={num_cpus:g} client-resources-num-gpus={num_gpus:g}"
@@ -162,7 +178,7 @@ def build_flwr_command(
         str(app),
         "--stream",
         "--run-config",
-        str(config_file),
+        run_config,
         "--federation-config",
         federation,
     ]
@@ -333,16 +349,24 @@ def launch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             file=sys.stderr,
         )
         return 2
-    with tempfile.TemporaryDirectory() as tmp:
-        config_file = Path(tmp) / "run-config.toml"
-        config_file.write_text(text, encoding="utf-8")
+    run_config = inline_run_config(text)
+    if args.dry_run:
         command = build_flwr_command(
-            args.app, config_file, config.num_clients, args.num_cpus, args.num_gpus
+            args.app, run_config or "FILE.toml", config.num_clients, args.num_cpus, args.num_gpus
         )
-        print("fedunlearn-run:", " ".join(command), flush=True)
-        if args.dry_run:
-            print(text, end="")
-            return 0
+        print("fedunlearn-run:", shlex.join(command), flush=True)
+        if run_config is None:
+            print("# FILE.toml: save these lines as a file and name it in --run-config")
+        print(text, end="")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        if run_config is None:  # a value Flower's key=value parser cannot read: a file then
+            run_config = str(Path(tmp) / "run-config.toml")
+            Path(run_config).write_text(text, encoding="utf-8")
+        command = build_flwr_command(
+            args.app, run_config, config.num_clients, args.num_cpus, args.num_gpus
+        )
+        print("fedunlearn-run:", shlex.join(command), flush=True)
         env = {
             **os.environ,
             "PATH": search_path,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 import tomllib
@@ -18,6 +19,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
+from flwr.common.config import parse_config_args
 
 from fedunlearn.config import ExperimentConfig
 from simulations import run as runner
@@ -503,10 +505,16 @@ def test_good_input_passes_and_its_run_config_is_toml_that_reads_back(
     code, out, err = _run(sandbox, ["--dry-run", *argv], capsys)
     assert code == 0, err
     assert sandbox.snapshot() == before and not sandbox.launched
-    assert [p.exists() for p in sandbox.temporary] == [False]  # the run config's, removed
+    assert sandbox.temporary == []  # the printed command holds the run config: it runs again
     command, toml_text = out.split("\n", 1)
     assert command.startswith("fedunlearn-run: flwr run ")
     written = tomllib.loads(toml_text)
+    # ... and Flower reads from it what the launcher validated, or it names the file to save
+    inline = shlex.split(command)[shlex.split(command).index("--run-config") + 1]
+    if inline == "FILE.toml":
+        assert any('"' in str(v) for v in written.values()) and "FILE.toml: save" in toml_text
+    else:
+        assert parse_config_args([inline]) == written
     # What the ServerApp will parse is what the launcher validated.
     config = ExperimentConfig.from_run_config(written)
     formatted = [sandbox.format(a) for a in argv]

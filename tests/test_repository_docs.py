@@ -4,6 +4,7 @@ ten minutes, links that resolve, and commands that parse (``--dry-run`` or ``--h
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import shlex
@@ -152,3 +153,41 @@ def test_documented_benchmarks_exist_and_parse(module, capsys):
         importlib.import_module(module).main(["--help"])
     assert exited.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+#: Settings that make a documented training run short; they do not change what the recipe does.
+TINY = ("--set", "rounds=2", "--set", "local-epochs=1")
+
+
+def _sequential_recipes() -> list:
+    """Documented pairs: a training run, then ``unlearn-only`` on the same ``run-name`` (a pair
+    documented on several pages, once)."""
+    pairs = {}
+    for page in PAGES:
+        runs = [c for c in _shell_commands(page) if c.startswith("fedunlearn-run")]
+        for first, second in zip(runs, runs[1:]):
+            name = re.search(r"run-name=(\S+)", first)
+            if name and "unlearn-only=true" in second and f"run-name={name.group(1)}" in second:
+                pairs.setdefault((first, second), f"{page.name}: {name.group(1)}")
+    return [pytest.param(*pair, id=name) for pair, name in pairs.items()]
+
+
+@pytest.mark.parametrize(("train", "request_"), _sequential_recipes())
+def test_documented_sequential_recipes_run(train, request_, tmp_path, monkeypatch, simulate):
+    """Each documented train-then-forget recipe runs as written (training made short), in one
+    process: the second command reopens the first's run and forgets its client."""
+    import tomllib
+
+    monkeypatch.chdir(ROOT)
+    run_dirs = []
+    for command, extra in ((train, TINY), (request_, ())):
+        argv = [*shlex.split(command)[1:], *extra, "--output-dir", str(tmp_path)]
+        config, text = runner.check_run(runner.parser().parse_args(argv))
+        simulate(tomllib.loads(text), num_supernodes=config.num_clients)
+        run_dirs.append(config.run_directory())
+    assert run_dirs[0] == run_dirs[1]
+    log = (run_dirs[0] / "unlearning_log.jsonl").read_text().splitlines()
+    asked = [re.search(r"unlearn-clients=(\S+)", c) for c in (train, request_)]
+    first = asked[0].group(1) if asked[0] else "0"  # the main job's default target
+    expected = [[int(first)], [int(asked[1].group(1))]]
+    assert [json.loads(line)["targets"] for line in log] == expected

@@ -72,7 +72,7 @@ def test_without_num_clients_the_app_adopts_the_federation_size_and_runs_the_mai
 
     out = capfd.readouterr().out
     assert "num-clients not set (0): adopting the federation's size, 2 SuperNode(s)" in out
-    assert "unlearning results:" in out and "| federaser" in out
+    assert "unlearning results (every column: unlearning.csv):" in out and "| federaser" in out
     run_dir = tmp_path / "adopted"
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["num-clients"] == 2  # the run is recorded with the adopted K
