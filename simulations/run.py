@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_path_text
-from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.errors import ConfigError, FedUnlearnError, did_you_mean
 from fedunlearn.preflight import complete_unlearn_request, preflight, trained_config
 from fedunlearn.store.run_directory import request_stop
 from simulations.console import ConsoleFilter, strip_ansi, use_color
@@ -70,10 +70,12 @@ def load_run_config(path: Path | None, assignments: Sequence[str] = ()) -> dict[
     if path is not None:
         if not path.is_file():
             bundled = PROJECT_ROOT / "simulations"
+            names = sorted(p.name for p in bundled.glob("*.toml"))
+            guess = did_you_mean(path.name, names).replace("mean ", f"mean {bundled}/")
             raise ConfigError(
                 "config",
                 str(path),
-                f"an existing TOML run-config file (the bundled ones: {bundled}/*.toml)",
+                f"an existing TOML run-config file (the bundled ones: {bundled}/*.toml){guess}",
             )
         try:
             values = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -134,8 +134,9 @@ def check_data_root(config: ExperimentConfig) -> None:
         raise ConfigError(
             "data-root",
             config.data_root,
-            f"the directory {config.data_root_path} does not exist (set download=true to fetch "
-            "the dataset into it)",
+            f"an existing directory; {config.data_root_path} does not exist: fetch the data "
+            f"with `fedunlearn data download {config.dataset} --root {config.data_root}` or "
+            "--set download=true",
         )
     if config.dataset != "digits" and not config.data_root:
         raise ConfigError(
@@ -161,7 +162,8 @@ def check_someone_remains(config: ExperimentConfig) -> None:
         raise ConfigError(
             "unlearn-clients",
             config.unlearn_clients,
-            f"fewer than all {config.num_clients} clients: someone must remain",
+            f"fewer than all {config.num_clients} clients: someone must remain (forget fewer "
+            "clients, raise num-clients, or unlearn-clients='' to train only)",
         )
 
 
