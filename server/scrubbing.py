@@ -28,6 +28,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedunlearn.certified.curvature import head_matrix
+from fedunlearn.console_table import SCRUBBING_COLUMNS, console_table
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.preflight import cohort_masks
@@ -238,7 +239,13 @@ def _publish(context: ScrubContext, runner: MethodRunner, table, tradeoff, entro
     """The readout and trade-off tables (lambdas span 1e-12 .. 1e-4: 4 significant digits) and
     the figures."""
     run = context.outcome.run
-    runner.publish("scrubbing", table, title="scrubbing results", floatfmt=".4g")
+    runner.publish(
+        "scrubbing",
+        table,
+        title="scrubbing results (every column: scrubbing.csv)",
+        floatfmt=".4g",
+        console=lambda frame: console_table(frame, SCRUBBING_COLUMNS),
+    )
     run.write_table("scrubbing_tradeoff", tradeoff, floatfmt=".4g")
     num_classes = context.outcome.data.splits.num_classes
     plot_entropy_histograms(

@@ -37,7 +37,7 @@ from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import UNLEARNING
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import State
-from fedunlearn.unlearning.console_table import console_table
+from fedunlearn.console_table import console_table
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
 from fedunlearn.unlearning.metrics import (
     angle_degrees,

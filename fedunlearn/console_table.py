@@ -1,9 +1,10 @@
-"""What the console shows of an unlearning comparison: the columns that decide which row to trust,
-in at most :data:`CONSOLE_WIDTH` characters, then one line per method saying what it did. The CSV
-and the ``.md`` beside it keep every column. Flower-free.
+"""What the console shows of a comparison table (unlearning, scrubbing): the columns that decide
+which row to trust, in at most :data:`CONSOLE_WIDTH` characters, then one line per method saying
+what it did. The CSV and the ``.md`` beside it keep every column. Flower-free.
 
-The gap to FedRetrain is in test-accuracy points (the flag rule's unit,
-:mod:`fedunlearn.unlearning.verdicts`); the attack's success shows only where a model was attacked.
+In the unlearning comparison the gap to FedRetrain is in test-accuracy points (the flag rule's
+unit, :mod:`fedunlearn.unlearning.verdicts`); the attack's success shows only where a model was
+attacked.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ CONSOLE_WIDTH = 120
 #: (column of the comparison table, its console header, its format), in order. ``gap_points`` is
 #: computed here; a column the table lacks prints "-", but for ``attack_success``, left out unless
 #: some model was attacked.
-CONSOLE_COLUMNS = (
+UNLEARNING_COLUMNS = (
     ("method", "method", "{}"),
     ("test_accuracy", "test acc", "{:.4f}"),
     ("gap_points", "vs retrain", "{:+.2f}"),
@@ -29,6 +30,19 @@ CONSOLE_COLUMNS = (
     ("communication_mb", "comm MB", "{:.1f}"),
     ("retained_mb", "kept MB", "{:.2f}"),
     ("flag", "flag", "{}"),
+)
+#: The scrubbing readouts (:mod:`fedunlearn.scrubbing.readouts`): errors on D_f (the forgotten
+#: samples), D_r (the retained ones) and the test set, epochs to relearn D_f, the information
+#: bound, seconds.
+SCRUBBING_COLUMNS = (
+    ("method", "method", "{}"),
+    ("error_f", "error D_f", "{:.4f}"),
+    ("error_r", "error D_r", "{:.4f}"),
+    ("error_test", "error test", "{:.4f}"),
+    ("error_test_class", "error test class", "{:.4f}"),
+    ("relearn_epochs", "relearn epochs", "{:.3g}"),
+    ("information_nats", "info nats", "{:.3g}"),
+    ("seconds", "seconds", "{:.1f}"),
 )
 
 
@@ -47,12 +61,18 @@ def gap_points(table: pd.DataFrame, reference: str = "fedretrain") -> pd.Series:
     return (table["test_accuracy"] - base) * 100.0
 
 
-def console_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """The console's cells (strings) of the comparison ``table``."""
+def console_frame(table: pd.DataFrame, columns=UNLEARNING_COLUMNS) -> pd.DataFrame:
+    """The console's cells (strings) of the comparison ``table``: ``columns``, as
+    :data:`UNLEARNING_COLUMNS` lists them."""
     table = table.assign(gap_points=gap_points(table)) if "test_accuracy" in table else table
+    if {"relearn_epochs", "relearn_reached", "relearn_budget_epochs"} <= set(table.columns):
+        never = table["relearn_reached"].astype(str).str.lower() == "false"
+        relearn = table["relearn_epochs"].astype(object)
+        relearn[never] = [f"> {b:g}" for b in table.loc[never, "relearn_budget_epochs"]]
+        table = table.assign(relearn_epochs=relearn)  # not relearned within the budget
     attacked = "attack_success" in table and table["attack_success"].notna().any()
     cells = {}
-    for column, header, fmt in CONSOLE_COLUMNS:
+    for column, header, fmt in columns:
         if column == "attack_success" and not attacked:
             continue
         if column == "flag":
@@ -65,7 +85,7 @@ def console_frame(table: pd.DataFrame) -> pd.DataFrame:
 
 
 #: Columns given up, in this order, while a table of long method names is wider than the console.
-DROPPED_FIRST = ("comm MB", "seconds", "target acc")
+DROPPED_FIRST = ("comm MB", "seconds", "target acc", "error test class", "info nats")
 
 
 def _markdown(frame: pd.DataFrame) -> list[str]:
@@ -84,15 +104,19 @@ def _markdown(frame: pd.DataFrame) -> list[str]:
     ]
 
 
-def console_table(table: pd.DataFrame, width: int = CONSOLE_WIDTH) -> str:
-    """The comparison ``table`` as the console prints it: a markdown table of
-    :data:`CONSOLE_COLUMNS` no wider than ``width`` (columns of :data:`DROPPED_FIRST` given up
-    while it is wider), then ``method: did`` for each row with a ``did`` (cut to ``width``)."""
-    frame = console_frame(table)
+def console_table(
+    table: pd.DataFrame, columns=UNLEARNING_COLUMNS, width: int = CONSOLE_WIDTH
+) -> str:
+    """The comparison ``table`` as the console prints it: a markdown table of ``columns`` no
+    wider than ``width`` (columns of :data:`DROPPED_FIRST` given up while it is wider), then
+    ``method: did`` for each row with a ``did`` (cut to ``width``)."""
+    frame = console_frame(table, columns)
     lines = _markdown(frame)
     for header in DROPPED_FIRST:
         if max(map(len, lines)) <= width:
             break
+        if header not in frame:
+            continue
         frame = frame.drop(columns=header)
         lines = _markdown(frame)
     if "did" in table:

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from fedunlearn.registry import UNLEARNING
-from fedunlearn.unlearning.console_table import CONSOLE_WIDTH, console_frame, console_table
+from fedunlearn.console_table import CONSOLE_WIDTH, console_frame, console_table
 
 
 def comparison(methods, *, attacked: bool, rng) -> pd.DataFrame:
@@ -73,3 +73,31 @@ def test_the_gap_is_in_points_against_fedretrain_and_flags_are_marked():
         "-",
         "-",
     ]
+
+
+def test_the_scrubbing_readouts_fit_and_an_unrelearned_model_says_so():
+    from fedunlearn.console_table import SCRUBBING_COLUMNS
+    from fedunlearn.registry import SCRUBBING
+
+    methods = ["original", "retrain", *SCRUBBING.names()]
+    rng = np.random.default_rng(0)
+    n = len(methods)
+    table = pd.DataFrame(
+        {
+            "method": methods,
+            **{c: rng.uniform(0, 1, n) for c in ("error_f", "error_r", "error_test")},
+            "error_test_class": rng.uniform(0, 1, n),
+            "relearn_epochs": [float("nan")] + list(rng.uniform(0, 5, n - 1)),
+            "relearn_reached": [False] + [True] * (n - 1),
+            "relearn_budget_epochs": [5.0] * n,
+            "information_nats": rng.uniform(0, 1e6, n),
+            "seconds": rng.uniform(0, 1e4, n),
+            "lam": rng.uniform(0, 1, n),  # in the CSV, not on the console
+        }
+    )
+    text = console_table(table, SCRUBBING_COLUMNS)
+    assert max(len(line) for line in text.splitlines()) <= CONSOLE_WIDTH
+    assert "lam" not in text.splitlines()[0]
+    frame = console_frame(table, SCRUBBING_COLUMNS)
+    assert frame["relearn epochs"].iloc[0] == "> 5"  # never relearned: not a blank
+    assert frame["relearn epochs"].iloc[1] != "-"
