@@ -72,6 +72,7 @@ def test_without_num_clients_the_app_adopts_the_federation_size_and_runs_the_mai
 
     out = capfd.readouterr().out
     assert "num-clients not set (0): adopting the federation's size, 2 SuperNode(s)" in out
+    assert "now checking what needs it: every client gets data" in out  # named, then checked
     assert "unlearning results (every column: unlearning.csv):" in out and "| federaser" in out
     run_dir = tmp_path / "adopted"
     saved = json.loads((run_dir / "config.json").read_text())
