@@ -174,8 +174,18 @@ def _config_docs(args: argparse.Namespace) -> int:
             print(f"{args.path} is not the table's page: run fedunlearn config-docs {args.path}")
             return 1
         return 0
-    args.path.parent.mkdir(parents=True, exist_ok=True)
-    args.path.write_text(text, encoding="utf-8")
+    if args.path.exists() and not args.path.is_file():
+        raise ConfigError("path", str(args.path), "a regular file to write the page to")
+    temporary = args.path.with_name(f".{args.path.name}.tmp")
+    try:  # whole, or the old page untouched
+        args.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(text, encoding="utf-8")
+        temporary.replace(args.path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise ConfigError(
+            "path", str(args.path), f"a file that can be written ({error.strerror})"
+        ) from None
     print(f"wrote {args.path}")
     return 0
 
@@ -225,6 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
+    except StoreCorruptionError as error:  # a damaged store: 1, as `store verify` says it
+        print(f"fedunlearn: error: {error}", file=sys.stderr)
+        return 1
     except FedUnlearnError as error:
         print(f"fedunlearn: error: {error}", file=sys.stderr)
         return 2

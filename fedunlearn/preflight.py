@@ -18,7 +18,6 @@ Flower-free.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from fedunlearn.data.federated_data import (
 )
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
+from fedunlearn.store.durable_io import json_loads
 from fedunlearn.store.retention import check_retained
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.models import resolve_model_name
@@ -222,7 +222,7 @@ def forgotten_clients(config: ExperimentConfig, path: Path) -> set[int]:
         if not line.strip():
             continue
         try:
-            targets = json.loads(line)["targets"]
+            targets = json_loads(line)["targets"]
             forgotten.update(int(t) for t in targets if not isinstance(t, bool))
         except (ValueError, TypeError, KeyError):
             raise ConfigError(
@@ -305,7 +305,7 @@ def _holds_files(config: ExperimentConfig, path: Path) -> bool:
 
 def _read_json_object(config: ExperimentConfig, path: Path) -> dict[str, Any]:
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise ConfigError(
             "run-name", config.run_name, f"a run whose {path} is readable JSON ({error})"

@@ -25,7 +25,6 @@ old history and the new model, or without a store.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -34,7 +33,12 @@ from pathlib import Path
 from fedunlearn.errors import ConfigError
 from fedunlearn.preflight import HISTORY_JOURNAL, HISTORY_LOG, UNLEARNING_LOG
 from fedunlearn.registry import UNLEARNING
-from fedunlearn.store.durable_io import atomic_write_bytes, fsync_directory, private_directory
+from fedunlearn.store.durable_io import (
+    atomic_write_bytes,
+    fsync_directory,
+    json_loads,
+    private_directory,
+)
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.progress import Log
@@ -137,7 +141,7 @@ def finish_pending(run: RunDirectory, *, log: Log = print) -> bool:
     path = run.path / JOURNAL
     if not path.is_file():
         return False
-    journal = json.loads(path.read_text(encoding="utf-8"))
+    journal = json_loads(path.read_text(encoding="utf-8"))
     number = journal["request"]
     archive = run.path / (
         f"original-{number}" if journal["keep_original"] else f".discarded-{number}"

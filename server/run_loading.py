@@ -7,13 +7,13 @@ settings (which clients, which methods, r, calibration options) and the device.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.errors import ConfigError
 from fedunlearn.preflight import request_config
+from fedunlearn.store.durable_io import json_loads
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.federated_training import TrainingOutcome, discover
@@ -42,7 +42,7 @@ def load_trained_run(
                 request.run_name,
                 f"a finished run under {request.output_path}; {path / needed} is missing",
             )
-    trained = ExperimentConfig.from_run_config(json.loads((path / "config.json").read_text()))
+    trained = ExperimentConfig.from_run_config(json_loads((path / "config.json").read_text()))
     config = request_config(trained, request)
     data = load_federated_data(config)
     members = discover(grid, config, data, log=log)

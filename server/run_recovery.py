@@ -19,7 +19,6 @@ Each resume appends what it did to ``recovery_log.jsonl``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import DATA_KEYS
 from fedunlearn.errors import ConfigError
+from fedunlearn.store.durable_io import json_loads
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 
@@ -56,7 +56,7 @@ TRAINING_KEYS = (
 
 def check_resumable(config: ExperimentConfig, path: Path) -> None:
     """Refuse to resume ``path`` with training settings other than those it was started with."""
-    saved = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    saved = json_loads((path / "config.json").read_text(encoding="utf-8"))
     requested = config.to_run_config()
     for key in TRAINING_KEYS:
         if key in saved and saved[key] != requested[key]:

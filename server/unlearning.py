@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 from flwr.serverapp import Grid
 
+from fedunlearn.console_table import console_table
 from fedunlearn.data.poisoning import poisoning_success_rate
 from fedunlearn.errors import ConfigError
 from fedunlearn.memory import release_free_memory
@@ -37,7 +38,6 @@ from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import UNLEARNING
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import State
-from fedunlearn.console_table import console_table
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
 from fedunlearn.unlearning.metrics import (
     angle_degrees,

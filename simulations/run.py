@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_path_text
+from fedunlearn.config.paths import expand_path
 from fedunlearn.errors import ConfigError, FedUnlearnError, did_you_mean
 from fedunlearn.preflight import complete_unlearn_request, preflight, trained_config
 from fedunlearn.store.run_directory import request_stop
@@ -96,8 +97,7 @@ def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
         raw = resolved.get(key)
         if isinstance(raw, str) and raw:
             check_path_text(key, raw)  # before the file system sees it (a NUL byte would crash it)
-            path = Path(os.path.expandvars(raw)).expanduser()
-            resolved[key] = str((base / path).resolve() if not path.is_absolute() else path)
+            resolved[key] = str(expand_path(key, raw, base))
     return resolved
 
 

@@ -151,7 +151,14 @@ def test_ctrl_c_on_a_real_run_stops_it_says_how_to_resume_and_exits_130(tmp_path
     try:
         with open(tmp_path / "stdout.txt", "w") as out, open(err, "w") as errors:
             process = subprocess.Popen(
-                command, stdout=out, stderr=errors, env=env, start_new_session=True
+                command,
+                stdout=out,
+                stderr=errors,
+                env=env,
+                start_new_session=True,
+                # a suite started in the background (`cmd &`) ignores SIGINT, and so would the
+                # command: give it a terminal's default, as a user's shell does
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             )
             deadline = time.monotonic() + 240
             while _rows(run / "metrics.csv") < 3 and time.monotonic() < deadline:

@@ -174,7 +174,7 @@ def test_store_verify_on_a_store_without_its_index_exits_1_and_deletes_nothing(t
         out = capsys.readouterr().out
         assert f"store {tmp_path / 'run' / 'store'}: its index" in out and "is missing" in out
         assert "4 blob file(s)" in out and "restore index.sqlite from a backup" in out
-    assert cli.main(["store", "info", str(tmp_path / "run")]) == 2
+    assert cli.main(["store", "info", str(tmp_path / "run")]) == 1  # damaged: 1
     assert "left untouched" in capsys.readouterr().err
     assert sorted((p, p.read_bytes()) for p in (tmp_path / "run/store/blobs").rglob("*.*")) == blobs
 

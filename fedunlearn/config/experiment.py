@@ -8,7 +8,6 @@ What needs the dataset or the disk is checked later by :mod:`fedunlearn.prefligh
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from fedunlearn.config.parameters import (
     parameter_constraints,
     parameter_table,
 )
+from fedunlearn.config.paths import expand_path
 from fedunlearn.config.rules import ConfigGroup, partition_ids, validate_config
 from fedunlearn.errors import ConfigError, did_you_mean
 from fedunlearn.store.retention import is_retained_round
@@ -138,11 +138,11 @@ class ExperimentConfig(RunParameters):
     # ------------------------------------------------------------------ paths
     @property
     def data_root_path(self) -> Path:
-        return Path(os.path.expandvars(self.data_root)).expanduser()
+        return expand_path("data-root", self.data_root)
 
     @property
     def output_path(self) -> Path:
-        return Path(os.path.expandvars(self.output_dir)).expanduser().resolve()
+        return expand_path("output-dir", self.output_dir, Path.cwd(), resolve=True)
 
     def run_directory(self, now: float | None = None) -> Path:
         """``output-dir/run-name``; an empty run-name becomes ``<dataset>-<YYYYmmdd-HHMMSS>``."""

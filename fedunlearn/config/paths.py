@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
+from pathlib import Path
 
 from fedunlearn.errors import ConfigError
 
@@ -64,3 +65,23 @@ def check_run_name(key: str, value: str) -> None:
     """Refuse a run name that is not a portable folder name (empty: ``<dataset>-<timestamp>``)."""
     if value and not RUN_NAME.fullmatch(value):
         raise ConfigError(key, value, RUN_NAME_ALLOWED)
+
+
+def expand_path(key: str, value: str, base: Path | None = None, *, resolve: bool = False) -> Path:
+    r"""``value`` (a path of ``key``) with ``$VARS`` and ``~`` expanded; a relative one made
+    absolute against ``base`` and resolved (when ``base`` is given), an absolute one resolved
+    when ``resolve``. A ``~user`` with no home on this machine and a symbolic-link loop are
+    :class:`ConfigError`\ s naming the path (not the ``RuntimeError`` of :mod:`pathlib`)."""
+    expanded = os.path.expanduser(os.path.expandvars(value))
+    if expanded.startswith("~"):
+        user = expanded.split(os.sep, 1)[0]
+        raise ConfigError(key, value, f"a folder path; {user} is no user's home on this machine")
+    path = Path(expanded)
+    if base is not None and not path.is_absolute():
+        path, resolve = base / path, True
+    if not resolve:
+        return path
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as error:  # 3.11: RuntimeError("Symlink loop ..."), later ELOOP
+        raise ConfigError(key, value, f"a folder path that resolves ({error})") from None

@@ -140,10 +140,20 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return Path(path)
 
 
+def json_loads(text: str | bytes) -> Any:
+    """:func:`json.loads`, where a nesting too deep for Python's parser (``RecursionError``, e.g.
+    a file of 100,000 ``[``) is a ``ValueError`` like every other undecodable text: every JSON
+    file this project reads is untrusted input."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+
+
 # ---------------------------------------------------------------------- JSON lines
 def _parse_record(raw: bytes) -> dict[str, Any]:
     """One log line as a JSON object; ``ValueError`` (with the reason) for anything else."""
-    record = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError and JSONDecodeError: ValueError
+    record = json_loads(raw.decode("utf-8"))  # UnicodeDecodeError and JSONDecodeError: ValueError
     if not isinstance(record, dict):
         raise ValueError(f"a JSON {type(record).__name__}, expected an object")
     return record

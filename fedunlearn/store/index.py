@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fedunlearn.errors import ConfigError, FedUnlearnError, StoreCorruptionError
+from fedunlearn.store.durable_io import json_loads
 
 INDEX_VERSION = 2
 #: The version of an index that holds norms rows (the tables of :data:`_NORMS_SCHEMA`).
@@ -372,7 +373,7 @@ class StoreIndex:
         if not found:
             return []
         try:
-            tensors = json.loads(found[0][0])
+            tensors = json_loads(found[0][0])
         except (TypeError, ValueError):
             tensors = None
         if (

@@ -61,6 +61,7 @@ from fedunlearn.store.durable_io import (
     atomic_write_bytes,
     atomic_write_json,
     fsync_directory,
+    json_loads,
     open_private_file,
     private_directory,
 )
@@ -179,7 +180,7 @@ def _blob_metadata(data: bytes) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors file held in ``data`` (its JSON header)."""
     size = int.from_bytes(data[:8], "little")
     try:
-        header = json.loads(data[8 : 8 + size])
+        header = json_loads(data[8 : 8 + size])
     except ValueError:
         return {}
     metadata = header.get("__metadata__") if isinstance(header, dict) else None
@@ -236,7 +237,7 @@ def _recorded_squares(row, metadata: Mapping[str, str], update: State) -> dict[s
     if SQUARES_KEY not in metadata:
         return squared_norms(update)
     try:
-        return _check_squares(row.who, json.loads(metadata[SQUARES_KEY]), update)
+        return _check_squares(row.who, json_loads(metadata[SQUARES_KEY]), update)
     except (ValueError, ConfigError) as error:
         raise StoreCorruptionError(
             f"{row.who}: its recorded norms are unreadable ({error})"
@@ -779,6 +780,12 @@ class UpdateStore:
     def _open_index(self) -> StoreIndex:
         """The index; blobs without a readable index raise, and are never touched."""
         path = self.root / _INDEX
+        if path.exists() and not path.is_file():
+            raise StoreCorruptionError(
+                f"store {self.root}: its index {path} is not a file (a directory or a device); "
+                f"move it aside and restore {_INDEX} from a backup (then run `fedunlearn store "
+                f"verify {self.root}`); the blobs were left untouched"
+            )
         if not path.is_file() or path.stat().st_size == 0:
             # zero bytes: created 0600, then a crash before SQLite wrote a page
             blobs = self._blob_files()
@@ -855,7 +862,7 @@ class UpdateStore:
 
     def _read_header(self) -> dict:
         try:
-            header = json.loads((self.root / _HEADER).read_text(encoding="utf-8"))
+            header = json_loads((self.root / _HEADER).read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             raise StoreCorruptionError(
                 f"{self.root / _HEADER} is unreadable ({error}), expected "
