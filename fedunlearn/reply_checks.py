@@ -60,6 +60,28 @@ def check_array_specs(sent: Mapping[str, ArraySpec], received: Mapping[str, Arra
             raise RefusedReply(f"array {name!r} has dtype {got_dtype}, the model sent has {dtype}")
 
 
+def decoded_arrays(arrays: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """Each array of a reply as NumPy: the one decoder every reply screen uses. ``arrays`` maps a
+    name to an object with ``.numpy()`` (and ``.shape``): Flower's ``Array``. A buffer that does
+    not decode to the shape it declares (cut short, padded, garbage) is a :class:`RefusedReply`
+    naming the array, never a crash of the phase that asked."""
+    decoded = {}
+    for name, array in arrays.items():
+        try:
+            value = np.asarray(array.numpy())  # type: ignore[attr-defined]
+        except Exception as error:  # noqa: BLE001 - any decoding failure is the sender's
+            raise RefusedReply(
+                f"array {name!r} does not decode ({type(error).__name__}: {error})"
+            ) from None
+        declared = tuple(getattr(array, "shape", value.shape))
+        if tuple(value.shape) != declared:
+            raise RefusedReply(
+                f"array {name!r} declares shape {declared} but decodes to {tuple(value.shape)}"
+            )
+        decoded[name] = value
+    return decoded
+
+
 def check_finite_arrays(arrays: Iterable[tuple[str, np.ndarray]]) -> None:
     """Every floating value of every array is finite."""
     for name, array in arrays:

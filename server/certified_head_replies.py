@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedunlearn.reply_checks import RefusedReply, decoded_arrays
+
 # The errors and the source check live in server.queries, shared by every query; re-exported here
 # for the certified head's callers.
 from server.queries import BadReplyError, QueryFailedError, check_sources  # noqa: F401
@@ -138,9 +140,9 @@ def check_reply(
 
 def _checked_array(sums, name: str, shape: tuple[int, ...], fail) -> np.ndarray:
     try:
-        array = np.asarray(sums[name].numpy())
-    except Exception as error:  # a malformed Array fails in many ways; all are this client's
-        fail(f"array {name!r} cannot be read ({type(error).__name__}: {error})")
+        array = decoded_arrays({name: sums[name]})[name]
+    except RefusedReply as refused:  # a malformed Array fails in many ways; all are this client's
+        fail(refused.reason)
     if array.shape != shape:
         fail(f"array {name!r} has shape {array.shape}, expected {shape}")
     if name in INTEGER_ARRAYS:

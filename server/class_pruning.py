@@ -29,6 +29,7 @@ from fedunlearn.reply_checks import (
     check_finite_arrays,
     check_metrics,
     check_partition,
+    decoded_arrays,
 )
 from fedunlearn.training.stacked import stack_size
 from fedunlearn.unlearning.pruning import (
@@ -151,7 +152,8 @@ def checked_prune_reply(
         {"sums": ((classes, channels), "float64"), "counts": ((classes,), "int64")},
         {key: (tuple(array.shape), array.dtype) for key, array in stats.items()},
     )
-    sums, counts = stats["sums"].numpy(), stats["counts"].numpy()
+    decoded = decoded_arrays(stats)
+    sums, counts = decoded["sums"], decoded["counts"]
     for label, count in enumerate(counts.tolist()):
         got = check_count(f"counts[{label}]", count, 0, declared)
         if got != int(class_counts[label]):

@@ -19,6 +19,7 @@ from fedunlearn.reply_checks import (
     RefusedReply,
     check_evaluate_reply,
     check_training_reply,
+    decoded_arrays,
 )
 from server.federation import FederationMembers
 from server.progress import Log
@@ -31,13 +32,8 @@ REFUSALS_LOG = "refused_replies.jsonl"
 
 
 def _decoded(arrays: ArrayRecord):
-    """(name, NumPy array) of each array; a buffer that does not decode to its declared shape and
-    dtype is a refusal, not a crash."""
-    for name, array in arrays.items():
-        try:
-            yield name, array.numpy()
-        except Exception as error:  # noqa: BLE001 - any decoding failure refuses the reply
-            raise RefusedReply(f"array {name!r} does not decode ({error})") from None
+    """(name, NumPy array) of each array (:func:`~fedunlearn.reply_checks.decoded_arrays`)."""
+    return decoded_arrays(arrays).items()
 
 
 class ReplyScreen:

@@ -40,6 +40,7 @@ from fedunlearn.reply_checks import (
     check_finite_arrays,
     check_metrics,
     check_partition,
+    decoded_arrays,
 )
 from fedunlearn.scrubbing.readouts import (
     plot_entropy_histograms,
@@ -49,7 +50,7 @@ from fedunlearn.scrubbing.readouts import (
 from server.federated_training import TrainingOutcome
 from server.method_runner import MethodRunner, SharedStatistics
 from server.progress import Log
-from server.queries import query_nodes
+from server.queries import QueryFailedError, query_nodes
 from server.scrub_methods import ScrubContext, retrain
 from server.scrub_readouts import information_tradeoff, readout_data, readouts
 
@@ -146,14 +147,14 @@ class ScrubStatistics:
             specs = self._expected_arrays(op, parts, counts, state, config)
             stats = content["stats"]
             check_array_specs(specs, {k: (tuple(a.shape), a.dtype) for k, a in stats.items()})
-            arrays = {k: a.numpy() for k, a in stats.items()}
+            arrays = decoded_arrays(stats)
             check_finite_arrays(arrays.items())
             sums = list(arrays) if op == "fisher" else [k for k in arrays if k.endswith(".loss")]
             negative = [k for k in sums if (arrays[k] < 0).any()]  # losses and Fishers are >= 0
             if negative:
                 raise RefusedReply(f"negative sums in {negative[:3]}")
         except RefusedReply as refused:
-            raise RuntimeError(
+            raise QueryFailedError(  # a FedUnlearnError: the run ends with this one line
                 f"scrubbing: {op} reply of node {node} (client {partition}) refused: "
                 f"{refused.reason}"
             ) from None
