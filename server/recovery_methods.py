@@ -87,8 +87,16 @@ def server_loss(outcome):
     return loss
 
 
-def _fedrecover_progress(log, name: str):
+def _fedrecover_progress(log, name: str, node_of_partition=None):
+    nodes = node_of_partition or {}
+
     def progress(step):
+        if step.missing:
+            named = ", ".join(f"{k} (node {nodes.get(k, '?')})" for k in step.missing)
+            log(
+                f"{name}: round {step.round}, no usable exact update from client(s) {named}: "
+                "estimated where its history allows, else left out of the round"
+            )
         if step.kind == GUARDED:
             log(
                 f"{name}: round {step.round} estimated, then redone with {len(step.clients)} exact "
@@ -122,13 +130,18 @@ def fedrecover(context, name: str):
         groups=member_groups(history.read_global(history.rounds()[0])),
         guard=guard,
         loss=server_loss(context.outcome) if guard is not None else None,
-        progress=_fedrecover_progress(context.log, name),
+        progress=_fedrecover_progress(
+            context.log, name, context.outcome.members.node_of_partition
+        ),
+        min_reply_fraction=config.min_reply_fraction,
     )
     estimated = [t for t in result.estimated_rounds if t not in result.guarded]
     fixes = sum(len(clients) for clients in result.fixed.values())
+    missing = sum(len(clients) for clients in result.missing.values())
     did = (
         f"{len(estimated)} round(s) estimated ({fixes} abnormality fix(es)), "
         f"{len(result.exact_rounds)} exact, {len(result.guarded)} redone by the guard"
+        + (f", {missing} exact update(s) missing (estimated or left out)" if missing else "")
         + ("" if guard is not None else " (guard off: the paper's FedRecover)")
     )
     context.log(f"{name}: {did}")
@@ -142,6 +155,7 @@ def fedrecover(context, name: str):
         "exact_client_rounds": result.exact_client_rounds,
         "abnormality_fixed": {str(r): c for r, c in result.fixed.items()},
         "refused_replies": {str(r): c for r, c in result.refused.items()},
+        "missing_exact_updates": {str(r): c for r, c in result.missing.items()},
         "thresholds": result.thresholds,
     }
 

@@ -49,13 +49,14 @@ or exact, as FedAvg would aggregate them.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.training.model_state import State, parameter_groups, state_norm, state_sum
 from fedunlearn.unlearning.divergence_guard import DivergenceGuard, GuardRanges
 from fedunlearn.unlearning.federaser import ExactUpdatesFn, aggregate_updates
@@ -80,7 +81,9 @@ class FedRecoverStep:
 
     ``kind`` is ``"exact"`` (scheduled: warm-up, correction, final tuning), ``"estimated"`` or
     ``"guarded"`` (estimated, then redone exactly by the guard for ``reason``); ``refused`` lists
-    the clients whose exact reply the guard refused (left out of the round)."""
+    the clients whose exact reply the guard refused (left out of the round); ``missing`` those
+    whose exact update never came (refused by the reply screen or silent): estimated in a
+    scheduled exact round when their L-BFGS buffers allow, else left out of the round."""
 
     round: int
     clients: list[int]
@@ -90,6 +93,11 @@ class FedRecoverStep:
     kind: str = EXACT
     reason: str | None = None
     refused: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+
+
+class NotEnoughReplies(FedUnlearnError, RuntimeError):
+    """Fewer usable exact updates in a round than ``min-reply-fraction`` of its clients."""
 
 
 @dataclass
@@ -99,8 +107,8 @@ class Recovery:
     ``exact_client_rounds`` counts the (round, client) exact updates asked for (the server turns
     it into client-epochs); ``exact_rounds``, ``estimated_rounds`` and ``guarded`` (round ->
     the guard's reason) say how each round got its updates; ``fixed`` maps a round to the clients
-    abnormality fixing asked, ``refused`` to the clients whose exact replies the guard refused;
-    ``thresholds`` is τ per group."""
+    abnormality fixing asked, ``refused`` to the clients whose exact replies the guard refused,
+    ``missing`` to those whose exact update never came; ``thresholds`` is τ per group."""
 
     model: dict[str, torch.Tensor]
     exact_rounds: list[int] = field(default_factory=list)
@@ -109,6 +117,7 @@ class Recovery:
     exact_client_rounds: int = 0
     fixed: dict[int, list[int]] = field(default_factory=dict)
     refused: dict[int, list[int]] = field(default_factory=dict)
+    missing: dict[int, list[int]] = field(default_factory=dict)
     steps: list[FedRecoverStep] = field(default_factory=list)
     thresholds: list[float] = field(default_factory=list)
 
@@ -189,26 +198,40 @@ class _Recovering:
     loss: Callable[[State], float] | None
     buffers: dict[int, ClientBuffers] = field(default_factory=dict)
     current_loss: float | None = None
+    min_reply_fraction: float = 1.0
 
     def ask(self, t: int, model: State, clients: list[int]) -> dict:
-        """The clients' exact updates from ``model`` in round ``t``, checked and counted."""
+        """The exact updates from ``model`` in round ``t`` of those of ``clients`` that sent a
+        usable one, checked and counted; the others are recorded as ``missing`` (the round decides
+        what to do without them)."""
         answers = self.exact(t, {k: v.clone() for k, v in model.items()}, list(clients))
         leaked = set(answers) & self.excluded
         if leaked:
             raise RuntimeError(
                 f"exact updates of round {t} came from removed clients {sorted(leaked)}"
             )
-        missing = [k for k in clients if k not in answers]
-        if missing:
-            raise RuntimeError(f"exact updates of round {t} lack clients {missing}")
         for k in clients:
-            if set(answers[k]) != set(model):
+            if k in answers and set(answers[k]) != set(model):
                 raise ValueError(
                     f"client {k}'s exact update of round {t} holds tensors {sorted(answers[k])}, "
                     f"the model {sorted(model)}"
                 )
         self.recovery.exact_client_rounds += len(clients)
-        return {k: answers[k] for k in clients}
+        missing = [k for k in clients if k not in answers]
+        if missing:
+            self.recovery.missing.setdefault(t, []).extend(missing)
+        return {k: answers[k] for k in clients if k in answers}
+
+    def check_enough(self, t: int, clients: list[int], used: dict) -> None:
+        """At least ``min_reply_fraction`` of the round's clients have an update to average."""
+        needed = max(1, math.ceil(self.min_reply_fraction * len(clients) - 1e-9))
+        if len([k for k in clients if k in used]) < needed:
+            missing = self.recovery.missing.get(t, [])
+            raise NotEnoughReplies(
+                f"FedRecover round {t}: {len(clients) - len(missing)} of {len(clients)} clients "
+                f"sent a usable exact update (none from clients {missing}), fewer than "
+                f"min-reply-fraction={self.min_reply_fraction:g} requires ({needed})"
+            )
 
     def evaluate(self, model: State) -> float | None:
         return None if self.loss is None or self.ranges is None else float(self.loss(model))
@@ -220,14 +243,19 @@ def _estimated(run: _Recovering, t, clients, model, stored, shifts):
     used = {k: _estimate(stored[k], shifts, run.groups, run.buffers.get(k)) for k in clients}
     fixed = [k for k in clients if _abnormal(used[k], run.groups, run.recovery.thresholds)]
     if fixed:
-        used.update(run.ask(t, model, fixed))
+        answers = run.ask(t, model, fixed)
+        for k in fixed:  # an abnormal estimate is never used: without its exact update, left out
+            if k in answers:
+                used[k] = answers[k]
+            else:
+                del used[k]
         run.recovery.fixed[t] = fixed
-    return used, list(fixed), fixed
+    return used, [k for k in fixed if k in used], fixed
 
 
 def _guard_problem(run: _Recovering, model, used, clients, num_examples, refused):
     """Why the guard redoes this estimated round (None: it stands); also its loss after."""
-    kept = {k: used[k] for k in clients if k not in refused}
+    kept = {k: used[k] for k in clients if k in used and k not in refused}
     step = aggregate_updates(kept, num_examples) if kept else None
     if step is None:
         return None, None
@@ -258,7 +286,11 @@ def _recover_round(run: _Recovering, t: int, scheduled: bool) -> FedRecoverStep:
     num_examples = history.num_examples(t)
     kind, reason, fixed, loss_after = EXACT, None, [], None
     if scheduled:
-        used, computed = run.ask(t, model, clients), list(clients)
+        used = run.ask(t, model, clients)
+        computed = list(used)
+        for k in clients:  # no exact update: its estimate where its buffers hold pairs
+            if k not in used and run.buffers.get(k):
+                used[k] = _estimate(stored[k], shifts, run.groups, run.buffers[k])
     else:
         kind = ESTIMATED
         used, computed, fixed = _estimated(run, t, clients, model, stored, shifts)
@@ -268,9 +300,11 @@ def _recover_round(run: _Recovering, t: int, scheduled: bool) -> FedRecoverStep:
             if reason is not None:
                 kind, loss_after = GUARDED, None
                 rest = [k for k in clients if k not in computed]
-                used.update(run.ask(t, model, rest))
-                computed = list(clients)
+                answers = run.ask(t, model, rest)
+                used = {k: used[k] for k in computed} | answers  # the guard's estimates: none
+                computed = list(used)
                 recovery.guarded[t] = reason
+    run.check_enough(t, clients, used)
     refused = _screen(run, used, computed)
     if refused:
         recovery.refused[t] = refused
@@ -281,14 +315,15 @@ def _recover_round(run: _Recovering, t: int, scheduled: bool) -> FedRecoverStep:
     for k in computed:
         if k not in refused:
             _push(run.buffers, k, kept_shifts, stored[k], used[k], run.groups, run.buffer_size)
-    kept = {k: used[k] for k in clients if k not in refused}
+    kept = {k: used[k] for k in clients if k in used and k not in refused}
     norm = 0.0
     if kept:
         step = aggregate_updates(kept, num_examples)
         recovery.model = state_sum(model, step)
         norm = state_norm(step)
         _track(run, kind, step, loss_after)
-    return FedRecoverStep(t, clients, computed, fixed, norm, kind, reason, refused)
+    missing = recovery.missing.get(t, [])
+    return FedRecoverStep(t, clients, computed, fixed, norm, kind, reason, refused, missing)
 
 
 def _track(run: _Recovering, kind: str, step: State, loss_after: float | None) -> None:
@@ -312,6 +347,7 @@ def fedrecover(
     guard: DivergenceGuard | None = None,
     loss: Callable[[State], float] | None = None,
     progress: Callable[[FedRecoverStep], None] | None = None,
+    min_reply_fraction: float = 1.0,
 ) -> Recovery:
     """FedRecover (Cao et al., Sec. IV): the model retrained without ``excluded``, most clients'
     updates estimated from the history.
@@ -341,6 +377,11 @@ def fedrecover(
         The server-side loss of a model state, for the guard's loss check (one group only).
     progress : callable, optional
         Called with each round's :class:`FedRecoverStep`.
+    min_reply_fraction : float, optional
+        A round goes on without the clients whose exact update never came (refused or silent:
+        estimated in a scheduled exact round where their buffers allow, else left out) while at
+        least this fraction of its clients has an update; below it,
+        :class:`NotEnoughReplies`. 1.0 (the default here): every client must answer.
 
     Returns
     -------
@@ -369,6 +410,7 @@ def fedrecover(
         Recovery(model=model, thresholds=thresholds),
         ranges,
         loss,
+        min_reply_fraction=min_reply_fraction,
     )
     run.current_loss = run.evaluate(model)
     for position, t in enumerate(rounds, start=1):

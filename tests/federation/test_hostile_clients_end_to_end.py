@@ -110,3 +110,50 @@ def test_hostile_replies_are_refused_and_the_run_equals_one_without_them(tmp_pat
     assert store.clients(2) == [2, 3, 4, 5] and store.clients(3) == [0, 1, 4, 5]
     summary = json.loads((hostile / "summary.json").read_text())
     assert summary["refused_replies"] == 4 and summary["dropped_clients"] == {}
+
+
+def nan_after_training(run_dir, partition: int):
+    """A Flower mod: once training finished (``summary.json`` written), ``partition`` answers
+    every training request (FedRecover's exact rounds, FedRetrain's) with a NaN weight."""
+
+    def mod(msg, context, call_next):
+        reply = call_next(msg, context)
+        mine = int(context.node_config["partition-id"]) == partition
+        if mine and msg.metadata.message_type == "train" and (run_dir / "summary.json").exists():
+            tamper(reply, "nan", partition)
+        return reply
+
+    return mod
+
+
+def test_a_nan_reply_during_fedrecovers_exact_rounds_is_refused_and_the_recovery_goes_on(
+    tmp_path, simulate, capfd
+):
+    values = {
+        "num-clients": 4,
+        "rounds": 6,
+        "local-epochs": 1,
+        "output-dir": str(tmp_path),
+        "run-name": "nan-recovery",
+        "unlearn-clients": "0",
+        "unlearn-methods": "fedrecover,fedretrain",
+        "fedrecover-warmup": 3,
+        "fedrecover-correction-period": 2,
+        "fedrecover-final-tuning": 1,
+        "node-wait-seconds": 60,
+    }
+    run_dir = tmp_path / "nan-recovery"
+    simulate(values, num_supernodes=4, client_mods=[nan_after_training(run_dir, 1)])
+    out = capfd.readouterr().out
+    assert "fedrecover: round 1, no usable exact update from client(s) 1 (node " in out
+    table = pd.read_csv(run_dir / "unlearning.csv").set_index("method")
+    assert table.loc["fedrecover", "test_accuracy"] > 0.5  # went on, with clients 2 and 3
+    (request,) = [json.loads(line) for line in (run_dir / "unlearning_log.jsonl").open()]
+    missing = request["details"]["fedrecover"]["missing_exact_updates"]
+    assert missing and all(clients == [1] for clients in missing.values())
+    refused = [json.loads(line) for line in (run_dir / "refused_replies.jsonl").open()]
+    assert any(
+        r.get("client") == 1 and r.get("phase") == "fedrecover" and "non-finite" in r["reason"]
+        for r in refused
+        if "reason" in r
+    )

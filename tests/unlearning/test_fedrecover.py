@@ -237,11 +237,51 @@ def test_an_answer_from_a_removed_client_is_refused(world):
         fedrecover(store, [MALICIOUS], leaky, SCHEDULE)
 
 
-def test_a_missing_answer_is_refused(world):
+def _silent(data, who_is_silent):
+    """Clients whose exact update never comes (refused by the screen, or no reply) when
+    ``who_is_silent(t, k)``; every request recorded."""
+    clients = _Clients(data)
+
+    def exact(t, model, who):
+        return {k: v for k, v in clients(t, model, who).items() if not who_is_silent(t, k)}
+
+    return exact, clients
+
+
+def test_by_default_a_missing_exact_update_stops_the_recovery_naming_the_client(world):
     data, store, _, _ = world
-    silent = lambda t, model, who: {k: v for k, v in _Clients(data)(t, model, who).items() if k}  # noqa: E731
-    with pytest.raises(RuntimeError, match="lack clients \\[0\\]"):
-        fedrecover(store, [MALICIOUS], silent, SCHEDULE)
+    exact, _ = _silent(data, lambda t, k: k == 0)
+    with pytest.raises(fedrecover_module.NotEnoughReplies, match="none from clients \\[0\\]"):
+        fedrecover(store, [MALICIOUS], exact, SCHEDULE)
+
+
+def test_a_client_silent_in_an_exact_round_is_estimated_from_its_history(world):
+    """As training tolerates a missing reply (min-reply-fraction), so does FedRecover: in an exact
+    round after the warm-up the silent client's update is estimated from its L-BFGS pairs, and the
+    recovered model stays as close to retraining as without the silence."""
+    data, store, original, retrained = world
+    clean = fedrecover(store, [MALICIOUS], _Clients(data), SCHEDULE)
+    later = [t for t in clean.exact_rounds if t > SCHEDULE.warmup_rounds][0]
+    exact, _ = _silent(data, lambda t, k: (t, k) == (later, 0))
+    result = fedrecover(store, [MALICIOUS], exact, SCHEDULE, min_reply_fraction=0.5)
+    assert result.missing == {later: [0]}
+    step = result.steps[later - 1]
+    assert step.missing == [0] and 0 not in step.exact and 0 in step.clients
+    gap = _distance(original, retrained)
+    assert _distance(result.model, retrained) < _distance(clean.model, retrained) + 5e-3 * gap
+
+
+def test_a_client_silent_from_the_start_is_left_out_while_enough_remain(world):
+    data, store, original, retrained = world
+    exact, clients = _silent(data, lambda t, k: k == 0)
+    result = fedrecover(store, [MALICIOUS], exact, SCHEDULE, min_reply_fraction=0.5)
+    asked = {t for t, who in clients.calls if 0 in who}
+    assert set(result.missing) == asked and all(c == [0] for c in result.missing.values())
+    assert all(torch.isfinite(v).all() for v in result.model.values())
+    # ... and below the fraction it stops, naming the round and the clients
+    exact, _ = _silent(data, lambda t, k: k in (0, 1))
+    with pytest.raises(fedrecover_module.NotEnoughReplies, match="round 1: 1 of 3 clients"):
+        fedrecover(store, [MALICIOUS], exact, SCHEDULE, min_reply_fraction=0.5)
 
 
 def _planted_store(path, store, t_planted, client):
