@@ -11,6 +11,7 @@ the :class:`~matplotlib.figure.Figure` unsaved (for a notebook, or a test that i
 from __future__ import annotations
 
 import io
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,6 +45,95 @@ def save_figure(fig, path: Path) -> Path:
         plt.close(fig)
     atomic_write_bytes(path, buffer.getvalue())
     return path
+
+
+# -------------------------------------------------------------------- method colours, names
+#: The colour of every registered method, the same in every figure (``fedunlearn.registry``'s
+#: names, the scrubbing and judge baselines, the audited models). The references are black (the
+#: retrained model) and grey (the original, trained model); tab:red is kept for FLAGGED marks.
+METHOD_COLOURS: dict[str, str] = {
+    # references
+    "original": "#7f7f7f",
+    "fedretrain": "#000000",
+    "retrain": "#000000",
+    "retrain-independent": "#b8b8b8",
+    # client removal (fedunlearn.registry.UNLEARNING)
+    "federaser": "#1f77b4",
+    "fedaccum": "#ff7f0e",
+    "fedrecover": "#2ca02c",
+    "crab": "#9467bd",
+    "sifu": "#8c564b",
+    # scrubbing (fedunlearn.registry.SCRUBBING)
+    "newton": "#17becf",
+    "newton-forget-only": "#0b6e78",
+    "newton-finite": "#7fd3dc",
+    "fisher": "#e377c2",
+    "fisher-sqrt": "#9c2f7f",
+    "fisher-reference": "#f2a9d7",
+    "finetune": "#bcbd22",
+    "negative-gradient": "#d9a400",
+    "random-labels": "#6b6ecf",
+    "hiding": "#5fb85f",
+    "class-pruning": "#c49c94",
+    # audited certified heads (fedunlearn.registry.AUDITED)
+    "certified-head-trained": "#aec7e8",
+    "certified-head": "#393b79",
+}
+
+#: Names shown instead of a method's internal name: the run's trained model is "original".
+DISPLAY_NAMES: dict[str, str] = {"fedavg": "original"}
+
+#: Colours for names the map does not know (a method registered later), picked by a stable hash.
+FALLBACK_COLOURS = (
+    "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1",
+    "#636363", "#969696", "#bd9e39", "#ad494a", "#a55194", "#6baed6", "#fd8d3c", "#74c476",
+)  # fmt: skip
+
+
+def display_name(method: str) -> str:
+    """The name a figure shows for ``method``: ``fedavg`` (the trained model) reads "original"."""
+    return DISPLAY_NAMES.get(str(method), str(method))
+
+
+def method_colour(method: str) -> str:
+    """The fixed colour of ``method`` (``fedavg`` and "original" share one). A name the map does
+    not know gets one of :data:`FALLBACK_COLOURS` chosen by a CRC-32 of the name: the same in every
+    figure and every process."""
+    name = display_name(method)
+    if name in METHOD_COLOURS:
+        return METHOD_COLOURS[name]
+    return FALLBACK_COLOURS[zlib.crc32(name.encode()) % len(FALLBACK_COLOURS)]
+
+
+def caption(fig, text: str, *, y: float = -0.01) -> None:
+    """One line of ``text`` under the figure's axes (kept by :func:`save_figure`'s tight box)."""
+    fig.text(0.5, y, text, ha="center", va="top", fontsize=8, gid="caption")
+
+
+def spread_labels(ax, texts, *, step: float = 2.0, rounds: int = 300) -> None:
+    """Nudge annotations of ``ax`` (placed with ``textcoords="offset points"``) apart vertically,
+    ``step`` points at a time, until no two bounding boxes overlap: the labels of nearby points stay
+    readable. Draws the figure's canvas to measure them."""
+    texts = [t for t in texts if t.get_text()]
+    if len(texts) < 2:
+        return
+    renderer = ax.figure.canvas.get_renderer()
+    pixels = step * ax.figure.dpi / 72.0
+    for _ in range(rounds):
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        moved = False
+        for i in range(len(texts)):
+            for j in range(i + 1, len(texts)):
+                if not boxes[i].overlaps(boxes[j]):
+                    continue
+                upper, lower = (i, j) if boxes[i].y0 >= boxes[j].y0 else (j, i)
+                for k, sign in ((upper, 1), (lower, -1)):
+                    x, y = texts[k].xyann
+                    texts[k].xyann = (x, y + sign * step)
+                    boxes[k] = boxes[k].translated(0, sign * pixels)
+                moved = True
+        if not moved:
+            return
 
 
 # ------------------------------------------------------------------------- shared helpers

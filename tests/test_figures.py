@@ -4,6 +4,8 @@ name every client forgotten so far. Checked on the Figure objects (Agg), never o
 
 from __future__ import annotations
 
+import zlib
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -14,12 +16,16 @@ import pytest  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedunlearn.plots import (  # noqa: E402
+    FALLBACK_COLOURS,
+    METHOD_COLOURS,
     forgetting_title,
     labelled_bars,
+    method_colour,
     neuron_angles_figure,
     training_curves_figure,
     unlearning_figure,
 )
+from fedunlearn.registry import AUDITED, SCRUBBING, UNLEARNING  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -122,3 +128,17 @@ def test_a_later_request_is_titled_with_every_target_so_far():
     assert "forget [3]" in later and "[0, 3, 5]" in later
     fig = unlearning_figure(TABLE, title=later)
     assert "[0, 3, 5]" in fig._suptitle.get_text()
+
+
+# ------------------------------------------------------------ colours and names (issue 26)
+def test_every_method_name_has_one_fixed_colour_and_unknown_names_a_stable_one():
+    registered = [spec.name for registry in (UNLEARNING, SCRUBBING, AUDITED) for spec in registry]
+    assert set(registered) <= set(METHOD_COLOURS)
+    # Distinct colours but for the two retrained references (black in every figure).
+    colours = [c for name, c in METHOD_COLOURS.items() if name != "retrain"]
+    assert len(set(colours)) == len(colours)
+    assert method_colour("fedavg") == method_colour("original")
+    assert "tab:red" not in METHOD_COLOURS.values()  # red marks FLAGGED rows
+    unknown = method_colour("my-new-method")
+    assert unknown == method_colour("my-new-method")
+    assert unknown == FALLBACK_COLOURS[zlib.crc32(b"my-new-method") % len(FALLBACK_COLOURS)]
