@@ -31,6 +31,11 @@ from fedunlearn.plots import (  # noqa: E402
     unlearning_figure,
 )
 from fedunlearn.registry import AUDITED, SCRUBBING, UNLEARNING  # noqa: E402
+from fedunlearn.scrubbing.readouts import (  # noqa: E402
+    entropy_figure,
+    information_tradeoff_figure,
+    relearn_figure,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -150,6 +155,13 @@ CURVES = {
     name: roc_points(RNG.normal(shift, 1, N), RNG.normal(0, 1, N))
     for name, shift in [("fedavg", 1.0), ("federaser", 0.3), ("fedaccum", 0.2), ("fedretrain", 0.0)]
 }
+RELEARN = pd.DataFrame(
+    {
+        "method": ["original", "retrain", "federaser", "newton", "fisher"],
+        "relearn_epochs": [0.0, 0.5, 0.0, np.nan, 0.05],
+        "relearn_budget_epochs": [1.0] * 5,
+    }
+)
 
 
 def every_text(fig) -> list[str]:
@@ -174,7 +186,7 @@ def test_every_method_name_has_one_fixed_colour_and_unknown_names_a_stable_one()
 
 def test_the_same_method_has_the_same_colour_in_every_figure():
     """FedEraser's bars, points and lines have one colour across the unlearning, trade-off,
-    angle and ROC figures (and the original model one too)."""
+    angle, ROC and relearn figures (and the original model one too)."""
     expected = to_rgba(METHOD_COLOURS["federaser"])
     unlearning = unlearning_figure(TABLE).axes[0]
     bars = dict(zip(["fedavg", "federaser", "fedaccum"], unlearning.patches))
@@ -191,6 +203,9 @@ def test_the_same_method_has_the_same_colour_in_every_figure():
     lines = {line.get_label().split(" (")[0]: line for line in roc.get_lines()}
     assert to_rgba(lines["federaser"].get_color()) == expected
     assert to_rgba(lines["original"].get_color()) == to_rgba(METHOD_COLOURS["original"])
+    relearn = relearn_figure(RELEARN).axes[0]
+    relearn_bars = dict(zip(RELEARN["method"], relearn.patches))
+    assert tuple(relearn_bars["federaser"].get_facecolor()) == expected
 
 
 def test_no_figure_says_fedavg_but_original():
@@ -288,6 +303,82 @@ def test_certified_figure_marks_retrains_shows_the_budget_and_names_the_run():
     # Without the list, the retrains are read off the table's cumulative count.
     fig = certified_removal_figure(CERTIFIED, budget)
     assert [line for line in fig.axes[0].get_lines() if np.allclose(line.get_xdata(), 30)]
+
+
+# ------------------------------------------------------------------------ scrubbing_*.png
+def test_scrubbing_tradeoff_labels_do_not_overlap_and_d_f_is_defined():
+    rows = [
+        {"method": m, "lam": lam, "information_nats": info, "error_forget": ef, "error_test": et}
+        for m, shift in (("newton", 0.0), ("fisher", 0.004), ("fisher-sqrt", 0.008))
+        for lam, info, ef, et in (
+            (1e-8, 5e3, 0.20 + shift, 0.05 + shift),
+            (1e-7, 4e3, 0.21 + shift, 0.05 + shift),  # close to its neighbour on a log axis
+            (1e-6, 3e3, 0.22 + shift, 0.06 + shift),
+            (1e-5, 1e2, 0.60 + shift, 0.30 + shift),
+        )
+    ]
+    fig = information_tradeoff_figure(pd.DataFrame(rows), forget="class:3, 137 samples")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.texts]
+        assert len(boxes) == 12
+        overlapping = [
+            (ax.texts[i].get_text(), ax.texts[j].get_text())
+            for i in range(len(boxes))
+            for j in range(i + 1, len(boxes))
+            if boxes[i].overlaps(boxes[j])
+        ]
+        assert overlapping == []
+    assert any("D_f: the data to forget (class:3, 137 samples)" in t.get_text() for t in fig.texts)
+
+
+def test_relearn_zero_bars_and_the_retrain_line_are_visible_and_nothing_is_clipped():
+    fig = relearn_figure(RELEARN, forget="class:3")
+    (ax,) = fig.axes
+    low, high = ax.get_ylim()
+    bars = dict(zip(RELEARN["method"], ax.patches))
+    for zero in ("original", "federaser"):
+        bar = bars[zero]
+        assert bar.get_height() == 0 and bar.get_linewidth() > 0 and bar.get_edgecolor()[3] > 0
+        assert low < 0  # the bar of height 0 lies above the x axis, not on it
+    (retrain,) = [line for line in ax.get_lines() if "retrain" in line.get_label()]
+    y = retrain.get_ydata()[0]
+    assert 0 < y < high and y > low
+    # A retrain that relearned at once: its line at 0 still above the axis.
+    at_once = relearn_figure(RELEARN.assign(relearn_epochs=[0.0, 0.0, 0.0, np.nan, 0.05])).axes[0]
+    (line,) = [line for line in at_once.get_lines() if "retrain" in line.get_label()]
+    assert at_once.get_ylim()[0] < line.get_ydata()[0] == 0
+    # Every value label (the "not reached" one too) lies inside the axes.
+    fig.canvas.draw()
+    box = ax.get_window_extent()
+    for text in ax.texts:
+        extent = text.get_window_extent()
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1, text.get_text()
+        assert box.y0 <= extent.y0 and extent.y1 <= box.y1, text.get_text()
+    assert "0" in [t.get_text() for t in ax.texts]
+    assert any(t.get_text().startswith("D_f: ") for t in fig.texts)
+
+
+def test_entropy_is_one_readable_panel_on_a_log_axis():
+    rng = np.random.default_rng(1)
+    methods = ["original", "retrain", "newton", "newton-finite", "fisher", "finetune", "hiding"]
+    methods += ["fisher-sqrt", "negative-gradient", "random-labels", "class-pruning"]
+    entropies = {
+        m: {
+            "D_r": rng.exponential(0.3, 200),
+            "D_f": rng.exponential(0.9, 40),
+            "D_test": rng.exponential(0.4, 90),
+        }
+        for m in methods
+    }
+    fig = entropy_figure(entropies, num_classes=10, forget="class:3, 40 samples")
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(visible) == 1
+    (ax,) = visible
+    assert ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == methods
+    assert any(t.get_text().startswith("D_f: the data to forget") for t in fig.texts)
 
 
 # ---------------------------------------------------------------------- last_layer_angles.png
