@@ -478,7 +478,10 @@ def tradeoff_figure(table: pd.DataFrame, title: str = "", *, reference: str = "f
     ref_accuracy = float(ref.iloc[0]) if len(ref) else float("nan")
     marked = flagged(table)
     labels = []
+    right = float(rows["retained_mb"].max()) if len(rows) else 0.0
     for row in rows.itertuples():
+        # a label right of its point, but left of one near the right edge: inside the axes
+        left = right > 0 and row.retained_mb > 0.6 * right
         bad = row.method in marked
         ax.scatter(
             row.retained_mb,
@@ -498,12 +501,14 @@ def tradeoff_figure(table: pd.DataFrame, title: str = "", *, reference: str = "f
                 label,
                 (row.retained_mb, row.client_epochs),
                 textcoords="offset points",
-                xytext=(7, -3),
+                xytext=(-7, -3) if left else (7, -3),
+                ha="right" if left else "left",
                 fontsize=8,
                 color="tab:red" if bad else method_colour(row.method),
             )
         )
     ax.margins(x=0.25, y=0.15)
+    ax.set_xlim(left=max(ax.get_xlim()[0], -0.05 * max(right, 1e-9)))  # no negative storage
     ax.set_xlabel("history retained during training (MB)")
     ax.set_ylabel("client-epochs spent to unlearn\n(retraining, recovery or calibration)")
     ax.grid(alpha=0.3)

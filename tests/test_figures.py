@@ -247,6 +247,13 @@ def test_tradeoff_speaks_of_test_accuracy_points_vs_fedretrain_and_of_unlearning
     assert "unlearn" in ax.get_ylabel() and "recovery" not in ax.get_ylabel().split("(")[0]
     labels = [t.get_text() for t in ax.texts]
     assert "federaser: -5.0 pts" in labels and any(t.startswith("fedretrain") for t in labels)
+    # Every label inside the axes (a point at the right edge is labelled on its left), none
+    # over another, and no negative storage on the x axis.
+    box = ax.get_window_extent()
+    extents = [t.get_window_extent() for t in ax.texts]
+    assert all(box.x0 <= e.x0 and e.x1 <= box.x1 for e in extents), labels
+    assert not any(a.overlaps(b) for i, a in enumerate(extents) for b in extents[i + 1 :])
+    assert ax.get_xlim()[0] >= -0.05 * TABLE["retained_mb"].max()
 
 
 # ------------------------------------------------------------------------- membership_roc.png
