@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 from torch import nn
 
@@ -43,8 +44,10 @@ from fedunlearn.plots import (
     spread_labels,
 )
 
-#: Entropies below this (nats) are drawn at it: a log axis has no 0.
-ENTROPY_FLOOR = 1e-4
+#: The lowest entropy (nats) the log axis shows; lower ones (and 0) are drawn at it.
+ENTROPY_FLOOR = 1e-12
+#: The white box behind a λ label: readable where it crosses a line.
+LABEL_BOX = {"boxstyle": "round,pad=0.05", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
 #: The splits' colours (D_r, D_f, D_test in that order): not any method's colour.
 SPLIT_COLOURS = ("#9ecae1", "#fdae6b", "#a1d99b", "#dadaeb", "#fdd0a2")
 
@@ -397,9 +400,10 @@ def entropy_figure(
     colours = {split: SPLIT_COLOURS[i % len(SPLIT_COLOURS)] for i, split in enumerate(split_names)}
     fig, ax = plt.subplots(figsize=(max(7.0, 0.85 * len(cleaned) + 2.5), 4.6))
     width = 0.8 / max(len(split_names), 1)
+    floor = _entropy_floor(cleaned)
     for i, split in enumerate(split_names):
         offset = (i - (len(split_names) - 1) / 2) * width
-        _entropy_boxes(ax, cleaned, split, offset, width * 0.9, colours[split])
+        _entropy_boxes(ax, cleaned, split, (offset, width * 0.9), colours[split], floor)
     handles = [Patch(facecolor=colours[s], edgecolor="black", label=s) for s in split_names]
     if num_classes is not None:
         uniform = ax.axhline(
@@ -411,9 +415,9 @@ def entropy_figure(
         )
         handles.append(uniform)
     ax.set_yscale("log")
-    ax.set_ylim(ENTROPY_FLOOR / 2, (math.log(num_classes) if num_classes else 3.0) * 2)
+    ax.set_ylim(floor / 2, (math.log(num_classes) if num_classes else 3.0) * 2)
     ax.set_xticks(range(len(cleaned)), list(cleaned), rotation=30, ha="right")
-    ax.set_ylabel(f"entropy of the softmax output (nats, log; < {ENTROPY_FLOOR:g} drawn at it)")
+    ax.set_ylabel(f"entropy of the softmax output\n(nats, log axis; below {floor:g} drawn at it)")
     ax.grid(axis="y", alpha=0.3, which="both")
     legend_outside(ax, handles=handles)
     ax.set_title(
@@ -428,13 +432,24 @@ def entropy_figure(
     return fig
 
 
-def _entropy_boxes(ax, cleaned, split: str, offset: float, width: float, colour) -> None:
-    """One split's box in every method's group (a method without that split gets none)."""
+def _entropy_floor(cleaned: Mapping[str, Mapping[str, np.ndarray]]) -> float:
+    """The log axis' lowest entropy: a power of ten under every split's 5th percentile (so that
+    every box shows, a near-certain model's too), 1e-4 at most, :data:`ENTROPY_FLOOR` at least."""
+    lows = [np.percentile(v, 5) for splits in cleaned.values() for v in splits.values()]
+    lows = [low for low in lows if low > 0]
+    low = min(lows, default=1e-4)
+    return max(ENTROPY_FLOOR, min(1e-4, 10.0 ** math.floor(math.log10(low))))
+
+
+def _entropy_boxes(ax, cleaned, split: str, place, colour, floor: float) -> None:
+    """One split's box in every method's group (a method without that split gets none), at
+    ``place`` = (offset from the group's centre, width)."""
+    offset, width = place
     positions, data = [], []
     for index, splits in enumerate(cleaned.values()):
         if split in splits:
             positions.append(index + offset)
-            data.append(np.maximum(splits[split], ENTROPY_FLOOR))
+            data.append(np.maximum(splits[split], floor))
     if not data:
         return
     boxes = ax.boxplot(
@@ -639,6 +654,7 @@ def _tradeoff_line(ax, method: str, rows: pd.DataFrame, column: str) -> list:
     errors = pd.to_numeric(rows[column], errors="coerce") * 100.0
     colour = method_colour(method)
     ax.plot(rows["information_nats"], errors, marker="o", color=colour, label=display_name(method))
+    text = tuple(0.7 * c for c in to_rgb(colour))  # darker: a light line colour reads as text too
     return [
         ax.annotate(
             f"{lam:.0e}".replace("e-0", "e-") if _is_real(lam) else str(lam),
@@ -647,7 +663,9 @@ def _tradeoff_line(ax, method: str, rows: pd.DataFrame, column: str) -> list:
             xytext=(0, 5),
             ha="center",
             fontsize=7,
-            color=colour,
+            color=text,
+            zorder=5,
+            bbox=LABEL_BOX,
         )
         for x, y, lam in zip(rows["information_nats"], errors, rows["lam"])
         if np.isfinite(y)
