@@ -291,7 +291,8 @@ def _gap_panel(ax, table, rows, column: str, label: str, reference: str | None) 
         color=[method_colour(m) for m in rows["method"]],
     )
     ax.set_xticks(range(len(rows)), [display_name(m) for m in rows["method"]])
-    ax.axhline(0.0, color=method_colour(reference or "original"), linewidth=1)
+    # under the bars: a gap of 0 is a bar outline in its method's colour on this line
+    ax.axhline(0.0, color=method_colour(reference or "original"), linewidth=1, zorder=0.5)
     if reference is None:
         ax.set_ylabel("percent")
         ax.set_title(label)

@@ -124,6 +124,8 @@ def test_every_bar_has_its_value_and_a_zero_bar_stays_visible():
     ]
     assert len(zero) == 1 and zero[0].get_linewidth() > 0
     assert zero[0].get_edgecolor()[3] > 0  # an opaque outline: a line on the axis, not nothing
+    (zero_line,) = [line for line in test.get_lines() if list(line.get_ydata()) == [0, 0]]
+    assert zero[0].get_zorder() > zero_line.get_zorder()  # drawn over FedRetrain's zero line
     # The timed methods only (the original model has no unlearning time), the zero time labelled.
     assert len(bar_labels(seconds)) == TABLE["seconds"].notna().sum()
     assert "0" in bar_labels(seconds)
