@@ -381,7 +381,8 @@ def test_entropy_is_one_readable_panel_on_a_log_axis():
         }
         for m in methods
     }
-    entropies["newton-finite"] = {k: v * 1e-5 for k, v in entropies["newton-finite"].items()}
+    entropies["newton-finite"] = {k: v * 1e-3 for k, v in entropies["newton-finite"].items()}
+    entropies["hiding"] = {k: np.zeros_like(v) for k, v in entropies["hiding"].items()}
     fig = entropy_figure(entropies, num_classes=10, forget="class:3, 40 samples")
     visible = [ax for ax in fig.axes if ax.get_visible()]
     assert len(visible) == 1
@@ -389,6 +390,11 @@ def test_entropy_is_one_readable_panel_on_a_log_axis():
     assert ax.get_yscale() == "log"
     # A near-certain model's box (entropies around 1e-6) is above the axis' floor, not on it.
     assert ax.get_ylim()[0] < np.percentile(entropies["newton-finite"]["D_r"], 5)
+    # A saturated model (entropies of 0) neither stretches the axis nor hides: its boxes sit on the
+    # floor, labelled once.
+    assert ax.get_ylim()[0] >= 1e-7
+    (label,) = ax.texts
+    assert label.get_text().startswith("median\n≤ ") and label.xy[0] == methods.index("hiding")
     assert [t.get_text() for t in ax.get_xticklabels()] == methods
     assert any(t.get_text().startswith("D_f: the data to forget") for t in fig.texts)
 

@@ -44,8 +44,9 @@ from fedunlearn.plots import (
     spread_labels,
 )
 
-#: The lowest entropy (nats) the log axis shows; lower ones (and 0) are drawn at it.
-ENTROPY_FLOOR = 1e-12
+#: The lowest entropy (nats) the log axis may reach; lower ones (and 0) are drawn at the axis'
+#: floor, and a method whose median is there is labelled so.
+ENTROPY_FLOOR = 1e-6
 #: The white box behind a λ label: readable where it crosses a line.
 LABEL_BOX = {"boxstyle": "round,pad=0.05", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
 #: The splits' colours (D_r, D_f, D_test in that order): not any method's colour.
@@ -404,6 +405,7 @@ def entropy_figure(
     for i, split in enumerate(split_names):
         offset = (i - (len(split_names) - 1) / 2) * width
         _entropy_boxes(ax, cleaned, split, (offset, width * 0.9), colours[split], floor)
+    _floor_labels(ax, cleaned, floor)
     handles = [Patch(facecolor=colours[s], edgecolor="black", label=s) for s in split_names]
     if num_classes is not None:
         uniform = ax.axhline(
@@ -434,7 +436,8 @@ def entropy_figure(
 
 def _entropy_floor(cleaned: Mapping[str, Mapping[str, np.ndarray]]) -> float:
     """The log axis' lowest entropy: a power of ten under every split's 5th percentile (so that
-    every box shows, a near-certain model's too), 1e-4 at most, :data:`ENTROPY_FLOOR` at least."""
+    every box shows, a near-certain model's too), 1e-4 at most, :data:`ENTROPY_FLOOR` at least
+    (a saturated softmax's entropies of 1e-15 would squeeze every other box into a line)."""
     lows = [np.percentile(v, 5) for splits in cleaned.values() for v in splits.values()]
     lows = [low for low in lows if low > 0]
     low = min(lows, default=1e-4)
@@ -464,6 +467,23 @@ def _entropy_boxes(ax, cleaned, split: str, place, colour, floor: float) -> None
     )
     for box in boxes["boxes"]:
         box.set_facecolor(colour)
+
+
+def _floor_labels(ax, cleaned, floor: float) -> None:
+    """Above a method whose boxes are squashed on the axis' floor, one label saying which."""
+    for index, splits in enumerate(cleaned.values()):
+        low = [split for split, values in splits.items() if np.median(values) <= floor]
+        if low:
+            which = "" if len(low) == len(splits) else f"{', '.join(low)}: "
+            ax.annotate(
+                f"{which}median\n≤ {floor:g}",
+                (index, floor),
+                textcoords="offset points",
+                xytext=(0, 4),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
 
 
 def plot_entropy_histograms(
