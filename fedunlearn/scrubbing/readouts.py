@@ -479,10 +479,12 @@ def _floor_labels(ax, cleaned, floor: float) -> None:
                 f"{which}median\n≤ {floor:g}",
                 (index, floor),
                 textcoords="offset points",
-                xytext=(0, 4),
+                xytext=(0, 6),
                 ha="center",
                 va="bottom",
                 fontsize=7,
+                zorder=5,
+                bbox=LABEL_BOX,  # over the whiskers
             )
 
 
