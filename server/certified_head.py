@@ -46,7 +46,7 @@ from fedunlearn.certified.statistics import (
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.errors import ConfigError
-from fedunlearn.plots import integer_ticks, legend_outside, plt, save_figure
+from fedunlearn.plots import plot_certified_removal
 from fedunlearn.seeding import derive_seed
 from server.certified_head_replies import (
     BadReplyError,
@@ -420,14 +420,14 @@ def run_certified_head(
         summary.update(_verify_central(outcome, model, head, params, classes, log))
 
     requests = _plan_requests(config, data)
-    rows, retrains, seconds = _stream_requests(config, head, requests, accuracy, log)
+    rows, retrained, seconds = _stream_requests(config, head, requests, accuracy, log)
     table = pd.DataFrame(rows)
     run.write_table("certified_removal", table)
     save_head(run, "certified_head", head.weights)
     summary.update(
         {
             "requests": len(requests),
-            "retrains": retrains,
+            "retrains": len(retrained),
             "median_request_seconds": float(np.median(seconds)) if seconds else float("nan"),
             "test_accuracy_final": accuracy(),
             "beta_final": head.beta,
@@ -436,7 +436,13 @@ def run_certified_head(
         }
     )
     run.write_json("certified_summary.json", summary)
-    _plot(table, head.budget, run.path / "certified_removal.png")
+    plot_certified_removal(
+        table,
+        head.budget,
+        run.path / "certified_removal.png",
+        title=f"certified removal: run {run.path.name} ({config.dataset}, K={config.num_clients})",
+        retrained=retrained,
+    )
     return CertifiedHeadRun(table, trained)
 
 
@@ -491,12 +497,14 @@ def _test_accuracy(head: CertifiedHead, model, test, classes) -> Callable[[], fl
 def _stream_requests(config: ExperimentConfig, head: CertifiedHead, requests, accuracy, log: Log):
     """Send ``requests`` to ``head`` one by one; a table row (and a log line) every
     ``certified-eval-every`` requests, after each whole client and after the last. Returns the rows,
-    the number of retrains and each request's seconds."""
+    the requests that retrained the head and each request's seconds."""
     rows = [_row(0, head, accuracy(), 0, 0.0, "trained")]
-    retrains, seconds = 0, []
+    retrained, seconds = [], []
     for number, (kind, ids) in enumerate(requests, start=1):
         certificate = head.remove(ids)
-        retrains += int(certificate.retrained)
+        if certificate.retrained:
+            retrained.append(number)
+        retrains = len(retrained)
         seconds.append(certificate.seconds)
         last = number == len(requests)
         if kind == "client" or number % config.certified_eval_every == 0 or last:
@@ -506,7 +514,7 @@ def _stream_requests(config: ExperimentConfig, head: CertifiedHead, requests, ac
                 f"certified head: {number}/{len(requests)} requests, beta {head.beta:.4g} / "
                 f"{head.budget:.4g}, retrains {retrains}, test accuracy {rows[-1]['test_accuracy']:.4f}"
             )
-    return rows, retrains, seconds
+    return rows, retrained, seconds
 
 
 def _plan_requests(config: ExperimentConfig, data: FederatedHeadData):
@@ -561,22 +569,3 @@ def _verify_central(outcome, model, head, params, classes, log: Log) -> dict[str
     )
     log(f"certified head: federated vs centralized head, relative difference {difference:.3g}")
     return {"central_relative_difference": difference}
-
-
-def _plot(table: pd.DataFrame, budget: float, path) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    left.plot(table["requests"], table["test_accuracy"], marker="o")
-    left.set_ylabel("test accuracy")
-    left.set_title("Accuracy of the certified head")
-    right.plot(
-        table["requests"], table["beta"], marker="o", label="beta (certified residual bound)"
-    )
-    right.axhline(budget, color="red", linestyle="--", label=f"budget {budget:.3g}")
-    right.set_ylabel("cumulative bound")
-    right.set_yscale("log")
-    legend_outside(right)
-    right.set_title("Gradient residual bound vs budget")
-    for ax in (left, right):
-        ax.set_xlabel("removal requests")
-        integer_ticks(ax, "x")
-    save_figure(fig, path)

@@ -218,7 +218,7 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
     data = readout_data(outcome, masks, forget)
     tradeoff = information_tradeoff(context, data, runner.models)
     table, entropies = readouts(outcome, data, runner.models, runner.seconds, tradeoff, log)
-    _publish(context, runner, table, tradeoff, entropies)
+    _publish(context, runner, table, tradeoff, entropies, f"{forget}, {n_forget} samples")
     outcome.run.append_log(
         "scrubbing.jsonl",
         {
@@ -236,9 +236,11 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
     return table
 
 
-def _publish(context: ScrubContext, runner: MethodRunner, table, tradeoff, entropies) -> None:
+def _publish(
+    context: ScrubContext, runner: MethodRunner, table, tradeoff, entropies, forget: str
+) -> None:
     """The readout and trade-off tables (lambdas span 1e-12 .. 1e-4: 4 significant digits) and
-    the figures."""
+    the figures, whose captions say which data D_f is (``forget``)."""
     run = context.outcome.run
     runner.publish(
         "scrubbing",
@@ -250,8 +252,8 @@ def _publish(context: ScrubContext, runner: MethodRunner, table, tradeoff, entro
     run.write_table("scrubbing_tradeoff", tradeoff, floatfmt=".4g")
     num_classes = context.outcome.data.splits.num_classes
     plot_entropy_histograms(
-        entropies, run.path / "scrubbing_entropy.png", num_classes=num_classes
+        entropies, run.path / "scrubbing_entropy.png", num_classes=num_classes, forget=forget
     )
-    plot_relearn_times(table, run.path / "scrubbing_relearn.png")
+    plot_relearn_times(table, run.path / "scrubbing_relearn.png", forget=forget)
     if not tradeoff.empty:
-        plot_information_tradeoff(tradeoff, run.path / "scrubbing_tradeoff.png")
+        plot_information_tradeoff(tradeoff, run.path / "scrubbing_tradeoff.png", forget=forget)

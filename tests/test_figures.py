@@ -4,6 +4,8 @@ name every client forgotten so far. Checked on the Figure objects (Agg), never o
 
 from __future__ import annotations
 
+import zlib
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -11,14 +13,28 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from fedunlearn.membership.metrics import roc_points  # noqa: E402
 from fedunlearn.plots import (  # noqa: E402
+    FALLBACK_COLOURS,
+    METHOD_COLOURS,
+    certified_removal_figure,
     forgetting_title,
     labelled_bars,
+    method_colour,
     neuron_angles_figure,
+    roc_figure,
+    tradeoff_figure,
     training_curves_figure,
     unlearning_figure,
+)
+from fedunlearn.registry import AUDITED, SCRUBBING, UNLEARNING  # noqa: E402
+from fedunlearn.scrubbing.readouts import (  # noqa: E402
+    entropy_figure,
+    information_tradeoff_figure,
+    relearn_figure,
 )
 
 
@@ -70,6 +86,8 @@ TABLE = pd.DataFrame(
         "test_accuracy": [0.97, 0.92, 0.75, 0.97],
         "target_accuracy": [0.98, 0.89, 0.0, 0.96],
         "seconds": [np.nan, 2.1, 0.0, 4.1],
+        "retained_mb": [0.0, 7.7, 7.7, 0.0],
+        "client_epochs": [0, 45, 0, 1800],
     }
 )
 
@@ -92,18 +110,23 @@ def test_a_count_axis_has_whole_number_ticks():
 
 def test_every_bar_has_its_value_and_a_zero_bar_stays_visible():
     fig = unlearning_figure(TABLE, title="digits")
-    accuracy, seconds = fig.axes
-    bars = [patch for container in accuracy.containers for patch in container]
-    assert len(bars) == 2 * len(TABLE)
-    labels = bar_labels(accuracy)
-    assert len(labels) == len(bars)
-    for value in [*TABLE["test_accuracy"], *TABLE["target_accuracy"]]:
-        assert f"{value:.2f}" in labels
-    zero = [bar for bar in bars if bar.get_height() == 0]
+    test, target, seconds = fig.axes
+    for ax, column in ((test, "test_accuracy"), (target, "target_accuracy")):
+        bars = [patch for container in ax.containers for patch in container]
+        assert len(bars) == len(TABLE) - 1  # every method but FedRetrain, the zero line
+        assert len(bar_labels(ax)) == len(bars)
+        reference = float(TABLE.loc[TABLE["method"] == "fedretrain", column].iloc[0])
+        for value in TABLE.loc[TABLE["method"] != "fedretrain", column]:
+            assert f"{100 * (value - reference):+.1f}" in bar_labels(ax)
+    # The original model is exactly as accurate as FedRetrain on the test data: a gap of 0.
+    zero = [
+        patch for container in test.containers for patch in container if patch.get_height() == 0
+    ]
     assert len(zero) == 1 and zero[0].get_linewidth() > 0
     assert zero[0].get_edgecolor()[3] > 0  # an opaque outline: a line on the axis, not nothing
-    assert legend_outside_axes(accuracy)
-    # The timed methods only (FedAvg has no unlearning time), the zero time labelled too.
+    (zero_line,) = [line for line in test.get_lines() if list(line.get_ydata()) == [0, 0]]
+    assert zero[0].get_zorder() > zero_line.get_zorder()  # drawn over FedRetrain's zero line
+    # The timed methods only (the original model has no unlearning time), the zero time labelled.
     assert len(bar_labels(seconds)) == TABLE["seconds"].notna().sum()
     assert "0" in bar_labels(seconds)
 
@@ -122,3 +145,272 @@ def test_a_later_request_is_titled_with_every_target_so_far():
     assert "forget [3]" in later and "[0, 3, 5]" in later
     fig = unlearning_figure(TABLE, title=later)
     assert "[0, 3, 5]" in fig._suptitle.get_text()
+
+
+# ------------------------------------------------------------ colours and names (issue 26)
+ANGLES = {
+    m: list(np.linspace(2, 30, 10) + i) for i, m in enumerate(["fedavg", "federaser", "fedaccum"])
+}
+RNG = np.random.default_rng(0)
+N = 150  # members and non-members of the ROC curves
+CURVES = {
+    name: roc_points(RNG.normal(shift, 1, N), RNG.normal(0, 1, N))
+    for name, shift in [("fedavg", 1.0), ("federaser", 0.3), ("fedaccum", 0.2), ("fedretrain", 0.0)]
+}
+RELEARN = pd.DataFrame(
+    {
+        "method": ["original", "retrain", "federaser", "newton", "fisher"],
+        "relearn_epochs": [0.0, 0.5, 0.0, np.nan, 0.05],
+        "relearn_budget_epochs": [1.0] * 5,
+    }
+)
+
+
+def every_text(fig) -> list[str]:
+    """Every string the figure shows: titles, labels, tick labels, legends, texts."""
+    fig.canvas.draw()
+    texts = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+    return [t for t in texts if t]
+
+
+def test_every_method_name_has_one_fixed_colour_and_unknown_names_a_stable_one():
+    registered = [spec.name for registry in (UNLEARNING, SCRUBBING, AUDITED) for spec in registry]
+    assert set(registered) <= set(METHOD_COLOURS)
+    # Distinct colours but for the two retrained references (black in every figure).
+    colours = [c for name, c in METHOD_COLOURS.items() if name != "retrain"]
+    assert len(set(colours)) == len(colours)
+    assert method_colour("fedavg") == method_colour("original")
+    assert "tab:red" not in METHOD_COLOURS.values()  # red marks FLAGGED rows
+    unknown = method_colour("my-new-method")
+    assert unknown == method_colour("my-new-method")
+    assert unknown == FALLBACK_COLOURS[zlib.crc32(b"my-new-method") % len(FALLBACK_COLOURS)]
+
+
+def test_the_same_method_has_the_same_colour_in_every_figure():
+    """FedEraser's bars, points and lines have one colour across the unlearning, trade-off,
+    angle, ROC and relearn figures (and the original model one too)."""
+    expected = to_rgba(METHOD_COLOURS["federaser"])
+    unlearning = unlearning_figure(TABLE).axes[0]
+    bars = dict(zip(["fedavg", "federaser", "fedaccum"], unlearning.patches))
+    assert tuple(bars["federaser"].get_facecolor()) == expected
+    assert tuple(bars["fedavg"].get_facecolor()) == to_rgba(METHOD_COLOURS["original"])
+    trade = tradeoff_figure(TABLE).axes[0]
+    points = dict(zip(["federaser", "fedaccum", "fedretrain"], trade.collections))
+    assert tuple(points["federaser"].get_facecolors()[0]) == expected
+    angles = neuron_angles_figure(ANGLES).axes[0]
+    by_label = {h.get_label(): h for h in angles.get_legend_handles_labels()[0]}
+    assert tuple(by_label["federaser"].get_facecolor()) == expected
+    assert tuple(by_label["original"].get_facecolor()) == to_rgba(METHOD_COLOURS["original"])
+    roc = roc_figure(CURVES).axes[0]
+    lines = {line.get_label().split(" (")[0]: line for line in roc.get_lines()}
+    assert to_rgba(lines["federaser"].get_color()) == expected
+    assert to_rgba(lines["original"].get_color()) == to_rgba(METHOD_COLOURS["original"])
+    relearn = relearn_figure(RELEARN).axes[0]
+    relearn_bars = dict(zip(RELEARN["method"], relearn.patches))
+    assert tuple(relearn_bars["federaser"].get_facecolor()) == expected
+
+
+def test_no_figure_says_fedavg_but_original():
+    figures = [
+        unlearning_figure(TABLE),
+        tradeoff_figure(TABLE),
+        neuron_angles_figure(ANGLES),
+        roc_figure(CURVES),
+    ]
+    for fig in figures:
+        texts = every_text(fig)
+        assert not [t for t in texts if "fedavg" in t.lower()], texts
+    for fig in figures[:1] + figures[2:]:  # the trade-off leaves the original model out
+        assert any("original" in t for t in every_text(fig))
+
+
+# ------------------------------------------------------------------ unlearning.png, tradeoff.png
+def test_unlearning_bars_are_gaps_to_fedretrain_so_small_differences_show():
+    """A 0.5-point gap is a bar at least a tenth of its panel's height (on raw 0-1 bars it would
+    be half a percent); the axis says "points vs FedRetrain"."""
+    table = TABLE.assign(
+        test_accuracy=[0.970, 0.965, 0.950, 0.970], target_accuracy=[0.98, 0.955, 0.94, 0.96]
+    )
+    fig = unlearning_figure(table)
+    test = fig.axes[0]
+    assert "points vs FedRetrain" in test.get_ylabel()
+    bars = dict(zip(["fedavg", "federaser", "fedaccum"], test.patches))
+    assert bars["federaser"].get_height() == pytest.approx(-0.5)
+    low, high = test.get_ylim()
+    assert abs(bars["federaser"].get_height()) / (high - low) > 0.1
+    assert any("FedRetrain" in t.get_text() for t in fig.texts)  # the caption reads the bars
+
+
+def test_tradeoff_speaks_of_test_accuracy_points_vs_fedretrain_and_of_unlearning():
+    fig = tradeoff_figure(TABLE)
+    (ax,) = fig.axes
+    texts = every_text(fig)
+    assert any("test-accuracy points vs FedRetrain" in t for t in texts)
+    assert "unlearn" in ax.get_ylabel() and "recovery" not in ax.get_ylabel().split("(")[0]
+    labels = [t.get_text() for t in ax.texts]
+    assert "federaser: -5.0 pts" in labels and any(t.startswith("fedretrain") for t in labels)
+    # Every label inside the axes (a point at the right edge is labelled on its left), none
+    # over another, and no negative storage on the x axis.
+    box = ax.get_window_extent()
+    extents = [t.get_window_extent() for t in ax.texts]
+    assert all(box.x0 <= e.x0 and e.x1 <= box.x1 for e in extents), labels
+    assert not any(a.overlaps(b) for i, a in enumerate(extents) for b in extents[i + 1 :])
+    assert ax.get_xlim()[0] >= -0.05 * TABLE["retained_mb"].max()
+
+
+# ------------------------------------------------------------------------- membership_roc.png
+def test_roc_curves_are_distinct_with_their_auc_and_the_axis_stops_at_one_over_n():
+    curves = {**CURVES, "retrain": CURVES["fedretrain"]}  # fedretrain and retrain: both black
+    fig = roc_figure(curves)
+    (ax,) = fig.axes
+    lines = ax.get_lines()
+    styles = [(to_rgba(line.get_color()), str(line.get_linestyle())) for line in lines]
+    assert len(set(styles)) == len(styles) == len(curves) + 1  # + chance
+    labels = [line.get_label() for line in lines]
+    assert all("AUC" in label for label in labels)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all("AUC" in text for text in legend) and len(legend) == len(labels)
+    assert ax.get_xscale() == "log"
+    assert ax.get_xlim()[0] >= 1 / N - 1e-12
+    assert ax.get_xlim()[0] == pytest.approx(1 / N)
+    assert ax.get_ylim()[0] >= 1 / N - 1e-12
+    # The AUC in the legend is the area under the drawn curve.
+    fpr, tpr = CURVES["federaser"]
+    assert f"AUC {np.trapezoid(tpr, fpr):.3f}" in labels[1]
+    # Told the sample sizes, the axes follow them.
+    small = roc_figure(CURVES, negatives=40, positives=20).axes[0]
+    assert small.get_xlim()[0] == pytest.approx(1 / 40) and small.get_ylim()[0] == pytest.approx(
+        1 / 20
+    )
+
+
+# ---------------------------------------------------------------------- certified_removal.png
+CERTIFIED = pd.DataFrame(
+    {
+        "requests": [0, 10, 20, 30, 40, 50],
+        "test_accuracy": [0.95, 0.95, 0.94, 0.94, 0.94, 0.93],
+        "beta": [0.0, 1e-4, 3e-4, 2e-5, 2e-4, 5e-4],
+        "retrains": [0, 0, 0, 1, 1, 1],
+    }
+)
+
+
+def test_certified_figure_marks_retrains_shows_the_budget_and_names_the_run():
+    budget = 0.02  # far above every beta: the y range still reaches it
+    fig = certified_removal_figure(
+        CERTIFIED, budget, "certified removal: run digits-a", retrained=[27]
+    )
+    accuracy, bound = fig.axes[:2]
+    assert "digits-a" in fig._suptitle.get_text()
+    budget_lines = [line for line in bound.get_lines() if np.allclose(line.get_ydata(), budget)]
+    assert len(budget_lines) == 1
+    low, high = bound.get_ylim()
+    assert low < budget < high and high / budget > 1.2  # not on the frame
+    for ax in (accuracy, bound):
+        marks = [line for line in ax.get_lines() if np.allclose(line.get_xdata(), 27)]
+        assert len(marks) == 1 and "retrain" in marks[0].get_label()
+    # Without the list, the retrains are read off the table's cumulative count.
+    fig = certified_removal_figure(CERTIFIED, budget)
+    assert [line for line in fig.axes[0].get_lines() if np.allclose(line.get_xdata(), 30)]
+
+
+# ------------------------------------------------------------------------ scrubbing_*.png
+def test_scrubbing_tradeoff_labels_do_not_overlap_and_d_f_is_defined():
+    rows = [
+        {"method": m, "lam": lam, "information_nats": info, "error_forget": ef, "error_test": et}
+        for m, shift in (("newton", 0.0), ("fisher", 0.004), ("fisher-sqrt", 0.008))
+        for lam, info, ef, et in (
+            (1e-8, 5e3, 0.20 + shift, 0.05 + shift),
+            (1e-7, 4e3, 0.21 + shift, 0.05 + shift),  # close to its neighbour on a log axis
+            (1e-6, 3e3, 0.22 + shift, 0.06 + shift),
+            (1e-5, 1e2, 0.60 + shift, 0.30 + shift),
+        )
+    ]
+    fig = information_tradeoff_figure(pd.DataFrame(rows), forget="class:3, 137 samples")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.texts]
+        assert len(boxes) == 12
+        overlapping = [
+            (ax.texts[i].get_text(), ax.texts[j].get_text())
+            for i in range(len(boxes))
+            for j in range(i + 1, len(boxes))
+            if boxes[i].overlaps(boxes[j])
+        ]
+        assert overlapping == []
+    assert any("D_f: the data to forget (class:3, 137 samples)" in t.get_text() for t in fig.texts)
+
+
+def test_relearn_zero_bars_and_the_retrain_line_are_visible_and_nothing_is_clipped():
+    fig = relearn_figure(RELEARN, forget="class:3")
+    (ax,) = fig.axes
+    low, high = ax.get_ylim()
+    bars = dict(zip(RELEARN["method"], ax.patches))
+    for zero in ("original", "federaser"):
+        bar = bars[zero]
+        assert bar.get_height() == 0 and bar.get_linewidth() > 0 and bar.get_edgecolor()[3] > 0
+        assert low < 0  # the bar of height 0 lies above the x axis, not on it
+    (retrain,) = [line for line in ax.get_lines() if "retrain" in line.get_label()]
+    y = retrain.get_ydata()[0]
+    assert 0 < y < high and y > low
+    # A retrain that relearned at once: its line at 0 still above the axis.
+    at_once = relearn_figure(RELEARN.assign(relearn_epochs=[0.0, 0.0, 0.0, np.nan, 0.05])).axes[0]
+    (line,) = [line for line in at_once.get_lines() if "retrain" in line.get_label()]
+    assert at_once.get_ylim()[0] < line.get_ydata()[0] == 0
+    # Every value label (the "not reached" one too) lies inside the axes.
+    fig.canvas.draw()
+    box = ax.get_window_extent()
+    for text in ax.texts:
+        extent = text.get_window_extent()
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1, text.get_text()
+        assert box.y0 <= extent.y0 and extent.y1 <= box.y1, text.get_text()
+    assert "0" in [t.get_text() for t in ax.texts]
+    assert any(t.get_text().startswith("D_f: ") for t in fig.texts)
+
+
+def test_entropy_is_one_readable_panel_on_a_log_axis():
+    rng = np.random.default_rng(1)
+    methods = ["original", "retrain", "newton", "newton-finite", "fisher", "finetune", "hiding"]
+    methods += ["fisher-sqrt", "negative-gradient", "random-labels", "class-pruning"]
+    entropies = {
+        m: {
+            "D_r": rng.exponential(0.3, 200),
+            "D_f": rng.exponential(0.9, 40),
+            "D_test": rng.exponential(0.4, 90),
+        }
+        for m in methods
+    }
+    entropies["newton-finite"] = {k: v * 1e-3 for k, v in entropies["newton-finite"].items()}
+    entropies["hiding"] = {k: np.zeros_like(v) for k, v in entropies["hiding"].items()}
+    fig = entropy_figure(entropies, num_classes=10, forget="class:3, 40 samples")
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(visible) == 1
+    (ax,) = visible
+    assert ax.get_yscale() == "log"
+    # A near-certain model's box (entropies around 1e-6) is above the axis' floor, not on it.
+    assert ax.get_ylim()[0] < np.percentile(entropies["newton-finite"]["D_r"], 5)
+    # A saturated model (entropies of 0) neither stretches the axis nor hides: its boxes sit on the
+    # floor, labelled once.
+    assert ax.get_ylim()[0] >= 1e-7
+    (label,) = ax.texts
+    assert label.get_text().startswith("median\n≤ ") and label.xy[0] == methods.index("hiding")
+    assert [t.get_text() for t in ax.get_xticklabels()] == methods
+    assert any(t.get_text().startswith("D_f: the data to forget") for t in fig.texts)
+
+
+# ---------------------------------------------------------------------- last_layer_angles.png
+def test_angles_with_ten_neurons_have_opaque_bars_that_do_not_overlap_and_a_caption():
+    fig = neuron_angles_figure(ANGLES, title="digits")
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    bars = [p for p in ax.patches if p.get_height() > 0]
+    assert bars and all(p.get_alpha() in (None, 1.0) for p in bars)
+    assert all(p.get_facecolor()[3] == 1.0 for p in bars)
+    boxes = [p.get_window_extent() for p in bars]
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            inter_width = min(boxes[i].x1, boxes[j].x1) - max(boxes[i].x0, boxes[j].x0)
+            assert inter_width <= 0.5, (i, j)  # side by side, at most touching
+    (caption,) = [t for t in fig.texts if t.get_gid() == "caption"]
+    assert caption.get_text() and "\n" not in caption.get_text() and "10" in caption.get_text()

@@ -24,7 +24,14 @@ from fedunlearn.judge.metrics import (
 )
 from fedunlearn.judge.populations import INDEPENDENT, ORIGINAL, REFERENCE, JudgeData
 from fedunlearn.membership.metrics import roc_points
-from fedunlearn.plots import integer_ticks, labelled_bars, legend_outside, save_figure
+from fedunlearn.plots import (
+    display_name,
+    integer_ticks,
+    labelled_bars,
+    legend_outside,
+    method_colour,
+    save_figure,
+)
 from fedunlearn.registry import JUDGE_METRICS
 from fedunlearn.store.durable_io import atomic_write_bytes
 
@@ -211,9 +218,10 @@ def judge_figure(data: JudgeData, table: pd.DataFrame):
             challenge_confidence(p.forget_logits, p.forget_labels),
             challenge_confidence(c.forget_logits, c.forget_labels),
         )
-        ax_eps.hist(np.minimum(eps, bins[-1]), bins=bins, histtype="step", label=population)
+        colour, name = method_colour(population), display_name(population)
+        ax_eps.hist(np.minimum(eps, bins[-1]), bins=bins, histtype="step", color=colour, label=name)
         fpr, tpr = roc_points(*(np.ravel(s) for s in rmia_population_scores(data, population)))
-        ax_roc.plot(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), label=population)
+        ax_roc.plot(np.maximum(fpr, 1e-5), np.maximum(tpr, 1e-5), color=colour, label=name)
     ax_eps.set(
         xlabel="per-example ε (forget set, capped at 6)",
         ylabel="examples",
@@ -227,7 +235,8 @@ def judge_figure(data: JudgeData, table: pd.DataFrame):
         errors = np.abs(
             rows[["backdoor-success-low", "backdoor-success-high"]].to_numpy().T - heights
         )
-        labelled_bars(ax_backdoor, range(len(order)), heights, fmt="{:.2f}", color="tab:red")
+        colours = [method_colour(p) for p in order]
+        labelled_bars(ax_backdoor, range(len(order)), heights, fmt="{:.2f}", color=colours)
         ax_backdoor.errorbar(
             range(len(order)),
             heights,
@@ -241,7 +250,9 @@ def judge_figure(data: JudgeData, table: pd.DataFrame):
         ax_backdoor.text(
             0.5, 0.5, "no backdoor planted", ha="center", transform=ax_backdoor.transAxes
         )
-    ax_backdoor.set_xticks(range(len(order)), order, rotation=30, ha="right")
+    ax_backdoor.set_xticks(
+        range(len(order)), [display_name(p) for p in order], rotation=30, ha="right"
+    )
     ax_backdoor.set(ylabel="backdoor success", title="triggered test samples, other classes")
     ax_roc.plot([1e-5, 1], [1e-5, 1], color="gray", linestyle=":", label="chance")
     ax_roc.set(

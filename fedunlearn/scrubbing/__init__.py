@@ -13,13 +13,16 @@ from fedunlearn.scrubbing.baselines import (
     random_labels,
 )
 from fedunlearn.scrubbing.readouts import (
-    ENTROPY_BINS,
+    ENTROPY_FLOOR,
     RelearnResult,
+    entropy_figure,
     error_rate,
+    information_tradeoff_figure,
     output_entropy,
     plot_entropy_histograms,
     plot_information_tradeoff,
     plot_relearn_times,
+    relearn_figure,
     relearn_time,
 )
 from fedunlearn.scrubbing.scrubbers import (
@@ -43,11 +46,14 @@ __all__ = [
     "random_label_epochs",
     "final_linear",
     "hide_class",
-    "ENTROPY_BINS",
+    "ENTROPY_FLOOR",
     "error_rate",
     "output_entropy",
     "RelearnResult",
     "relearn_time",
+    "entropy_figure",
+    "relearn_figure",
+    "information_tradeoff_figure",
     "plot_entropy_histograms",
     "plot_relearn_times",
     "plot_information_tradeoff",

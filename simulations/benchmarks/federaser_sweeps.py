@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from fedunlearn.plots import display_name, method_colour  # noqa: E402
 from simulations import run as runner  # noqa: E402
 from simulations.benchmarks import default_data_root  # noqa: E402
 
@@ -59,9 +60,10 @@ def plot_sweep(table: pd.DataFrame, parameter: str, path: Path) -> None:
         rows = table[table["method"] == method]
         if rows.empty:
             continue
-        axes[0].plot(rows[parameter], rows["test_accuracy"], marker="o", label=method)
-        axes[1].plot(rows[parameter], rows["target_accuracy"], marker="o", label=method)
-        axes[2].plot(rows[parameter], rows["seconds"], marker="o", label=method)
+        style = {"marker": "o", "color": method_colour(method), "label": display_name(method)}
+        axes[0].plot(rows[parameter], rows["test_accuracy"], **style)
+        axes[1].plot(rows[parameter], rows["target_accuracy"], **style)
+        axes[2].plot(rows[parameter], rows["seconds"], **style)
     for ax, label in zip(
         axes, ("test accuracy", "target's accuracy", "unlearning seconds"), strict=True
     ):

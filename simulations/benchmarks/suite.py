@@ -41,7 +41,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fedunlearn.plots import legend_outside, save_figure  # noqa: E402
+from fedunlearn.plots import (  # noqa: E402
+    display_name,
+    legend_outside,
+    method_colour,
+    save_figure,
+)
 from simulations.benchmarks.repeat import (  # noqa: E402
     add_run_options,
     comparison_summary,
@@ -156,7 +161,7 @@ def suite_figure(long: pd.DataFrame, title: str = ""):
         seeds=("seed", "nunique"),
     )
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    colours = {m: f"C{i}" for i, m in enumerate(rows["method"].unique())}
+    colours = {m: method_colour(m) for m in rows["method"].unique()}
     for (_, partition, method), point in means.iterrows():
         ax.scatter(point["share"], point["gap"], color=colours[method],
                    marker=MARKERS.get(partition, "o"), s=45, zorder=3, alpha=0.85)  # fmt: skip
@@ -167,7 +172,7 @@ def suite_figure(long: pd.DataFrame, title: str = ""):
                         (point["share"], point["gap"]),
                         textcoords="offset points", xytext=(6, -10), fontsize=7,
                         color="tab:red")  # fmt: skip
-    handles = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=m)
+    handles = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=display_name(m))
                for m, c in colours.items()]  # fmt: skip
     handles += [plt.Line2D([], [], color="grey", marker=k, linestyle="", label=p)
                 for p, k in MARKERS.items() if p in set(rows["partition"])]  # fmt: skip

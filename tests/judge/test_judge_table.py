@@ -24,6 +24,7 @@ from fedunlearn.judge import (  # noqa: E402
     write_judge_report,
 )
 from fedunlearn.judge.metrics import reference_counts, rmia_metric  # noqa: E402
+from fedunlearn.plots import method_colour  # noqa: E402
 from fedunlearn.registry import JUDGE_METRICS  # noqa: E402
 
 
@@ -99,6 +100,10 @@ def test_the_report_files_are_written(world_and_table, tmp_path):
     ax_eps, ax_backdoor, ax_roc = fig.axes[:3]
     assert ax_roc.get_xscale() == "log" and ax_roc.get_yscale() == "log"
     assert len(ax_backdoor.patches) == 5 and ax_eps.get_legend() is not None
+    # Every population in its method's colour, the same as in the run's other figures.
+    for line in ax_roc.get_lines():
+        if line.get_label() != "chance":
+            assert line.get_color() == method_colour(line.get_label())
     plt.close(fig)
 
 
