@@ -62,3 +62,20 @@ class SpyGrid:
                 if "partition-id" in metrics:
                     self.partition_of[reply.metadata.src_node_id] = int(metrics["partition-id"])
         return replies
+
+
+def cut_short(key: str, node: int):
+    """A tamper for an :class:`AnsweringGrid` test: ``node``'s ``stats`` array ``key`` declares its
+    shape and dtype truthfully, but its bytes are 8 short (it does not decode)."""
+    from flwr.app import Array, ArrayRecord
+
+    def tamper(sender: int, content) -> None:
+        if sender == node:
+            arrays = dict(content["stats"].items())
+            whole = arrays[key]
+            arrays[key] = Array(
+                dtype=whole.dtype, shape=tuple(whole.shape), stype=whole.stype, data=whole.data[:-8]
+            )
+            content["stats"] = ArrayRecord(arrays)
+
+    return tamper

@@ -10,7 +10,7 @@ from unittest.mock import Mock
 import numpy as np
 import pytest
 import torch
-from fake_grid import AnsweringGrid
+from fake_grid import AnsweringGrid, cut_short
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from clients.client_state import ClientSetup
@@ -116,21 +116,6 @@ def _set_array(key, value):
     return tamper
 
 
-def _cut_short(key):
-    """An array that declares its shape and dtype truthfully but whose bytes are 8 short."""
-
-    def tamper(node, content):
-        if node == 12:
-            arrays = dict(content["stats"].items())
-            whole = arrays[key]
-            arrays[key] = Array(
-                dtype=whole.dtype, shape=tuple(whole.shape), stype=whole.stype, data=whole.data[:-8]
-            )
-            content["stats"] = ArrayRecord(arrays)
-
-    return tamper
-
-
 def _set_metric(key, value):
     def tamper(node, content):
         if node == 12:
@@ -148,8 +133,8 @@ def _set_metric(key, value):
         (_set_array("sums", lambda a: -a - 1), "negative"),
         (_set_array("counts", lambda a: a * 1000), "outside"),  # above the partition's size
         (_set_array("counts", lambda a: a[:-1]), "shape"),
-        (_cut_short("sums"), "does not decode"),
-        (_cut_short("counts"), "does not decode"),
+        (cut_short(node=12, key="sums"), "does not decode"),
+        (cut_short(node=12, key="counts"), "does not decode"),
         (_set_array("counts", lambda a: np.roll(a, 1)), "the partition holds"),
         (_set_metric("partition-id", 0), "partition-id"),
         (_set_metric("extra", 1), "unexpected"),

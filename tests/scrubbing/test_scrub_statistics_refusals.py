@@ -9,7 +9,7 @@ from unittest.mock import Mock
 import numpy as np
 import pytest
 import torch
-from fake_grid import AnsweringGrid
+from fake_grid import AnsweringGrid, cut_short
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from clients.client_state import ClientSetup
@@ -92,21 +92,6 @@ def _set_array(key, value):
     return tamper
 
 
-def _cut_short(key):
-    """An array that declares its shape and dtype truthfully but whose bytes are 8 short."""
-
-    def tamper(node, content):
-        if node == 12:
-            arrays = dict(content["stats"].items())
-            whole = arrays[key]
-            arrays[key] = Array(
-                dtype=whole.dtype, shape=tuple(whole.shape), stype=whole.stype, data=whole.data[:-8]
-            )
-            content["stats"] = ArrayRecord(arrays)
-
-    return tamper
-
-
 def _set_metric(key, value):
     def tamper(node, content):
         if node == 12:
@@ -124,7 +109,7 @@ def _set_metric(key, value):
         (_set_array("retained.gradient", lambda a: a[:, :-1]), "shape"),
         (_set_array("forgotten.loss", lambda a: -a - 1), "negative"),
         (_set_array("retained.blocks", lambda a: a.astype(np.float64)), "dtype"),
-        (_cut_short("retained.gradient"), "does not decode"),
+        (cut_short(node=12, key="retained.gradient"), "does not decode"),
         (_set_metric("retained.count", 10**9), "retained.count"),
         (_set_metric("forgotten.count", 0), "forgotten.count"),
         (_set_metric("partition-id", 0), "partition-id"),
