@@ -6,6 +6,7 @@ federation it runs on; ``fedunlearn-run`` sizes the federation and resolves path
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,8 +85,37 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
         except FedUnlearnError as error:
             _log(f"error: {error}")
             raise
+        except OSError as error:
+            failure = disk_failure(error, context_run_directory(context, overrides))
+            if failure is None:
+                raise
+            _log(f"error: {failure}")
+            raise failure from error
 
     return app
+
+
+def context_run_directory(context: Context, overrides: Mapping[str, Any]) -> str:
+    """The run directory this run writes to, as its run config names it (for messages)."""
+    try:
+        config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
+    except FedUnlearnError:
+        return "the run directory printed at the start"
+    name = config.run_name or "<the run directory's name printed at the start>"
+    return str(config.output_path / name)
+
+
+def disk_failure(error: OSError, where: str) -> FedUnlearnError | None:
+    """A full disk or quota (ENOSPC, EDQUOT) or a read-only file system as one line that says
+    which path and how to go on; None for any other OSError (a bug: its traceback is kept). The
+    run directory stays consistent (atomic writes, a journalled history), so a resume finishes."""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return None
+    path = error.filename or where
+    return FedUnlearnError(
+        f"{error.strerror} writing {path}: free space (or make it writable), then continue the "
+        f"run in {where} with --set resume=true and its run-name and output-dir"
+    )
 
 
 app = create_server_app()

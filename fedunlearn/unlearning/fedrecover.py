@@ -378,10 +378,8 @@ def fedrecover(
     progress : callable, optional
         Called with each round's :class:`FedRecoverStep`.
     min_reply_fraction : float, optional
-        A round goes on without the clients whose exact update never came (refused or silent:
-        estimated in a scheduled exact round where their buffers allow, else left out) while at
-        least this fraction of its clients has an update; below it,
-        :class:`NotEnoughReplies`. 1.0 (the default here): every client must answer.
+        A round goes on without an exact update that never came (see :class:`FedRecoverStep`)
+        while this fraction of its clients has one, else :class:`NotEnoughReplies` (default 1).
 
     Returns
     -------
