@@ -70,6 +70,7 @@ REQUEST_FIELDS = (
     "keep_original",
     "max_refusals",
     "min_reply_fraction",
+    "max_update_ratio",
 )
 
 

@@ -123,6 +123,38 @@ def check_partition(value: object, bound: int) -> int:
     return partition
 
 
+def update_norm(received: Mapping[str, np.ndarray], sent: Mapping[str, np.ndarray]) -> float:
+    """The L2 norm of a reply's update (received − sent, its floating arrays), in float64."""
+    total = 0.0
+    for name, array in received.items():
+        if array.dtype.kind in "fc" and name in sent:
+            difference = array.astype(np.float64) - np.asarray(sent[name], dtype=np.float64)
+            total += float(np.square(difference).sum())
+    return math.sqrt(total)
+
+
+def norm_outliers(norms: Mapping[int, float], ratio: float) -> dict[int, str]:
+    """The senders whose update is far outside the round's: a norm over ``ratio`` times the
+    median of the others' (or not finite), with the reason. Finite values of 3e38 pass every
+    per-value check yet take over the average; honest updates of one round differ by a few
+    times. A majority of senders is the reference, so one needs at least one other sender."""
+    outliers = {}
+    for sender, norm in norms.items():
+        if not math.isfinite(norm):
+            outliers[sender] = "its update's norm overflows"
+            continue
+        others = [n for k, n in norms.items() if k != sender and math.isfinite(n)]
+        if not others:
+            continue
+        median = float(np.median(others))
+        if median > 0 and norm > ratio * median:
+            outliers[sender] = (
+                f"its update's norm {norm:.3g} is over max-update-ratio={ratio:g} times the "
+                f"median of the round's other updates ({median:.3g})"
+            )
+    return outliers
+
+
 def check_training_reply(
     sent: Mapping[str, ArraySpec],
     received: Mapping[str, ArraySpec],

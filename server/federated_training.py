@@ -330,7 +330,13 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
     members = discover(grid, config, data, log=log)
     run, initial_state = _open_run(config, resuming, initial_state, log)
     store = UpdateStore(run.store_path, dtype=config.store_dtype) if config.retain else None
-    screen = ReplyScreen(members, max_refusals=config.max_refusals, log=log, run=run)
+    screen = ReplyScreen(
+        members,
+        max_refusals=config.max_refusals,
+        log=log,
+        run=run,
+        max_update_ratio=config.max_update_ratio,
+    )
     if resuming and training_finished(path):
         check_finished_run(run, store, log=log)
         run.remove_checkpoint()

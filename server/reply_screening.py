@@ -10,6 +10,7 @@ gets no further message, and every later phase goes on without its partition.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 
@@ -20,6 +21,8 @@ from fedunlearn.reply_checks import (
     check_evaluate_reply,
     check_training_reply,
     decoded_arrays,
+    norm_outliers,
+    update_norm,
 )
 from server.federation import FederationMembers
 from server.progress import Log
@@ -50,6 +53,9 @@ class ReplyScreen:
         Progress lines.
     run : RunDirectory, optional
         Where ``refused_replies.jsonl`` goes.
+    max_update_ratio : float, optional
+        A training reply whose update's norm is over this many times the median of the round's
+        other updates is refused (``max-update-ratio``; default: no bound).
     """
 
     def __init__(
@@ -59,9 +65,11 @@ class ReplyScreen:
         max_refusals: int,
         log: Log = print,
         run=None,
+        max_update_ratio: float = math.inf,
     ) -> None:
         self.members = members
         self.max_refusals = max_refusals
+        self.max_update_ratio = max_update_ratio
         self.log = log
         self.run = run
         self.in_a_row: dict[int, int] = {}
@@ -81,6 +89,7 @@ class ReplyScreen:
         """The replies (``train`` or ``train.calibrate``) that pass every check; error replies
         (a failed client, not a hostile one) are left out without counting as refusals."""
         spec = {name: (tuple(array.shape), array.dtype) for name, array in sent.items()}
+        sent_arrays, norms = decoded_arrays(sent), {}
 
         def check(reply: Message, partition: int) -> None:
             arrays = self._records(reply, arrays=True)
@@ -92,8 +101,13 @@ class ReplyScreen:
                 declared_examples=self.members.num_examples[partition],
                 arrays=_decoded(arrays),
             )
+            received = decoded_arrays(arrays)
+            norms[reply.metadata.src_node_id] = update_norm(received, sent_arrays)
 
-        return self._screen(phase, server_round, replies, check)
+        def outliers() -> dict[int, str]:
+            return norm_outliers(norms, self.max_update_ratio)
+
+        return self._screen(phase, server_round, replies, check, outliers)
 
     def evaluation(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """The ``evaluate`` replies that pass every check."""
@@ -108,8 +122,9 @@ class ReplyScreen:
 
         return self._screen("evaluate", server_round, replies, check)
 
-    def _screen(self, phase, server_round, replies, check) -> list[Message]:
-        """The non-error replies ``check(reply, partition)`` accepts; the others are refused."""
+    def _screen(self, phase, server_round, replies, check, outliers=None) -> list[Message]:
+        """The non-error replies ``check(reply, partition)`` accepts and that ``outliers()``
+        (the round's senders to refuse, with why) does not name; the others are refused."""
         started = time.perf_counter()
         kept, refused = [], set()
         for reply in replies:
@@ -123,6 +138,10 @@ class ReplyScreen:
                 refused.add(node)
                 continue
             kept.append(reply)
+        for node, reason in (outliers() if outliers else {}).items():
+            self._refuse(phase, server_round, node, reason)
+            refused.add(node)
+        kept = [r for r in kept if r.metadata.src_node_id not in refused]
         self._account(phase, server_round, {r.metadata.src_node_id for r in kept}, refused)
         self.seconds += time.perf_counter() - started
         return kept

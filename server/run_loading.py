@@ -61,5 +61,11 @@ def load_trained_run(
         store,
         run.load_model("model_initial"),
         run.load_model("model_final"),
-        ReplyScreen(members, max_refusals=config.max_refusals, log=log, run=run),
+        ReplyScreen(
+            members,
+            max_refusals=config.max_refusals,
+            log=log,
+            run=run,
+            max_update_ratio=config.max_update_ratio,
+        ),
     )

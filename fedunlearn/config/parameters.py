@@ -212,6 +212,12 @@ class RunParameters:
         Interval(NUMBER, 0.0, 1.0, closed="right"),
         "a round needs valid replies from at least this fraction of the clients asked",
     )
+    max_update_ratio: float = federation(
+        100.0,
+        Interval(NUMBER, 1.0, 1e12),
+        "a training reply whose update's norm is over this many times the median of the round's "
+        "other updates is refused",
+    )
     # ------------------------------------------------------------------ unlearning
     unlearn_clients: str = unlearning(
         "0", ByRule(PARTITION_IDS), "clients to forget; empty: train only"

@@ -278,3 +278,41 @@ def test_arrays_are_accepted_only_when_every_value_is_finite(values):
         assert not finite
     else:
         assert finite
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e30, 3e38 / 0.2])
+def test_an_update_far_outside_the_rounds_is_refused_the_honest_ones_kept(scale):
+    """Finite values pass every per-value check; a norm many times the round's others does not."""
+    lines: list[str] = []
+    screen = ReplyScreen(members(), max_refusals=3, log=lines.append, max_update_ratio=100)
+    huge = honest_content(1, step=0.1 * scale / 2)  # client 1's step is 2 x step
+    replies = [reply(101, honest_content(0)), reply(102, huge), reply(103, honest_content(2))]
+    kept = screen.training("train", 2, ArrayRecord(MODEL), replies)
+    assert [r.metadata.src_node_id for r in kept] == [101, 103]
+    assert len(lines) == 1 and "node 102 (client 1)" in lines[0]
+    assert "max-update-ratio=100" in lines[0] or "overflows" in lines[0]
+
+
+def test_honest_updates_of_different_sizes_are_all_kept():
+    # steps 0.1, 0.2, 0.3: norms within 3x of each other, far inside the bound
+    screen = ReplyScreen(members(), max_refusals=3, log=lambda _: None, max_update_ratio=10)
+    replies = [reply(101 + p, honest_content(p)) for p in range(3)]
+    assert len(screen.training("train", 1, ArrayRecord(MODEL), replies)) == 3
+    # ... and a lone reply has no round to be compared with
+    lone = ReplyScreen(members(), max_refusals=3, log=lambda _: None, max_update_ratio=1)
+    assert len(lone.training("train", 1, ArrayRecord(MODEL), [reply(102, honest_content(1))])) == 1
+
+
+@given(
+    st.dictionaries(st.integers(0, 20), st.floats(0, 1e300), min_size=1, max_size=8),
+    st.floats(1, 1e6),
+)
+@settings(max_examples=200, deadline=None)
+def test_norm_outliers_refuses_exactly_what_exceeds_the_others_median(norms, ratio):
+    from fedunlearn.reply_checks import norm_outliers
+
+    refused = norm_outliers(norms, ratio)
+    for sender, norm in norms.items():
+        others = [n for k, n in norms.items() if k != sender]
+        over = bool(others) and np.median(others) > 0 and norm > ratio * np.median(others)
+        assert (sender in refused) == over
