@@ -92,7 +92,11 @@ __all__ = [
 
 State = Mapping[str, torch.Tensor]
 FORMAT_NAME = "fedunlearn-update-store"
-FORMAT_VERSION = 2
+#: 2: index rows carry checksums; 3: so does every field of the header's metadata (the retention
+#: record and the policies' states, which decide what a method reads and where it rolls back).
+FORMAT_VERSION = 3
+#: The header's per-field checksums of its metadata (format 3).
+METADATA_DIGESTS = "metadata_sha256"
 STORE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 _HEADER, _INDEX, _LOCK, _BLOBS = "store.json", "index.sqlite", ".lock", "blobs"
 _ROUND_DIRECTORY = re.compile(r"round_\d{6,}")
@@ -174,6 +178,16 @@ def _check_squares(what: str, squares: Mapping[str, float], tensors: State) -> d
             f"one finite number >= 0 per floating tensor ({sorted(names)})",
         )
     return values
+
+
+def _metadata_digests(metadata: Mapping[str, object]) -> dict[str, str]:
+    """sha256 of each metadata field's canonical JSON (sorted keys, no spaces)."""
+    return {
+        key: hashlib.sha256(
+            json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+        ).hexdigest()
+        for key, value in metadata.items()
+    }
 
 
 def _blob_metadata(data: bytes) -> dict[str, str]:
@@ -885,9 +899,30 @@ class UpdateStore:
                 f"{self.root / _HEADER} lacks a valid format_version, dtype or metadata "
                 f"(found {version!r}, {header.get('dtype')!r}); restore it from a backup"
             )
+        if version >= 3:
+            self._check_metadata(header)
         return header
 
+    def _check_metadata(self, header: dict) -> None:
+        """Every metadata field matches its checksum (format 3): an edited retention record or
+        policy state is refused by name before any decision reads it."""
+        recorded = header.get(METADATA_DIGESTS)
+        if not isinstance(recorded, dict):
+            raise StoreCorruptionError(
+                f"{self.root / _HEADER} lacks its metadata checksums ({METADATA_DIGESTS}); "
+                "restore it from a backup"
+            )
+        actual = _metadata_digests(header["metadata"])
+        edited = sorted(k for k in set(recorded) | set(actual) if recorded.get(k) != actual.get(k))
+        if edited:
+            raise StoreCorruptionError(
+                f"{self.root / _HEADER}: metadata field(s) {edited} were edited or damaged: their "
+                "checksums do not match; restore store.json from a backup (then run `fedunlearn "
+                f"store verify {self.root}`)"
+            )
+
     def _write_header(self, header: dict) -> None:
+        header = {**header, METADATA_DIGESTS: _metadata_digests(header["metadata"])}
         atomic_write_json(self.root / _HEADER, header)
 
     def _read_blob(self, row: BlobRow, *, with_metadata: bool = False):

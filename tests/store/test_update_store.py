@@ -15,6 +15,7 @@ import torch
 
 from fedunlearn.errors import ConfigError, StoreCorruptionError
 from fedunlearn.store.update_store import (
+    FORMAT_VERSION,
     RetainedRound,
     StoreBusyError,
     StoreReadOnlyError,
@@ -847,7 +848,8 @@ def test_format_1_store_is_read_as_it_is_read_only_and_migrated_by_a_writable_op
 
     migrated = UpdateStore(tmp_path)
     assert migrated.rows_checksummed and migrated.num_examples(1) == {0: 25, 1: 20, 2: 30}
-    assert json.loads((tmp_path / "store.json").read_text())["format_version"] == 2
+    header = json.loads((tmp_path / "store.json").read_text())
+    assert header["format_version"] == FORMAT_VERSION and "metadata_sha256" in header
     for path in [tmp_path, *tmp_path.rglob("*")]:  # made private like a new store
         assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
     migrated.close()
@@ -869,3 +871,74 @@ def test_store_files_and_folders_are_private_whatever_the_umask(tmp_path):
     for path in [tmp_path / "run", *(tmp_path / "run").rglob("*")]:
         expected = 0o700 if path.is_dir() else 0o600
         assert stat.S_IMODE(path.stat().st_mode) == expected, path
+
+
+# ---------------------------------------------------------------------- the header's metadata
+#: Header fields a decision reads: what was retained and the policies' states (norms, Grams).
+DECISIVE = {
+    "retention-record": {"policy": "interval", "rounds": [1, 3, 5]},
+    "retention-state": {"crab": {"norms": {"0": [1.5, 2.0]}}, "sifu": {"gram": [[2.0, 0.1]]}},
+}
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m["retention-record"]["rounds"].pop(),  # FedEraser would use fewer rounds
+        lambda m: m["retention-state"]["crab"]["norms"]["0"].__setitem__(0, -1.5),
+        lambda m: m["retention-state"]["sifu"]["gram"][0].__setitem__(0, 2e-12),
+        lambda m: m.pop("retention-state"),
+        lambda m: m.__setitem__("added", 1),
+    ],
+)
+def test_an_edited_metadata_field_is_refused_by_name_before_it_is_read(tmp_path, capsys, edit):
+    import json
+
+    from fedunlearn import cli
+
+    store = UpdateStore(tmp_path / "store")
+    store.set_metadata(**DECISIVE)
+    store.close()
+    header = json.loads((tmp_path / "store" / "store.json").read_text())
+    edit(header["metadata"])
+    (tmp_path / "store" / "store.json").write_text(json.dumps(header))
+    with pytest.raises(StoreCorruptionError, match="metadata field\\(s\\) \\['"):
+        UpdateStore(tmp_path / "store", readonly=True)
+    assert cli.main(["store", "verify", str(tmp_path / "store")]) == 1
+    out = capsys.readouterr().out
+    changed = {
+        k
+        for k in set(DECISIVE) | set(header["metadata"])
+        if DECISIVE.get(k) != header["metadata"].get(k)
+    }
+    assert all(repr(k) in out for k in changed) and "were edited or damaged" in out
+
+
+def test_checksums_removed_from_a_current_header_are_refused(tmp_path):
+    import json
+
+    store = UpdateStore(tmp_path)
+    store.set_metadata(**DECISIVE)
+    store.close()
+    header = json.loads((tmp_path / "store.json").read_text())
+    del header["metadata_sha256"]
+    (tmp_path / "store.json").write_text(json.dumps(header))
+    with pytest.raises(StoreCorruptionError, match="lacks its metadata checksums"):
+        UpdateStore(tmp_path, readonly=True)
+
+
+def test_a_format_2_header_is_read_and_a_writable_open_adds_the_checksums(tmp_path):
+    import json
+
+    store = UpdateStore(tmp_path)
+    store.set_metadata(**DECISIVE)
+    store.close()
+    header = json.loads((tmp_path / "store.json").read_text())
+    del header["metadata_sha256"]
+    (tmp_path / "store.json").write_text(json.dumps({**header, "format_version": 2}))
+    assert UpdateStore(tmp_path, readonly=True).metadata == DECISIVE  # read as it is
+    UpdateStore(tmp_path).close()  # a writable open migrates it
+    header = json.loads((tmp_path / "store.json").read_text())
+    assert header["format_version"] == FORMAT_VERSION and set(header["metadata_sha256"]) == set(
+        DECISIVE
+    )
