@@ -389,11 +389,23 @@ def _empty_window() -> dict:
 
 
 def copy_influence_record(record: Mapping) -> dict:
-    """One round of :attr:`CrabSelector.influence` (or its JSON form) as floats, client ids int."""
-    return {
+    """One round of :attr:`CrabSelector.influence` (or its JSON form) as floats, client ids int;
+    norms outside their domain (negative, not finite) or a negative client id are refused: they
+    decide where Crab rolls back."""
+    copy = {
         "step": [float(x) for x in record["step"]],
         "clients": {int(c): [float(x) for x in v] for c, v in record["clients"].items()},
     }
+    norms = copy["step"] + [x for v in copy["clients"].values() for x in v]
+    bad = [x for x in norms if not (math.isfinite(x) and x >= 0)]
+    if bad or any(c < 0 for c in copy["clients"]):
+        raise ConfigError(
+            "crab-state",
+            f"norms {bad[:3]}" if bad else f"clients {sorted(copy['clients'])}",
+            "norms that are finite and >= 0, for client ids >= 0 (the store's record was "
+            "edited or damaged)",
+        )
+    return copy
 
 
 def _record_to_json(record: Mapping) -> dict:

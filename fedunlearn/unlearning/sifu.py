@@ -91,6 +91,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedunlearn.certified.removal import utc_timestamp
@@ -537,6 +538,31 @@ def _check_record(record: _Round, expected_round: int, groups: int) -> None:
     values += [x for g in record.grams for row in g for x in row]
     if not shapes_ok or not all(math.isfinite(float(x)) for x in values):
         raise ConfigError("sifu-state", f"round {record.round}", f"round {expected_round}, intact")
+    problem = _gram_problem(record)
+    if problem:
+        raise ConfigError(
+            "sifu-state",
+            f"round {record.round}",
+            f"Gram matrices that are symmetric and positive semidefinite and squared norms >= 0 "
+            f"({problem}: the store's record was edited or damaged)",
+        )
+
+
+def _gram_problem(record: _Round) -> str:
+    """What is outside the domain of a round's Gram matrices and ||Ubar||^2, or ``""``."""
+    if any(x < 0 for x in record.global_step_sq):
+        return "a negative ||Ubar||^2"
+    for group, gram in enumerate(record.grams):
+        matrix = np.asarray(gram, dtype=np.float64)
+        if matrix.size == 0:
+            continue
+        scale = max(1.0, float(np.abs(matrix).max()))
+        if not np.allclose(matrix, matrix.T, rtol=0, atol=1e-9 * scale):
+            return f"group {group}'s Gram matrix is not symmetric"
+        lowest = float(np.linalg.eigvalsh(matrix).min())
+        if lowest < -1e-8 * scale:
+            return f"group {group}'s Gram matrix has eigenvalue {lowest:.3g}"
+    return ""
 
 
 # ------------------------------------------------------------------ rollback and certificate

@@ -615,3 +615,17 @@ def test_groups_naming_unknown_or_shared_keys_are_refused():
     for groups in ([["w"], ["w"]], [["v"]], [[]]):
         with pytest.raises(ConfigError, match="groups"):
             CrabSelector(groups=groups).select(1, model, updates, {0: 1})
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf")])
+def test_a_saved_norm_outside_its_domain_is_refused_by_name(bad):
+    fed = Federation()
+    selector = CrabSelector(round_ratio=0.5)
+    train(fed, 3, selector)
+    state = json.loads(json.dumps(selector.state_dict(), allow_nan=False))
+    CrabSelector(round_ratio=0.5).load_state_dict(state)  # intact: accepted
+    record = next(iter(state["influence"].values()))
+    client = next(iter(record["clients"]))
+    record["clients"][client][0] = bad
+    with pytest.raises(ConfigError, match="crab-state.*finite and >= 0"):
+        CrabSelector(round_ratio=0.5).load_state_dict(state)

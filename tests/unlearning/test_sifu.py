@@ -678,3 +678,31 @@ def test_the_platforms_own_training_loop_on_softmax_regression_stays_within_the_
         for n, (model, other) in enumerate(zip(models, reference), start=1):
             distance = math.sqrt(sum(float((model[k] - other[k]).pow(2).sum()) for k in model))
             assert distance <= accumulator.bound(removed, n) * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda g: [[-x for x in row] for row in g], "eigenvalue"),  # negated: not PSD
+        (
+            lambda g: [
+                [x if i <= j else x + 1.0 for j, x in enumerate(row)] for i, row in enumerate(g)
+            ],
+            "symmetric",
+        ),
+    ],
+)
+def test_a_gram_matrix_outside_its_domain_is_refused_by_name(edit, said):
+    w = {"w": torch.zeros(3)}
+    accumulator = SensitivityAccumulator(learning_rate=0.1, smoothness=1.0, local_steps=1)
+    updates = {0: {"w": torch.tensor([1.0, 0.0, 2.0])}, 1: {"w": torch.tensor([0.0, 3.0, 1.0])}}
+    accumulator.observe(1, w, updates, {0: 3, 1: 4})
+    saved = json.loads(json.dumps(accumulator.to_json()))
+    assert SensitivityAccumulator.from_json(saved).to_json() == accumulator.to_json()  # intact
+    saved["rounds"][0]["grams"][0] = edit(saved["rounds"][0]["grams"][0])
+    with pytest.raises(ConfigError, match=f"sifu-state.*{said}"):
+        SensitivityAccumulator.from_json(saved)
+    saved = json.loads(json.dumps(accumulator.to_json()))
+    saved["rounds"][0]["global_step_sq"][0] = -1.0
+    with pytest.raises(ConfigError, match="negative"):
+        SensitivityAccumulator.from_json(saved)
