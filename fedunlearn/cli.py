@@ -232,10 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from fedunlearn.store.durable_io import LogCorruptionError
+
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except StoreCorruptionError as error:  # a damaged store: 1, as `store verify` says it
+    except (StoreCorruptionError, LogCorruptionError) as error:  # damaged or edited files: 1
         print(f"fedunlearn: error: {error}", file=sys.stderr)
         return 1
     except FedUnlearnError as error:

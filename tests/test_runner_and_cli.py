@@ -400,3 +400,32 @@ def test_help_and_version_import_no_pytorch(module):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("torch loaded: False")
+
+
+def test_certificates_flags_an_edited_entry_naming_its_line(tmp_path, capsys):
+    from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
+    from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
+    from fedunlearn.certified.statistics import CentralHeadData
+
+    rng = np.random.default_rng(2)
+    x = normalize_features(rng.normal(size=(30, 3)) + 0.3)
+    labels = (x[:, 0] > x[:, 1]).astype(int)
+    ledger = tmp_path / "certified_removal.jsonl"
+    head = CertifiedHead(
+        CentralHeadData("logistic", x, one_vs_rest_targets(labels, [0, 1])),
+        CertifiedRemovalParams(sigma=0.1, lam=1e-2),
+        ledger=ledger,
+    )
+    head.fit()
+    head.remove([3])
+    head.remove([4])
+    assert cli.main(["certificates", str(tmp_path)]) == 0
+    capsys.readouterr()
+    lines = ledger.read_text().splitlines(keepends=True)
+    lines[1] = lines[1].replace('"certified": false', '"certified": true').replace(
+        '"retrained": false', '"retrained": true'
+    )
+    assert lines[1] != ledger.read_text().splitlines(keepends=True)[1]  # the edit took
+    ledger.write_text("".join(lines))
+    assert cli.main(["certificates", str(tmp_path)]) == 1
+    assert f"{ledger}, line 2" in capsys.readouterr().err

@@ -19,6 +19,7 @@ Three invariants, kept here once so that no writer needs its own copy:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -151,11 +152,31 @@ def json_loads(text: str | bytes) -> Any:
 
 
 # ---------------------------------------------------------------------- JSON lines
+#: The key of a log record's own digest (sha256 of its other fields' canonical JSON).
+RECORD_DIGEST = "record_sha256"
+
+
+class _EditedRecord(ValueError):
+    """A complete log line whose fields no longer match its digest: edited, not torn."""
+
+
+def _record_digest(record: Mapping[str, Any]) -> str:
+    canonical = json.dumps(dict(record), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
 def _parse_record(raw: bytes) -> dict[str, Any]:
-    """One log line as a JSON object; ``ValueError`` (with the reason) for anything else."""
+    """One log line as a JSON object (its digest checked and removed, when it has one);
+    ``ValueError`` (with the reason) for anything else, :class:`_EditedRecord` for an edit."""
     record = json_loads(raw.decode("utf-8"))  # UnicodeDecodeError and JSONDecodeError: ValueError
     if not isinstance(record, dict):
         raise ValueError(f"a JSON {type(record).__name__}, expected an object")
+    if RECORD_DIGEST in record:
+        recorded = record.pop(RECORD_DIGEST)
+        if recorded != _record_digest(record):
+            raise _EditedRecord(
+                f"a record whose fields do not match its {RECORD_DIGEST}: edited or damaged"
+            )
     return record
 
 
@@ -184,6 +205,8 @@ def _torn_tail_start(descriptor: int) -> int:
     if raw.strip():
         try:
             _parse_record(raw)
+        except _EditedRecord:
+            return size  # a whole line, edited: never cut off (reading it raises)
         except ValueError:
             return start
     return size
@@ -205,7 +228,10 @@ def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any]) -> Path:
     so the new record starts on a line of its own. Values JSON cannot encode are written as ``str``.
     """
     path = Path(path)
-    line = (json.dumps(dict(record), sort_keys=True, default=str) + "\n").encode("utf-8")
+    fields = json.loads(json.dumps(dict(record), default=str))  # as a reader will see them
+    fields.pop(RECORD_DIGEST, None)
+    fields[RECORD_DIGEST] = _record_digest(fields)
+    line = (json.dumps(fields, sort_keys=True) + "\n").encode("utf-8")
     private_directory(path.parent)
     created = not path.exists()
     descriptor = open_private_file(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
@@ -247,7 +273,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         try:
             records.append(_parse_record(raw))
         except ValueError as error:
-            if number == len(lines) and not tail:
+            if number == len(lines) and not tail and not isinstance(error, _EditedRecord):
                 _warn_torn(path, len(raw) + 1, "skipped")
                 continue
             raise LogCorruptionError(path, number, str(error)) from None

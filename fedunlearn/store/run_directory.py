@@ -8,6 +8,7 @@ the umask: models, updates and logs reveal the clients' data.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, StoreCorruptionError
 from fedunlearn.store.durable_io import (
     PRIVATE_DIRECTORY_MODE,
     append_jsonl,
@@ -42,6 +43,20 @@ def request_stop(path: Path) -> bool:
         return False
     (Path(path) / STOP_REQUEST).touch(mode=0o600)
     return True
+
+
+#: The safetensors metadata key of a saved model's digest (:func:`tensors_digest`).
+MODEL_DIGEST = "fedunlearn.sha256"
+
+
+def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 of each tensor's name, dtype, shape and raw bytes, in sorted name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 class RunDirectory:
@@ -91,21 +106,34 @@ class RunDirectory:
         return atomic_write_json(self.path / name, obj)
 
     def save_model(self, name: str, state: Mapping[str, torch.Tensor]) -> Path:
-        """Save a state dict as ``<name>.safetensors``."""
+        """Save a state dict as ``<name>.safetensors``, its tensors' digest in the metadata."""
         target = self.path / f"{name}.safetensors"
         tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-        atomic_write_bytes(target, save(tensors))
+        atomic_write_bytes(target, save(tensors, metadata={MODEL_DIGEST: tensors_digest(tensors)}))
         return target
 
     def load_model(self, name: str) -> dict[str, torch.Tensor]:
-        return load_file(str(self.path / f"{name}.safetensors"))
+        """The state dict of ``<name>.safetensors``; a file whose tensors no longer match the
+        digest recorded when it was written is a :class:`StoreCorruptionError` (a file written
+        before digests, without one, is read as it is)."""
+        target = self.path / f"{name}.safetensors"
+        with safe_open(str(target), framework="pt") as handle:
+            recorded = (handle.metadata() or {}).get(MODEL_DIGEST)
+        state = load_file(str(target))
+        if recorded is not None and recorded != tensors_digest(state):
+            raise StoreCorruptionError(
+                f"{target} was edited or damaged: its tensors do not match the sha256 recorded "
+                "when it was written; restore it from a backup"
+            )
+        return state
 
     def save_checkpoint(self, round_number: int, state: Mapping[str, torch.Tensor]) -> Path:
         """Record ``state`` as the global model after round ``round_number``, in one atomic file
         (the round is in the file's metadata, so model and round can never disagree)."""
         target = self.path / f"{CHECKPOINT}.safetensors"
         tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-        atomic_write_bytes(target, save(tensors, metadata={"round": str(int(round_number))}))
+        metadata = {"round": str(int(round_number)), MODEL_DIGEST: tensors_digest(tensors)}
+        atomic_write_bytes(target, save(tensors, metadata=metadata))
         return target
 
     def load_checkpoint(self) -> tuple[int, dict[str, torch.Tensor]] | None:
@@ -119,7 +147,7 @@ class RunDirectory:
             raise ConfigError(
                 "resume", True, f"a run whose {target} records its round; it does not (remove it)"
             )
-        return round_number, load_file(str(target))
+        return round_number, self.load_model(CHECKPOINT)
 
     def take_stop_request(self) -> bool:
         """Whether a stop was requested (:func:`request_stop`); the request is consumed."""

@@ -111,7 +111,8 @@ def test_what_a_crash_can_leave_at_the_end_is_skipped_and_cut_off_by_the_next_ap
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the log is whole again: no warning any more
         assert read_jsonl(log) == [{"request": 1}, {"request": 2}]
-    assert log.read_bytes() == b'{"request": 1}\n{"request": 2}\n'
+    lines = log.read_bytes().splitlines()
+    assert len(lines) == 2 and all(b'"record_sha256"' in line for line in lines)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +175,8 @@ def test_any_crash_point_keeps_exactly_the_records_whose_newline_reached_the_dis
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert read_jsonl(log) == [*survivors, {"after": "crash"}]
-    assert json.loads(log.read_bytes().splitlines()[-1]) == {"after": "crash"}
+    last = json.loads(log.read_bytes().splitlines()[-1])
+    assert last.pop("record_sha256") and last == {"after": "crash"}
 
 
 def test_a_json_document_is_written_private_and_reads_back(tmp_path):
@@ -194,3 +196,29 @@ def test_truncating_to_an_earlier_size_undoes_exactly_the_later_appends(tmp_path
     assert read_jsonl(path) == [{"request": 1}]
     truncate_log(path, -1)  # the log did not exist before the first append
     assert not path.exists()
+
+
+@pytest.mark.parametrize("where", ["last", "middle"])
+def test_an_edited_record_is_refused_naming_its_line_and_never_cut_off(tmp_path, where):
+    """A record carries the digest of its fields: an edit of a whole line is not a torn line."""
+    log = tmp_path / "log.jsonl"
+    for request in (1, 2, 3):
+        append_jsonl(log, {"request": request, "epsilon": 0.5})
+    lines = log.read_bytes().splitlines(keepends=True)
+    number = 3 if where == "last" else 2
+    lines[number - 1] = lines[number - 1].replace(b'"epsilon": 0.5', b'"epsilon": 5.0')
+    log.write_bytes(b"".join(lines))
+    with pytest.raises(LogCorruptionError, match=rf"line {number}: .*edited or damaged"):
+        read_jsonl(log)
+    edited = log.read_bytes()
+    with pytest.raises(LogCorruptionError):  # the next append does not cut the evidence off
+        append_jsonl(log, {"request": 4})
+        read_jsonl(log)
+    assert log.read_bytes().startswith(edited)
+
+
+def test_a_record_written_before_digests_is_read_as_it_is(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b'{"request": 1}\n')
+    append_jsonl(log, {"request": 2})
+    assert read_jsonl(log) == [{"request": 1}, {"request": 2}]

@@ -124,3 +124,29 @@ def test_a_damaged_middle_log_line_raises_naming_file_and_line(tmp_path):
     (run.path / "unlearning_log.jsonl").write_text('{"targets": [1]}\n{"targ\n{"targets": [2]}\n')
     with pytest.raises(LogCorruptionError, match=r"unlearning_log\.jsonl, line 2: not a JSON"):
         run.read_log("unlearning_log.jsonl")
+
+
+@pytest.mark.parametrize("name", ["model_final", "checkpoint"])
+def test_an_edited_model_file_is_refused_on_read_and_a_file_without_a_digest_is_read(
+    tmp_path, name
+):
+    from fedunlearn.errors import StoreCorruptionError
+
+    run = RunDirectory.create(tmp_path / "run", {})
+    state = {"w": torch.arange(6.0).reshape(2, 3), "n": torch.tensor(3, dtype=torch.int64)}
+    if name == "checkpoint":
+        run.save_checkpoint(2, state)
+        read = lambda: run.load_checkpoint()[1]  # noqa: E731
+    else:
+        run.save_model(name, state)
+        read = lambda: run.load_model(name)  # noqa: E731
+    assert torch.equal(read()["w"], state["w"])
+    target = run.path / f"{name}.safetensors"
+    data = bytearray(target.read_bytes())
+    data[-3] ^= 0x01  # one bit of the last tensor's values
+    target.write_bytes(bytes(data))
+    with pytest.raises(StoreCorruptionError, match=f"{name}.safetensors was edited or damaged"):
+        read()
+    metadata = {"round": "2"} if name == "checkpoint" else None
+    save_file(state, str(target), metadata=metadata)  # written before digests: read as it is
+    assert torch.equal(read()["w"], state["w"])
