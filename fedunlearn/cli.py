@@ -232,9 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # --help and --version end here, before any import
     from fedunlearn.store.durable_io import LogCorruptionError
-
-    args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
     except (StoreCorruptionError, LogCorruptionError) as error:  # damaged or edited files: 1
