@@ -191,21 +191,27 @@ def test_store_verify_on_a_garbage_index_exits_1(tmp_path, capsys, garbage):
     assert sorted((p, p.read_bytes()) for p in (tmp_path / "store/blobs").rglob("*.*")) == blobs
 
 
-def test_certificates_with_a_torn_last_line_prints_the_table_and_a_warning(tmp_path, capsys):
+def _certified_head_with_a_ledger(folder, seed: int):
+    """A fitted certified head of 30 samples writing its ledger into ``folder``."""
     from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
     from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
     from fedunlearn.certified.statistics import CentralHeadData
 
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     x = normalize_features(rng.normal(size=(30, 3)) + 0.3)
     labels = (x[:, 0] > x[:, 1]).astype(int)
-    ledger = tmp_path / "certified_removal.jsonl"
+    ledger = folder / "certified_removal.jsonl"
     head = CertifiedHead(
         CentralHeadData("logistic", x, one_vs_rest_targets(labels, [0, 1])),
         CertifiedRemovalParams(sigma=0.1, lam=1e-2),
         ledger=ledger,
     )
     head.fit()
+    return head, ledger
+
+
+def test_certificates_with_a_torn_last_line_prints_the_table_and_a_warning(tmp_path, capsys):
+    head, ledger = _certified_head_with_a_ledger(tmp_path, 1)
     head.remove([3])
     with open(ledger, "ab") as handle:
         handle.write(b'{"request": 2, "kind": "rem')
@@ -403,20 +409,7 @@ def test_help_and_version_import_no_pytorch(module):
 
 
 def test_certificates_flags_an_edited_entry_naming_its_line(tmp_path, capsys):
-    from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
-    from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
-    from fedunlearn.certified.statistics import CentralHeadData
-
-    rng = np.random.default_rng(2)
-    x = normalize_features(rng.normal(size=(30, 3)) + 0.3)
-    labels = (x[:, 0] > x[:, 1]).astype(int)
-    ledger = tmp_path / "certified_removal.jsonl"
-    head = CertifiedHead(
-        CentralHeadData("logistic", x, one_vs_rest_targets(labels, [0, 1])),
-        CertifiedRemovalParams(sigma=0.1, lam=1e-2),
-        ledger=ledger,
-    )
-    head.fit()
+    head, ledger = _certified_head_with_a_ledger(tmp_path, 2)
     head.remove([3])
     head.remove([4])
     assert cli.main(["certificates", str(tmp_path)]) == 0
