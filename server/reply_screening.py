@@ -34,9 +34,12 @@ from server.queries import BadReplyError, QueryFailedError, check_sources  # noq
 REFUSALS_LOG = "refused_replies.jsonl"
 
 
-def _decoded(arrays: ArrayRecord):
-    """(name, NumPy array) of each array (:func:`~fedunlearn.reply_checks.decoded_arrays`)."""
-    return decoded_arrays(arrays).items()
+def _decoded_into(received: dict, arrays: ArrayRecord):
+    """(name, NumPy array) of each array (:func:`~fedunlearn.reply_checks.decoded_arrays`),
+    decoded once and kept in ``received``; lazily, so that a reply the cheap checks refuse is
+    never decoded."""
+    received.update(decoded_arrays(arrays))
+    yield from received.items()
 
 
 class ReplyScreen:
@@ -92,16 +95,15 @@ class ReplyScreen:
         sent_arrays, norms = decoded_arrays(sent), {}
 
         def check(reply: Message, partition: int) -> None:
-            arrays = self._records(reply, arrays=True)
+            arrays, received = self._records(reply, arrays=True), {}
             check_training_reply(
                 spec,
                 {name: (tuple(a.shape), a.dtype) for name, a in arrays.items()},
                 reply.content["metrics"],
                 partition=partition,
                 declared_examples=self.members.num_examples[partition],
-                arrays=_decoded(arrays),
+                arrays=_decoded_into(received, arrays),
             )
-            received = decoded_arrays(arrays)
             norms[reply.metadata.src_node_id] = update_norm(received, sent_arrays)
 
         def outliers() -> dict[int, str]:

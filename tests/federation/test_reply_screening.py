@@ -316,3 +316,17 @@ def test_norm_outliers_refuses_exactly_what_exceeds_the_others_median(norms, rat
         others = [n for k, n in norms.items() if k != sender]
         over = bool(others) and np.median(others) > 0 and norm > ratio * np.median(others)
         assert (sender in refused) == over
+
+
+def test_a_reply_the_cheap_checks_refuse_is_never_decoded():
+    """Shapes and counts are checked first: an array with another declared shape and bytes that
+    do not decode is refused for its shape (decoding it would cost, and could fail first)."""
+    lines: list[str] = []
+    screen = ReplyScreen(members(), max_refusals=3, log=lines.append, max_update_ratio=100)
+    garbage = Array(dtype="float32", shape=(9, 9), stype="numpy.ndarray", data=b"not an array")
+    forged = honest_content(1)
+    forged["arrays"] = ArrayRecord({"w": garbage, "b": Array(np.zeros(3, dtype=np.float32))})
+    replies = [reply(101, honest_content(0)), reply(102, forged), reply(103, honest_content(2))]
+    kept = screen.training("train", 1, ArrayRecord(MODEL), replies)
+    assert [r.metadata.src_node_id for r in kept] == [101, 103]
+    assert "has shape (9, 9)" in lines[0] and "decode" not in lines[0]
