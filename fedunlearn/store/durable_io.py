@@ -160,8 +160,10 @@ class _EditedRecord(ValueError):
     """A complete log line whose fields no longer match its digest: edited, not torn."""
 
 
-def _record_digest(record: Mapping[str, Any]) -> str:
-    canonical = json.dumps(dict(record), sort_keys=True, separators=(",", ":"))
+def json_sha256(value: Any) -> str:
+    """sha256 of ``value``'s canonical JSON (sorted keys, no spaces): the digest of a log record
+    and of each field of a store header's metadata."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
@@ -173,7 +175,7 @@ def _parse_record(raw: bytes) -> dict[str, Any]:
         raise ValueError(f"a JSON {type(record).__name__}, expected an object")
     if RECORD_DIGEST in record:
         recorded = record.pop(RECORD_DIGEST)
-        if recorded != _record_digest(record):
+        if recorded != json_sha256(record):
             raise _EditedRecord(
                 f"a record whose fields do not match its {RECORD_DIGEST}: edited or damaged"
             )
@@ -230,7 +232,7 @@ def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any]) -> Path:
     path = Path(path)
     fields = json.loads(json.dumps(dict(record), default=str))  # as a reader will see them
     fields.pop(RECORD_DIGEST, None)
-    fields[RECORD_DIGEST] = _record_digest(fields)
+    fields[RECORD_DIGEST] = json_sha256(fields)
     line = (json.dumps(fields, sort_keys=True) + "\n").encode("utf-8")
     private_directory(path.parent)
     created = not path.exists()

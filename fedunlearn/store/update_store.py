@@ -62,6 +62,7 @@ from fedunlearn.store.durable_io import (
     atomic_write_json,
     fsync_directory,
     json_loads,
+    json_sha256,
     open_private_file,
     private_directory,
 )
@@ -182,12 +183,7 @@ def _check_squares(what: str, squares: Mapping[str, float], tensors: State) -> d
 
 def _metadata_digests(metadata: Mapping[str, object]) -> dict[str, str]:
     """sha256 of each metadata field's canonical JSON (sorted keys, no spaces)."""
-    return {
-        key: hashlib.sha256(
-            json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-        ).hexdigest()
-        for key, value in metadata.items()
-    }
+    return {key: json_sha256(value) for key, value in metadata.items()}
 
 
 def _blob_metadata(data: bytes) -> dict[str, str]:
