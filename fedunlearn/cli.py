@@ -76,6 +76,10 @@ def _store_verify(args: argparse.Namespace) -> int:
         print("0 blob(s) checked, 1 problem(s): the store cannot be opened")
         return 1
     problems = store.verify()
+    if not problems:  # the header's history, read as the methods read it
+        from fedunlearn.unlearning.state_checks import policy_state_problems, record_problems
+
+        problems = record_problems(store) + policy_state_problems(store.metadata)
     for problem in problems:
         print(problem)
     if not store.rows_checksummed:

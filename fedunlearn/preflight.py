@@ -45,6 +45,8 @@ UNLEARNING_LOG = "unlearning_log.jsonl"
 #: The history rewrite's journal and log (:mod:`server.history`): while the journal exists, or the
 #: log has fewer entries than the unlearning log, an adoption is pending.
 HISTORY_JOURNAL, HISTORY_LOG = "history_rewrite.json", "history_log.jsonl"
+#: An unlearning request's journal (:mod:`server.request_journal`), from its first file to adoption.
+REQUEST_JOURNAL = "request.json"
 #: The files a run directory holds once training finished, all of which ``unlearn-only`` reads.
 FINISHED_RUN_FILES = (
     "config.json",
@@ -71,6 +73,10 @@ REQUEST_FIELDS = (
     "max_refusals",
     "min_reply_fraction",
     "max_update_ratio",
+) + tuple(  # the later phases a request runs (certified head, scrubbing, audit), as it asks
+    f.name
+    for f in dataclasses.fields(ExperimentConfig)
+    if f.name.startswith(("certified_", "scrub", "mia"))
 )
 
 
@@ -134,8 +140,9 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
     """``unlearn-only``: ``path`` holds a run whose training finished and which has not forgotten
     any target yet. Returns the configuration the server will unlearn with (the trained one with
     this request's keys)."""
+    swapping = (path / HISTORY_JOURNAL).is_file()  # the server rolls the swap forward first
     for name in FINISHED_RUN_FILES:
-        if not (path / name).is_file():
+        if not (path / name).is_file() and not (swapping and name == "model_final.safetensors"):
             hint = (
                 " (its training did not finish: continue it with resume=true)"
                 if (path / "config.json").is_file()
@@ -150,6 +157,8 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
     effective = request_config(trained, config)
     forgotten = forgotten_clients(config, path)
     again = sorted(set(config.unlearn_targets) & forgotten)
+    if again and sorted(config.unlearn_targets) == _unfinished_or_resumed(config, path):
+        return effective  # the same request again: the server finishes it (or has nothing to do)
     if again:
         raise ConfigError(
             "unlearn-clients",
@@ -195,6 +204,18 @@ def check_history(config: ExperimentConfig, path: Path) -> None:
     if store is None and not config.retain:
         return  # ExperimentConfig.validate says what retain = false allows
     check_retained(store, config.methods)
+
+
+def _unfinished_or_resumed(config: ExperimentConfig, path: Path) -> list[int] | None:
+    """The targets of the run's last request when running it again finishes it: its history was
+    not adopted yet, or its journal is still there (server.request_journal), or ``resume`` asks to
+    finish it (a finished one has nothing left to do)."""
+    log = path / UNLEARNING_LOG
+    unfinished = _adoption_pending(path) or (path / REQUEST_JOURNAL).is_file()
+    if not (unfinished or config.resume) or not log.is_file():
+        return None
+    lines = [line for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sorted(int(t) for t in json_loads(lines[-1])["targets"]) if lines else None
 
 
 def _adoption_pending(path: Path) -> bool:

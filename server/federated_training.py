@@ -44,6 +44,7 @@ from fedunlearn.training.stacked import (
     member_seeds,
 )
 from fedunlearn.unlearning.verdicts import training_flag
+from server import request_journal
 from server.federation import FederationMembers, discover_clients, failure_reasons
 from server.history import finish_pending
 from server.progress import Log, count
@@ -380,6 +381,9 @@ def _open_run(config: ExperimentConfig, resuming: bool, initial_state, log: Log)
         run = RunDirectory.open(path)
         run.take_stop_request()  # the Ctrl-C that interrupted it
         finish_pending(run, log=log)  # an interrupted history rewrite, before the store opens
+        request_journal.reopen(
+            run, config.unlearn_targets, keep_original=config.keep_original, log=log
+        )
         if (path / "model_initial.safetensors").is_file():
             initial_state = run.load_model("model_initial")
     else:

@@ -42,6 +42,7 @@ from fedunlearn.store.durable_io import (
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.progress import Log
+from server.retention_plan import forget_clients
 from strategies.retaining_fedavg import RECORD_KEY, STATE_KEY
 
 JOURNAL, HISTORY_LOG = HISTORY_JOURNAL, HISTORY_LOG  # named once, in fedunlearn.preflight
@@ -158,6 +159,7 @@ def finish_pending(run: RunDirectory, *, log: Log = print) -> bool:
     fsync_directory(run.path)
     if staging.exists():
         os.replace(staging, run.store_path)
+    _forget_in_old_history(run, archive, journal)
     atomic_write_bytes(
         run.path / "model_final.safetensors", (run.path / journal["model"]).read_bytes()
     )
@@ -180,6 +182,17 @@ def finish_pending(run: RunDirectory, *, log: Log = print) -> bool:
     fsync_directory(run.path)
     _report(journal, archive, moved, log)
     return True
+
+
+def _forget_in_old_history(run: RunDirectory, archive: Path, journal: dict) -> None:
+    """Delete the targets' retained updates wherever a history is kept after the swap: in
+    ``original-<n>/store`` (``keep-original``), and in ``store/`` (the trajectory holds none of
+    them, but a request without a staging store kept the old one there). Idempotent."""
+    paths = [run.store_path] + ([archive / "store"] if journal["keep_original"] else [])
+    for path in paths:
+        if (path / "store.json").is_file():
+            with UpdateStore(path) as store:
+                forget_clients(store, journal["targets"])
 
 
 def _report(journal: dict, archive: Path, moved: list[str], log: Log) -> None:

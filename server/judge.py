@@ -44,7 +44,8 @@ from server.federated_training import (
 )
 from server.method_runner import MethodRunner
 from server.progress import Log, count
-from server.unlearning import UnlearningContext, forget_clients
+from server.retention_plan import forget_clients
+from server.unlearning import UnlearningContext
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def run_judge(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> Judg
         lambda: independent_retrain(grid, outcome, remaining, log=log),
         model_file=f"model_{INDEPENDENT}",
     )
-    deleted = forget_clients(outcome, [target])
+    deleted = forget_clients(outcome.store, [target])
     log(f"judge: deleted {deleted} retained update(s) of client {target}; reading every model")
     data = judge_data(outcome, runner.models, runner.seconds, judge_sets(outcome, target))
     rng = np.random.default_rng(derive_seed(config.seed, "judge-bootstrap"))

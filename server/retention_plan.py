@@ -74,6 +74,18 @@ STATE_FORGETTERS: dict[str, Callable | str] = {
 }
 
 
+def forget_clients(store, clients: Iterable[int]) -> int:
+    """Delete ``clients``' retained updates from ``store`` (None: nothing retained), and their
+    entries in the retention record and the policies' states: keeping them would keep their
+    information. Idempotent; returns the blobs deleted."""
+    if store is None:
+        return 0
+    clients = sorted(set(clients))
+    deleted = sum(store.delete_client(client) for client in clients)
+    forget_in_record(store, clients)
+    return deleted
+
+
 def forget_in_record(store, clients: Iterable[int]) -> None:
     """Drop ``clients`` from the record and from every policy state that names them (their
     updates were deleted; their per-round numbers go too)."""

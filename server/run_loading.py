@@ -16,8 +16,9 @@ from fedunlearn.preflight import request_config
 from fedunlearn.store.durable_io import json_loads
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
+from server import request_journal
 from server.federated_training import TrainingOutcome, discover
-from server.history import adopt, finish_pending, pending_request
+from server.history import finish_pending
 from server.reply_screening import ReplyScreen
 
 
@@ -30,6 +31,9 @@ def load_trained_run(
             "run-name", "", "the name of the trained run to unlearn from (unlearn-only = true)"
         )
     path = request.run_directory()
+    if (path / "config.json").is_file():
+        # an interrupted history rewrite, before anything is read (it restores model_final)
+        finish_pending(RunDirectory.open(path), log=log)
     for needed in (
         "config.json",
         "model_initial.safetensors",
@@ -47,10 +51,7 @@ def load_trained_run(
     data = load_federated_data(config)
     members = discover(grid, config, data, log=log)
     run = RunDirectory.open(path)
-    finish_pending(run, log=log)  # an interrupted history rewrite, before the store opens
-    if pending_request(run) is not None:
-        log("the previous request finished but its history was not adopted yet: adopting it now")
-        adopt(run, keep_original=config.keep_original, log=log)
+    request_journal.reopen(run, config.unlearn_targets, keep_original=config.keep_original, log=log)
     store = UpdateStore(run.store_path) if (run.store_path / "store.json").is_file() else None
     log(f"reopened run {path} ({len(store.rounds()) if store else 0} retained round(s))")
     return TrainingOutcome(

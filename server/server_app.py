@@ -16,6 +16,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import FedUnlearnError
 from fedunlearn.preflight import preflight
+from server import request_journal
 from server.certified_head import run_certified_head
 from server.federated_training import dp_epsilon_of, train_federated
 from server.federation import adopt_federation_size
@@ -39,49 +40,10 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        """Validate the run config, train (FedAvg with retention), unlearn and compare; then, with
-        ``certified-head``, train a certified head and stream removal requests to it; with ``scrub``, scrub a cohort with every
-        scrubbing method and baseline."""
+        """:func:`serve` the run config, one ``[fedunlearn] error:`` line for a refusal."""
         use_server_threads()  # the client workers hold the cores (server.threads)
         try:
-            config = ExperimentConfig.from_run_config({**context.run_config, **overrides})
-            preflight(config)  # the data and the run directory, before anything is written
-            # num-clients = 0: K becomes the federation's size, once, before anything is written;
-            # every later step (training, unlearning, audits, the judge) sees that K.
-            adopted = adopt_federation_size(grid, config, log=_log)
-            if adopted is not config:
-                config = adopted
-                preflight(config)  # the partitions, now that K is known
-            if config.judge_models:
-                run_judge(grid, config, log=_log)
-                return
-            if config.unlearn_only:
-                outcome = load_trained_run(grid, config, log=_log)
-            else:
-                outcome = train_federated(grid, config, log=_log)
-            targets = config.unlearn_targets
-            if config.resume and targets and is_adopted(outcome.run, targets):
-                _log(f"unlearning of {targets} finished and adopted in this run: nothing to do")
-                return
-            if config.resume and unlearning_done(outcome.run, targets):
-                _log(f"unlearning of {targets} already finished in this run; kept")
-            elif targets:
-                run_unlearning(grid, outcome, log=_log)
-            in_memory = {}  # models audited without ever being written (the trained certified head)
-            if config.certified_head:
-                certified = run_certified_head(
-                    grid, outcome, log=_log, dp_epsilon=dp_epsilon_of(config)
-                )
-                in_memory.update(certified.audit_models())
-            if config.scrub:
-                run_scrubbing(grid, outcome, log=_log)
-            if config.mia:
-                run_membership_audit(grid, outcome, log=_log, in_memory=in_memory)
-            if targets:  # last: the request's comparisons and audit needed the old history
-                if outcome.store is not None:
-                    outcome.store.close()
-                adopt(outcome.run, keep_original=config.keep_original, log=_log)
-            _log(f"results in {outcome.run.path}")
+            serve(grid, {**context.run_config, **overrides})
         except FedUnlearnError as error:
             _log(f"error: {error}")
             raise
@@ -93,6 +55,52 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
             raise failure from error
 
     return app
+
+
+def serve(grid: Grid, run_config: Mapping[str, Any], *, log=_log) -> None:
+    """Validate the run config, train (FedAvg with retention), unlearn and compare; then, with
+    ``certified-head``, train a certified head and stream removal requests to it; with ``scrub``,
+    scrub a cohort with every scrubbing method and baseline; with ``mia``, audit; last, adopt the
+    request's history. A request interrupted anywhere is finished by serving it again
+    (:mod:`server.request_journal`)."""
+    config = ExperimentConfig.from_run_config(run_config)
+    preflight(config)  # the data and the run directory, before anything is written
+    # num-clients = 0: K becomes the federation's size, once, before anything is written;
+    # every later step (training, unlearning, audits, the judge) sees that K.
+    adopted = adopt_federation_size(grid, config, log=log)
+    if adopted is not config:
+        config = adopted
+        preflight(config)  # the partitions, now that K is known
+    if config.judge_models:
+        run_judge(grid, config, log=log)
+        return
+    if config.unlearn_only:
+        outcome = load_trained_run(grid, config, log=log)
+    else:
+        outcome = train_federated(grid, config, log=log)
+    config = outcome.config  # unlearn-only: the trained run's, with the request's keys
+    targets = config.unlearn_targets
+    if targets and is_adopted(outcome.run, targets):
+        log(f"unlearning of {targets} finished and adopted in this run: nothing to do")
+        return
+    if unlearning_done(outcome.run, targets):  # decided: its later phases run again
+        log(f"unlearning of {targets} already finished in this run; kept")
+    elif targets:
+        run_unlearning(grid, outcome, log=log)
+    in_memory = {}  # models audited without ever being written (the trained certified head)
+    if config.certified_head:
+        certified = run_certified_head(grid, outcome, log=log, dp_epsilon=dp_epsilon_of(config))
+        in_memory.update(certified.audit_models())
+    if config.scrub:
+        run_scrubbing(grid, outcome, log=log)
+    if config.mia:
+        run_membership_audit(grid, outcome, log=log, in_memory=in_memory)
+    if targets:  # last: the request's comparisons and audit needed the old history
+        if outcome.store is not None:
+            outcome.store.close()
+        adopt(outcome.run, keep_original=config.keep_original, log=log)
+        request_journal.close(outcome.run)
+    log(f"results in {outcome.run.path}")
 
 
 def context_run_directory(context: Context, overrides: Mapping[str, Any]) -> str:

@@ -1,5 +1,7 @@
 """The unlearning phase of an experiment: forget the target clients with every requested method,
-measure each resulting model, and make the forgetting stick (delete the targets' retained updates).
+measure each resulting model, and decide which trajectory becomes the run's history (adopted, with
+the targets' retained updates deleted, once the request's later phases ran: :mod:`server.history`).
+A request is a transaction (:mod:`server.request_journal`).
 
 Methods (Liu et al., FedEraser, Section V), registered in :data:`fedunlearn.registry.UNLEARNING`
 and run by the shared :class:`server.method_runner.MethodRunner`:
@@ -52,6 +54,7 @@ from fedunlearn.unlearning.verdicts import (
     flag_rows,
     training_flag,
 )
+from server import request_journal
 from server.federated_training import (
     TrainingOutcome,
     fedavg_rounds,
@@ -64,7 +67,6 @@ from server.progress import Log, count
 from server.queries import collect_replies
 from server.retention_plan import (
     check_retained,
-    forget_in_record,
     history,
     retention_needs,
     retention_policies,
@@ -124,6 +126,7 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
         log,
         config.adoption_candidates,
     )
+    request_journal.begin(outcome.run, request, targets)  # before the request's first file
     if outcome.store is not None:
         discard_stagings(outcome.run, request)  # a crashed attempt's
         context.staging = {
@@ -140,7 +143,8 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
         staging.close()
     table = _compare(outcome, runner, targets, already, suffix, log)
     adoption = _adopt_one(outcome, context, table, request, log)
-    deleted = forget_clients(outcome, targets)
+    deleted = retained_blobs_of(outcome.store, targets)
+    request_journal.decide(outcome.run)
     outcome.run.append_log(
         LOG_NAME,
         {
@@ -160,8 +164,8 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
         },
     )
     log(
-        f"deleted {deleted} retained update(s) of client(s) {targets}; "
-        f"table {outcome.run.path / f'unlearning{suffix}.csv'}"
+        f"decided; the {deleted} retained update(s) of client(s) {targets} go with the old "
+        f"history at adoption; table {outcome.run.path / f'unlearning{suffix}.csv'}"
     )
     return table
 
@@ -209,7 +213,7 @@ def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Lo
             tolerance=config.adopt_tolerance,
         )
     except AdoptionRefused as refused:
-        discard_stagings(outcome.run, request)
+        request_journal.abandon(outcome.run)  # its staging stores, and any certificate it wrote
         log(f"adoption refused: {refused.allowed}")
         raise
     discard_stagings(outcome.run, request, keep=adoption.method)
@@ -445,11 +449,7 @@ def retained_bytes(store, method: str) -> int:
     return sum(history(store, need, method=method).total_bytes() for need in needs)
 
 
-def forget_clients(outcome: TrainingOutcome, targets: list[int]) -> int:
-    """Delete the targets' retained updates, and their entries in the retention record and the
-    policies' states: keeping them would keep their information. Returns the blobs deleted."""
-    if outcome.store is None:
-        return 0
-    deleted = sum(outcome.store.delete_client(t) for t in targets)
-    forget_in_record(outcome.store, targets)
-    return deleted
+def retained_blobs_of(store, targets: list[int]) -> int:
+    """How many retained blobs of ``targets`` ``store`` holds (deleted with the old history when
+    the request's trajectory is adopted, :mod:`server.history`)."""
+    return 0 if store is None else sum(store.client_blob_count(t) for t in targets)

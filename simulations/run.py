@@ -235,7 +235,11 @@ def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
             "--app", str(args.app), "a folder holding the Flower App's pyproject.toml"
         )
     preflight(config)
-    if config.resume and (config.run_directory() / "config.json").is_file():
+    if (
+        config.resume
+        and not config.unlearn_only
+        and (config.run_directory() / "config.json").is_file()
+    ):
         # Imported here: the server's recovery module owns the list of keys a resume must keep.
         from server.run_recovery import check_resumable
 

@@ -19,9 +19,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
+import torch
 from flwr.common.config import parse_config_args
 
 from fedunlearn.config import ExperimentConfig
+from fedunlearn.store.update_store import UpdateStore
 from simulations import run as runner
 
 # ----------------------------------------------------------------------------- the sandbox
@@ -102,6 +104,13 @@ def _finished_run(box: Sandbox, name: str = "done", forgotten=((1,),), **values)
     (path / "summary.json").write_text("{}")
     lines = [json.dumps({"targets": list(t), "methods": ["federaser"]}) for t in forgotten]
     (path / "unlearning_log.jsonl").write_text("".join(line + "\n" for line in lines))
+    adopted = [json.dumps({"request": n, "targets": list(t)}) for n, t in enumerate(forgotten, 1)]
+    (path / "history_log.jsonl").write_text("".join(line + "\n" for line in adopted))
+    if forgotten:  # the adopted FedEraser trajectory: its Δt rounds, the remaining clients
+        with UpdateStore(path / "store") as store:
+            for t in (1, 3):
+                updates = {k: ({"w": torch.ones(2)}, 5) for k in (2, 3)}
+                store.write_round(t, {"w": torch.zeros(2)}, updates)
     return path
 
 
@@ -400,7 +409,7 @@ SPECIFIC = [
     ("mia-certified-other-client", _set("mia=true", "certified-head=true", "certified-remove-clients='2'"), "certified-remove-clients", None),
     ("adopt-not-among-methods", _set("unlearn-adopt='federaser'", "unlearn-methods='fedretrain'"), "unlearn-adopt", None),
     ("no-adoptable-method", _set("unlearn-methods='fedaccum'"), "unlearn-methods", None),
-    ("resume-with-unlearn-only", _set("resume=true", "unlearn-only=true", "run-name='r'", "unlearn-clients='1'"), "resume", None),
+    ("unlearn-only-resume-of-no-run", _set("resume=true", "unlearn-only=true", "run-name='r'", "unlearn-clients='1'"), "run-name", None),
     ("resume-without-run-name", _set("resume=true"), "resume", None),
     ("unlearn-only-without-run-name", _set("unlearn-only=true"), "unlearn-only", None),
     ("unlearn-only-without-targets", _set("unlearn-only=true", "run-name='r'", "unlearn-clients=''"), "unlearn-only", None),

@@ -114,6 +114,10 @@ def _finished(tmp_path, name="done", targets=(), **values) -> ExperimentConfig:
     if targets:
         log = "".join(json.dumps({"targets": list(t)}) + "\n" for t in targets)
         (path / pf.UNLEARNING_LOG).write_text(log)
+        adopted = "".join(
+            json.dumps({"request": n, "targets": list(t)}) + "\n" for n, t in enumerate(targets, 1)
+        )
+        (path / pf.HISTORY_LOG).write_text(adopted)
     return config
 
 
@@ -163,6 +167,24 @@ def test_unlearn_only_reads_the_log_and_writes_nothing(tmp_path):
             pf.check_run_directory(_request(trained, clients))
         assert info.value.parameter == "unlearn-clients"
     assert {p: p.stat().st_mtime_ns for p in trained.run_directory().iterdir()} == before
+
+
+def test_the_same_request_again_finishes_an_interrupted_one_and_only_that(tmp_path):
+    trained = _finished(tmp_path, targets=[(2,), (0,)])
+    path = trained.run_directory()
+    adopted = (path / pf.HISTORY_LOG).read_text().splitlines()
+    (path / pf.HISTORY_LOG).write_text(adopted[0] + "\n")  # request 2 decided, not adopted
+    pf.check_run_directory(_request(trained, "0"))  # the same request: the server finishes it
+    for clients in ("0,1", "2"):  # another request naming a forgotten client
+        with pytest.raises(ConfigError, match="already were"):
+            pf.check_run_directory(_request(trained, clients))
+    (path / pf.HISTORY_LOG).write_text("\n".join(adopted) + "\n")  # finished
+    with pytest.raises(ConfigError, match="already were"):
+        pf.check_run_directory(_request(trained, "0"))
+    pf.check_run_directory(_request(trained, "0", resume=True))  # resume: nothing left to do
+    (path / pf.HISTORY_JOURNAL).write_text("{}")  # killed mid-swap, model_final moved aside
+    (path / "model_final.safetensors").unlink()
+    pf.check_run_directory(_request(trained, "0", resume=True))
 
 
 @pytest.mark.parametrize(

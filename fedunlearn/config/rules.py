@@ -211,8 +211,8 @@ def check_adoptable_method(config: ExperimentConfig) -> None:
 
 
 def check_recipes(config: ExperimentConfig) -> None:
-    """``unlearn-only`` names the trained run and whom to forget; ``resume`` names the run and is
-    not combined with ``unlearn-only``."""
+    """``unlearn-only`` names the trained run and whom to forget; ``resume`` names the run (with
+    ``unlearn-only``: the same request again finishes an interrupted one, server.request_journal)."""
     if config.unlearn_only and not (config.run_name and config.unlearn_targets):
         raise ConfigError(
             "unlearn-only",
@@ -224,13 +224,6 @@ def check_recipes(config: ExperimentConfig) -> None:
             "resume",
             True,
             "set together with run-name (the interrupted run to continue under output-dir)",
-        )
-    if config.resume and config.unlearn_only:
-        raise ConfigError(
-            "resume",
-            True,
-            "false with unlearn-only = true (an interrupted unlearn-only request is simply "
-            "run again)",
         )
 
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, StoreCorruptionError
 
 State = Mapping[str, torch.Tensor]
 #: The store metadata keys of the policies' selections and of their states.
@@ -177,6 +177,24 @@ class RetentionRecord:
         for name, selection in self.selections.items():
             self.selections[name] = {r: c for r, c in selection.items() if r <= last_round}
 
+    def unknown(self, store) -> list[str]:
+        """One line per round, or client of a round, this record names that ``store`` does not
+        hold (empty: the record describes the store)."""
+        kept = set(store.rounds())
+        problems = []
+        for name, selection in self.selections.items():
+            for server_round, clients in sorted(selection.items()):
+                if server_round not in kept:
+                    problems.append(f"retention record {name}: round {server_round} is not stored")
+                    continue
+                missing = sorted(set(clients) - set(store.clients(server_round)))
+                if missing:
+                    problems.append(
+                        f"retention record {name}: round {server_round} names clients {missing} "
+                        "the store does not hold"
+                    )
+        return problems
+
     def to_json(self) -> dict[str, Any]:
         return {
             name: {str(r): list(c) for r, c in selection.items()}
@@ -287,6 +305,11 @@ def retention_record(store) -> RetentionRecord:
 def history(store, need: str, *, method: str = "") -> HistoryView:
     """The part of ``store`` the policy of ``need`` kept; refused when it kept nothing."""
     record = retention_record(store)
+    unknown = [
+        line for line in record.unknown(store) if line.startswith(f"retention record {need}:")
+    ]
+    if unknown:  # refused before any method reads a history other than the recorded one
+        raise StoreCorruptionError(f"{store.root}: {'; '.join(unknown)}; restore it from a backup")
     if need not in record.selections or not record.selections[need]:
         kept = [name for name, selection in record.selections.items() if selection]
         raise ConfigError(

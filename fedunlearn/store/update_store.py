@@ -702,6 +702,13 @@ class UpdateStore:
         """Whether some round kept only the norms of some update (``retain-mode = norms``)."""
         return self._index.norms_count() > 0
 
+    def client_blob_count(self, client: int) -> int:
+        """Number of index rows of ``client`` (its updates and norms rows; counted, not
+        verified): what :meth:`delete_client` would delete."""
+        client = _check_integer("client", client, 0)
+        norms = sum(1 for row in self._index.norms_rows() if row.client == client)
+        return norms + sum(1 for row in self._rows() if row.client == client)
+
     def blob_count(self) -> int:
         """Number of index rows, each naming one blob (counted, not verified)."""
         return self._index.count()

@@ -181,6 +181,7 @@ def test_the_server_refuses_to_forget_a_client_twice_before_asking_anyone(tmp_pa
     run.write_json("summary.json", {})
     run.append_metrics({"round": 0})
     run.append_log("unlearning_log.jsonl", {"targets": [2]})
+    run.append_log("history_log.jsonl", {"request": 1, "targets": [2]})  # finished and adopted
     files = {p.name: p.read_bytes() for p in run.path.iterdir()}
     request = {"run-name": "done", "num-clients": 4, "unlearn-only": True, "unlearn-clients": "2"}
     with pytest.raises(ConfigError, match="already were") as info:

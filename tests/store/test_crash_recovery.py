@@ -28,6 +28,7 @@ from fedunlearn.errors import StoreCorruptionError
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.federated_training import train_federated
+from server.history import adopt
 from server.run_loading import load_trained_run
 from server.run_recovery import RECOVERY_LOG
 from server.unlearning import LOG_NAME, run_unlearning
@@ -225,13 +226,18 @@ def test_unlearning_interrupted_halfway_is_run_again_to_the_same_result(tmp_path
             seen["clients after crash"] = reopened.store.clients()
         seen["log after crash"] = (tmp_path / "interrupted" / LOG_NAME).exists()
         # a new process reopens the run and runs the same request again
-        run_unlearning(grid, load_trained_run(grid, request, log=quiet), log=quiet)
+        again = load_trained_run(grid, request, log=quiet)
+        run_unlearning(grid, again, log=quiet)
+        seen["clients before adoption"] = again.store.clients()  # deleted with the old history
+        again.store.close()
+        adopt(again.run, keep_original=False, log=quiet)
         seen["clients"] = UpdateStore(tmp_path / "interrupted" / "store").clients()
 
     simulate(overrides, num_supernodes=4, server_app=app)
 
     assert seen["clients after crash"] == [0, 1, 2, 3]  # nothing forgotten half-way
     assert seen["log after crash"] is False
+    assert seen["clients before adoption"] == [0, 1, 2, 3]
     assert seen["clients"] == [1, 2, 3]
     whole, interrupted = tmp_path / "whole", tmp_path / "interrupted"
     for model in ("model_federaser", "model_fedretrain"):

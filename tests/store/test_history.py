@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
-from server import history
+from server import history, request_journal
 
 
 def _request(tmp_path, *, adopted="federaser", methods=("federaser", "fedaccum", "fedretrain")):
@@ -138,6 +138,7 @@ def _candidates_staged(tmp_path):
     old = UpdateStore(run.store_path)
     old.write_round(1, {"w": torch.zeros(2)}, {0: ({"w": torch.ones(2)}, 5)})
     candidates = ["federaser", "fedretrain"]
+    request_journal.begin(run, 1, [0])
     for method in candidates:
         history.open_staging(run, 1, old, method).close()
     config = ExperimentConfig.from_run_config({})
@@ -174,11 +175,18 @@ def test_a_refused_adoption_removes_every_staging_store_and_touches_nothing_else
     from server.unlearning import _adopt_one
 
     run, outcome, context = _candidates_staged(tmp_path)
+    ledger = run.path / "certified_removal.jsonl"
+    run.append_log(ledger.name, {"method": "certified-head"})  # an earlier request's certificate
+    kept_ledger = ledger.read_bytes()
+    request_journal.begin(run, 1, [0])
+    run.append_log(ledger.name, {"method": "sifu", "request": 1})  # this request's: not kept
     table = _comparison(0.2, 0.1)
     table["flag"] = ["", "75.0 points below original (flag-gap 5)", "diverged: ..."]
-    before = sorted(p.name for p in run.path.iterdir() if not p.name.startswith("store.request"))
+    transient = ("store.request", request_journal.JOURNAL)
+    before = sorted(p.name for p in run.path.iterdir() if not p.name.startswith(transient))
     with pytest.raises(AdoptionRefused):
         _adopt_one(outcome, context, table, 1, print)
     assert not list(run.path.glob("store.request-*"))
     assert sorted(p.name for p in run.path.iterdir()) == before
+    assert ledger.read_bytes() == kept_ledger
     assert UpdateStore(run.store_path, readonly=True).read_update(1, 0)["w"].tolist() == [1.0, 1.0]

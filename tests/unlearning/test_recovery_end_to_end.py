@@ -11,9 +11,11 @@ from flwr.serverapp import ServerApp
 from safetensors.torch import load_file
 
 from fedunlearn.config import ExperimentConfig
+from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import state_sha256
 from fedunlearn.unlearning.sifu import SensitivityAccumulator
 from server.federated_training import train_federated
+from server.history import adopt
 from server.retention_plan import history
 from server.unlearning import run_unlearning
 
@@ -128,7 +130,10 @@ def test_sifu_rolls_back_within_budget_certifies_and_forgets_the_client_in_its_b
         seen["kept"] = (outcome.store.rounds(), outcome.store.clients())
         spy.phase = "unlearn"
         seen["table"] = run_unlearning(spy, outcome, log=lambda _: None)
-        seen["state"] = outcome.store.metadata["retention-state"]
+        outcome.store.close()  # adopted keeping the original: the client goes from its bounds
+        adopt(outcome.run, keep_original=True, log=lambda _: None)
+        original = UpdateStore(outcome.run.path / "original-1" / "store", readonly=True)
+        seen["state"] = original.metadata["retention-state"]
 
     simulate(overrides, num_supernodes=4, server_app=app)
 
@@ -140,7 +145,7 @@ def test_sifu_rolls_back_within_budget_certifies_and_forgets_the_client_in_its_b
     assert certificate["method"] == "sifu" and certificate["ids"] == [0]
     assert certificate["certified"] and certificate["beta_after"] <= certificate["budget"]
     assert 1 <= certificate["rollback_round"] <= 7
-    saved = load_file(tmp_path / "sifu" / "model_sifu.safetensors")
+    saved = load_file(tmp_path / "sifu" / "original-1" / "model_sifu.safetensors")
     assert certificate["weights_sha256"] == state_sha256(saved)
     table = seen["table"].set_index("method")
     retrained = 6 - certificate["rollback_round"] + 1

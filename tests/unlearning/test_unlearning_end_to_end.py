@@ -11,10 +11,25 @@ from fake_grid import SpyGrid
 from flwr.serverapp import ServerApp
 
 from fedunlearn.config import ExperimentConfig
+from fedunlearn.store.update_store import UpdateStore
+from server import request_journal
 from server.federated_training import train_federated
+from server.history import adopt
 from server.unlearning import LOG_NAME, run_unlearning
 
 pytestmark = pytest.mark.slow
+
+
+def adopted(outcome):
+    """``outcome`` once its request's history is adopted, as the ServerApp ends a request."""
+    outcome.store.close()
+    adopt(outcome.run, keep_original=False, log=lambda _: None)
+    request_journal.close(outcome.run)
+    return dataclasses.replace(
+        outcome,
+        store=UpdateStore(outcome.run.store_path),
+        final_state=outcome.run.load_model("model_final"),
+    )
 
 
 def test_forget_one_client_then_another(tmp_path, simulate):
@@ -40,10 +55,11 @@ def test_forget_one_client_then_another(tmp_path, simulate):
         seen["members"], seen["spy"] = outcome.members, spy
         spy.phase = "unlearn-0"
         seen["first"] = run_unlearning(spy, outcome, log=lambda _: None)
+        seen["clients before adoption"] = outcome.store.clients()
         spy.phase = "unlearn-1"
-        second = dataclasses.replace(outcome, config=config.replace(unlearn_clients="1"))
+        second = dataclasses.replace(adopted(outcome), config=config.replace(unlearn_clients="1"))
         seen["second"] = run_unlearning(spy, second, log=lambda _: None)
-        seen["store_clients"] = outcome.store.clients()  # the store is used from this thread
+        seen["store_clients"] = adopted(second).store.clients()  # used from this thread
 
     simulate(overrides, num_supernodes=4, server_app=app)
 
@@ -64,7 +80,9 @@ def test_forget_one_client_then_another(tmp_path, simulate):
     assert first.loc["fedretrain", "last_layer_angle_deg"] < 1e-3
     assert first.loc["fedaccum", "test_accuracy"] < first.loc["federaser", "test_accuracy"]
 
-    # Deleted updates are gone from the store; the log says who was forgotten, how and when.
+    # The targets' updates go with the old history at adoption; the log says who was forgotten,
+    # how and when.
+    assert seen["clients before adoption"] == [0, 1, 2, 3]
     assert seen["store_clients"] == [2, 3]
     run_dir = tmp_path / "e2e"
     log = [json.loads(line) for line in (run_dir / LOG_NAME).read_text().splitlines()]
@@ -75,7 +93,7 @@ def test_forget_one_client_then_another(tmp_path, simulate):
     for name in (
         "unlearning.png",
         "last_layer_angles.png",
-        "model_federaser.safetensors",
+        "model_federaser-2.safetensors",  # request 1's models went with its history
         "model_fedretrain-2.safetensors",
     ):
         assert (run_dir / name).stat().st_size > 0
@@ -104,7 +122,10 @@ def test_a_norms_history_through_flower_keeps_t1_whole_and_forgets(tmp_path, sim
         store = outcome.store
         seen["before"] = [store.read_round(t).norms_only for t in store.rounds()]
         seen["result"] = run_unlearning(grid, outcome, log=lambda _: None)
-        seen["after"] = (store.clients(), store.total_bytes(), store.bytes_per_round())
+        store.close()  # adopted keeping the original: the targets' norms go from it too
+        adopt(outcome.run, keep_original=True, log=lambda _: None)
+        kept = UpdateStore(outcome.run.path / "original-1" / "store")
+        seen["after"] = (kept.clients(), kept.total_bytes(), kept.bytes_per_round())
 
     simulate(overrides, num_supernodes=3, server_app=app)
     assert seen["before"] == [[], [0, 1, 2], [0, 1, 2], [0, 1, 2]]
