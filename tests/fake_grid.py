@@ -36,16 +36,30 @@ class AnsweringGrid:
         return [replies.pop(i) for i in list(message_ids) if i in replies]
 
 
-class SpyGrid:
+class DelegatingGrid:
+    """Flower's grid, every call passed on; a test's grid overrides what it watches or breaks."""
+
+    def __init__(self, grid):
+        self._grid = grid
+
+    def get_node_ids(self):
+        return self._grid.get_node_ids()
+
+    def push_messages(self, messages):
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        return self._grid.pull_messages(message_ids)
+
+
+class SpyGrid(DelegatingGrid):
     """Delegates to Flower's grid; records every message sent as (phase, destination node, message
     type), with ``phase`` set by the test, and which partition each node holds (from the
     ``partition-id`` its replies carry)."""
 
     def __init__(self, grid):
-        self._grid, self.phase, self.sent, self.partition_of = grid, "training", [], {}
-
-    def get_node_ids(self):
-        return self._grid.get_node_ids()
+        super().__init__(grid)
+        self.phase, self.sent, self.partition_of = "training", [], {}
 
     def push_messages(self, messages):
         messages = list(messages)
@@ -64,18 +78,26 @@ class SpyGrid:
         return replies
 
 
+def shorten(content, key: str | None = None) -> None:
+    """Cut ``content``'s ``stats`` array ``key`` (the first when None) 8 bytes short; its declared
+    shape and dtype stay truthful, so it does not decode."""
+    from flwr.app import Array, ArrayRecord
+
+    arrays = dict(content["stats"].items())
+    key = key if key is not None else next(iter(arrays))
+    whole = arrays[key]
+    arrays[key] = Array(
+        dtype=whole.dtype, shape=tuple(whole.shape), stype=whole.stype, data=whole.data[:-8]
+    )
+    content["stats"] = ArrayRecord(arrays)
+
+
 def cut_short(key: str, node: int):
     """A tamper for an :class:`AnsweringGrid` test: ``node``'s ``stats`` array ``key`` declares its
     shape and dtype truthfully, but its bytes are 8 short (it does not decode)."""
-    from flwr.app import Array, ArrayRecord
 
     def tamper(sender: int, content) -> None:
         if sender == node:
-            arrays = dict(content["stats"].items())
-            whole = arrays[key]
-            arrays[key] = Array(
-                dtype=whole.dtype, shape=tuple(whole.shape), stype=whole.stype, data=whole.data[:-8]
-            )
-            content["stats"] = ArrayRecord(arrays)
+            shorten(content, key)
 
     return tamper

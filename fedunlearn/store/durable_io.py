@@ -167,12 +167,18 @@ def json_sha256(value: Any) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _parse_record(raw: bytes) -> dict[str, Any]:
+def _parse_record(raw: bytes, *, digested: bool = False) -> dict[str, Any]:
     """One log line as a JSON object (its digest checked and removed, when it has one);
-    ``ValueError`` (with the reason) for anything else, :class:`_EditedRecord` for an edit."""
+    ``ValueError`` (with the reason) for anything else, :class:`_EditedRecord` for an edit, and for
+    a record without a digest where one is due (``digested``: an earlier record had one, and every
+    append since writes one)."""
     record = json_loads(raw.decode("utf-8"))  # UnicodeDecodeError and JSONDecodeError: ValueError
     if not isinstance(record, dict):
         raise ValueError(f"a JSON {type(record).__name__}, expected an object")
+    if digested and RECORD_DIGEST not in record:
+        raise _EditedRecord(
+            f"a record without {RECORD_DIGEST} after records with one: its digest was removed"
+        )
     if RECORD_DIGEST in record:
         recorded = record.pop(RECORD_DIGEST)
         if recorded != json_sha256(record):
@@ -268,12 +274,13 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
         return []
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline, else a line cut short
-    records = []
+    records, digested = [], False
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
-            records.append(_parse_record(raw))
+            records.append(_parse_record(raw, digested=digested))
+            digested = digested or f'"{RECORD_DIGEST}":'.encode() in raw  # the key, not a value
         except ValueError as error:
             if number == len(lines) and not tail and not isinstance(error, _EditedRecord):
                 _warn_torn(path, len(raw) + 1, "skipped")

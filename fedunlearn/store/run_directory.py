@@ -114,12 +114,21 @@ class RunDirectory:
 
     def load_model(self, name: str) -> dict[str, torch.Tensor]:
         """The state dict of ``<name>.safetensors``; a file whose tensors no longer match the
-        digest recorded when it was written is a :class:`StoreCorruptionError` (a file written
-        before digests, without one, is read as it is)."""
+        digest recorded when it was written is a :class:`StoreCorruptionError`, and so is a file
+        without a digest in a run whose other model files have one (it was removed). A run written
+        before digests, none of whose files has one, is read as it is."""
         target = self.path / f"{name}.safetensors"
-        with safe_open(str(target), framework="pt") as handle:
-            recorded = (handle.metadata() or {}).get(MODEL_DIGEST)
+        recorded = _model_digest(target)
         state = load_file(str(target))
+        if recorded is None and any(
+            _model_digest(other) is not None
+            for other in self.path.glob("*.safetensors")
+            if other != target
+        ):
+            raise StoreCorruptionError(
+                f"{target} carries no sha256 while the run's other model files do: its digest "
+                "was removed; restore it from a backup"
+            )
         if recorded is not None and recorded != tensors_digest(state):
             raise StoreCorruptionError(
                 f"{target} was edited or damaged: its tensors do not match the sha256 recorded "
@@ -202,3 +211,9 @@ class RunDirectory:
                 (table.to_markdown(index=False, floatfmt=floatfmt) + "\n").encode(),
             )
         return target
+
+
+def _model_digest(path: Path) -> str | None:
+    """The tensors' sha256 a model file's metadata records (None: written before digests)."""
+    with safe_open(str(path), framework="pt") as handle:
+        return (handle.metadata() or {}).get(MODEL_DIGEST)

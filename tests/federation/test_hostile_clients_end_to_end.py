@@ -13,6 +13,7 @@ import json
 import pandas as pd
 import pytest
 import torch
+from fake_grid import shorten
 from flwr.app import ArrayRecord, MetricRecord
 from safetensors.torch import load_file
 
@@ -157,3 +158,42 @@ def test_a_nan_reply_during_fedrecovers_exact_rounds_is_refused_and_the_recovery
         for r in refused
         if "reason" in r
     )
+
+
+def undecodable(message_type: str, partition: int):
+    """A Flower mod: ``partition`` answers ``message_type`` with a stats array that declares its
+    shape and dtype truthfully but is 8 bytes short (it does not decode)."""
+
+    def mod(msg, context, call_next):
+        reply = call_next(msg, context)
+        mine = int(context.node_config["partition-id"]) == partition
+        if mine and msg.metadata.message_type == message_type and not reply.has_error():
+            shorten(reply.content)
+        return reply
+
+    return mod
+
+
+@pytest.mark.parametrize(
+    ("message_type", "methods"),
+    [("query.scrub_stats", "newton"), ("query.prune_stats", "class-pruning")],
+)
+def test_an_undecodable_array_during_scrubbing_or_pruning_stops_the_run_with_one_line(
+    tmp_path, simulate, capfd, message_type, methods
+):
+    from fedunlearn.errors import FedUnlearnError
+
+    values = {
+        **overrides(tmp_path, "undecodable"),
+        "num-clients": 3,
+        "rounds": 2,
+        "scrub": True,
+        "scrub-forget": "class:3",
+        "scrub-methods": methods,
+    }
+    with pytest.raises(FedUnlearnError, match="does not decode") as refused:
+        simulate(values, num_supernodes=3, client_mods=[undecodable(message_type, 1)])
+    out = capfd.readouterr().out
+    (line,) = [line for line in out.splitlines() if "[fedunlearn] error:" in line]
+    assert "node " in line and "does not decode" in line and "Traceback" not in out
+    assert str(refused.value) in line

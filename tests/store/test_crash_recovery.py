@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from fake_grid import DelegatingGrid
 from flwr.serverapp import ServerApp
 from safetensors.torch import load_file
 
@@ -42,24 +43,14 @@ class SimulatedCrash(Exception):
     """Where the ServerApp's process would have died."""
 
 
-class CrashingGrid:
+class CrashingGrid(DelegatingGrid):
     """Flower's grid, until the ``occurrence``-th send of ``message_type`` messages: then it raises
     before that send, or (``next_call``) before the send after it."""
 
     def __init__(self, grid, message_type: str, occurrence: int, *, next_call: bool = False):
-        self._grid, self._type, self._occurrence, self._next = (
-            grid,
-            message_type,
-            occurrence,
-            next_call,
-        )
+        super().__init__(grid)
+        self._type, self._occurrence, self._next = message_type, occurrence, next_call
         self._seen, self._armed = 0, False
-
-    def get_node_ids(self):
-        return self._grid.get_node_ids()
-
-    def pull_messages(self, message_ids):
-        return self._grid.pull_messages(message_ids)
 
     def push_messages(self, messages):
         messages = list(messages)

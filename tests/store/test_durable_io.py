@@ -222,3 +222,17 @@ def test_a_record_written_before_digests_is_read_as_it_is(tmp_path):
     log.write_bytes(b'{"request": 1}\n')
     append_jsonl(log, {"request": 2})
     assert read_jsonl(log) == [{"request": 1}, {"request": 2}]
+
+
+@pytest.mark.parametrize("number", [2, 3])
+def test_a_record_whose_digest_was_removed_is_refused(tmp_path, number):
+    """After the first record with a digest every append writes one: a later record without one
+    had it removed (an edit that dropped the evidence), and is refused naming its line."""
+    log = tmp_path / "log.jsonl"
+    for request in (1, 2, 3):
+        append_jsonl(log, {"request": request, "certified": False})
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[number - 1] = json.dumps({"request": number, "certified": True}).encode() + b"\n"
+    log.write_bytes(b"".join(lines))
+    with pytest.raises(LogCorruptionError, match=rf"line {number}: .*digest was removed"):
+        read_jsonl(log)

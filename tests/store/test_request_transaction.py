@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from fake_grid import DelegatingGrid
 from flwr.serverapp import ServerApp
 from safetensors.torch import load_file
 
@@ -78,21 +79,16 @@ class Killed(BaseException):
     """Where the ServerApp's process died (BaseException: no handler of the product catches it)."""
 
 
-class RecordingGrid:
+class RecordingGrid(DelegatingGrid):
     """Flower's grid that records each push's message type(s) and raises :class:`Killed` before
     push ``offset`` (0-based) of its ``run``-th run of pushes of one type (a phase: the certified
     head's push count varies with its b, a phase's place does not)."""
 
     def __init__(self, grid, kill_at: tuple[int, int] | None = None):
-        self._grid, self._kill_at = grid, kill_at
+        super().__init__(grid)
+        self._kill_at = kill_at
         self.types: list[str] = []
         self.places: list[tuple[int, int]] = []  # (run, offset) of each push
-
-    def get_node_ids(self):
-        return self._grid.get_node_ids()
-
-    def pull_messages(self, message_ids):
-        return self._grid.pull_messages(message_ids)
 
     def push_messages(self, messages):
         messages = list(messages)
@@ -211,6 +207,8 @@ def kill_points(recording: RecordingGrid) -> list[tuple]:
     points = [("file", *step) for step in FILE_STEPS]
     every = os.environ.get("FEDUNLEARN_KILL_EVERY_PUSH") == "1"
     for place, kind in zip(recording.places, recording.types):
+        if kind == "query.describe":
+            continue  # finding the federation: before the request starts
         if every or place[1] == 0:
             points.append(("push", place, kind))
     return points
@@ -235,12 +233,21 @@ def run_entry_point(grid, tmp_path: Path, base: Path, request: dict, monkeypatch
                 attempt = grid
             else:
                 attempt = RecordingGrid(grid, kill_at=point[1])
-                fired = lambda: True  # noqa: E731
-            with pytest.raises(Killed):
+            try:
                 serve(attempt, config, log=quiet)
-            assert fired(), point
+                killed = False
+            except Killed:
+                killed = True
+        # A phase's first push is always reached; a later one may not be (the certified head's
+        # count varies with b): that attempt finished, and is checked all the same.
+        if not killed:
+            assert point[0] == "push" and point[1][1] > 0, point
+            print(f"{point[:2]}: not reached (the attempt finished; checked as it is)")
+        else:
+            assert point[0] == "push" or fired(), point
         started = time.perf_counter()
-        serve(grid, config, log=quiet)  # the same request again
+        if killed:
+            serve(grid, config, log=quiet)  # the same request again
         assert_same(outcome_of(tmp_path / name), whole, f"{point}")
         assert not determining_files(tmp_path / name, base), point
         shutil.rmtree(tmp_path / name)

@@ -150,3 +150,17 @@ def test_an_edited_model_file_is_refused_on_read_and_a_file_without_a_digest_is_
     metadata = {"round": "2"} if name == "checkpoint" else None
     save_file(state, str(target), metadata=metadata)  # written before digests: read as it is
     assert torch.equal(read()["w"], state["w"])
+
+
+def test_a_digest_removed_from_one_model_file_of_a_run_that_writes_them_is_refused(tmp_path):
+    from fedunlearn.errors import StoreCorruptionError
+
+    run = RunDirectory.create(tmp_path / "run", {})
+    state = {"w": torch.arange(6.0).reshape(2, 3)}
+    run.save_model("model_initial", state)
+    run.save_model("model_final", state)
+    edited = {"w": state["w"] + 1}
+    save_file(edited, str(run.path / "model_final.safetensors"))  # edited, digest stripped
+    with pytest.raises(StoreCorruptionError, match="its digest was removed"):
+        run.load_model("model_final")
+    assert torch.equal(run.load_model("model_initial")["w"], state["w"])
