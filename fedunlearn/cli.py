@@ -77,9 +77,11 @@ def _store_verify(args: argparse.Namespace) -> int:
         return 1
     problems = store.verify()
     if not problems:  # the header's history, read as the methods read it
-        from fedunlearn.unlearning.state_checks import policy_state_problems, record_problems
+        from fedunlearn.registry import retention_policies
+        from fedunlearn.store.history import policy_state_problems, record_problems
 
-        problems = record_problems(store) + policy_state_problems(store.metadata)
+        problems = record_problems(store)
+        problems += policy_state_problems(store.metadata, retention_policies())
     for problem in problems:
         print(problem)
     if not store.rows_checksummed:
@@ -238,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # --help and --version end here, before any import
     from fedunlearn.store.durable_io import LogCorruptionError
+
     try:
         return args.handler(args)
     except (StoreCorruptionError, LogCorruptionError) as error:  # damaged or edited files: 1

@@ -35,7 +35,7 @@ from fedunlearn.data.federated_data import (
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
 from fedunlearn.store.durable_io import json_loads
-from fedunlearn.store.retention import check_retained
+from fedunlearn.store.history import check_retained
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.models import resolve_model_name
 

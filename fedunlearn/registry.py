@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from fedunlearn.errors import ConfigError, did_you_mean
+from fedunlearn.store.retention import RetentionPolicy
 
 #: What a method may need from the run (``MethodSpec.needs``): the retained updates of the update
 #: store (FedEraser, FedAccum), the trained model only, or statistics the clients compute at the
@@ -35,13 +36,10 @@ from fedunlearn.errors import ConfigError, did_you_mean
 #: A method's name: it selects the method in the run config (a comma-separated list) and names its
 #: model file in the run directory, so nothing that could split a list or leave the directory.
 METHOD_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
-#: What the retaining strategy keeps during training for a method (one retention policy each,
-#: :mod:`fedunlearn.store.retention`): FedEraser's Δt schedule, every round (FedRecover), Crab's
-#: selection, every round's global model with the clients' sensitivity bounds (SIFU).
-RETENTION_NEEDS = ("retained-updates", "round-history", "selected-history", "sensitivity-bounds")
-STORE_CONTENTS = (*RETENTION_NEEDS, "trained-model", "initial-model")
-#: The retention needs that keep clients' whole updates (SIFU's keeps global models and bounds).
-UPDATE_NEEDS = ("retained-updates", "round-history", "selected-history")
+#: What an adoptable method's trajectory keeps (``MethodSpec.trajectory_keeps``).
+TRAJECTORY_KEEPS = (None, "own", "every")
+#: What a method may read of the run besides its retention (its policy, ``MethodSpec.retention``).
+STORE_CONTENTS = ("trained-model", "initial-model")
 STATISTICS = ("head-statistics", "fisher-statistics")
 NEEDS = STORE_CONTENTS + STATISTICS
 
@@ -58,7 +56,12 @@ class MethodSpec:
         ``"module:function"`` (imported on use) or the function itself; None for an audited model
         that no code of the audit builds (it reads the file the method saved).
     needs : tuple of str
-        What it reads from the run (:data:`NEEDS`): store contents or client statistics.
+        What else it reads from the run (:data:`NEEDS`): the trained or initial model, client
+        statistics.
+    retention : RetentionPolicy subclass or str or None
+        Unlearning only: the policy that keeps, during training, the history it reads
+        (:class:`fedunlearn.store.retention.RetentionPolicy`; ``"module:Class"`` is imported on
+        use); None for a method that reads no history. Methods may share one policy.
     messages : tuple of str
         Flower message types it sends to clients (``"train"``, ``"query.scrub_stats"``, ...);
         empty for a server-only method.
@@ -67,10 +70,11 @@ class MethodSpec:
     adoptable : bool
         Unlearning only: its trajectory can become the retained history after a request
         (``unlearn-adopt``).
-    trajectory_keeps : tuple of str
-        Unlearning, adoptable only: the retention needs its trajectory serves once adopted (what
-        a later request's methods may read); ``unlearn-adopt = auto`` passes over a method whose
-        trajectory would not serve the request's methods when another candidate's does.
+    trajectory_keeps : str or None
+        Unlearning, adoptable only: what its trajectory keeps once adopted (what a later
+        request's methods may read): ``"own"``, its own policy's history, or ``"every"``, every
+        policy's (it retrains under all of them); ``unlearn-adopt = auto`` passes over a method
+        whose trajectory would not serve the request's methods when another candidate's does.
     norms_suffice : bool
         Unlearning only: of the updates retained after round t_1 it reads only their norms per
         tensor, so it runs on a ``retain-mode = norms`` history (FedEraser's eq. 2).
@@ -90,10 +94,11 @@ class MethodSpec:
     name: str
     implementation: str | Callable[..., Any] | None = None
     needs: tuple[str, ...] = ()
+    retention: type | str | None = None
     messages: tuple[str, ...] = ()
     certifies: bool = False
     adoptable: bool = False
-    trajectory_keeps: tuple[str, ...] = ()
+    trajectory_keeps: str | None = None
     norms_suffice: bool = False
     default: bool = True
     model_file: str | None = None
@@ -103,22 +108,46 @@ class MethodSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "needs", tuple(self.needs))
         object.__setattr__(self, "messages", tuple(self.messages))
-        object.__setattr__(self, "trajectory_keeps", tuple(self.trajectory_keeps))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         unknown = [need for need in self.needs if need not in NEEDS]
         if unknown:
             raise ConfigError("needs", unknown, f"entries of {', '.join(NEEDS)}")
-        if isinstance(self.implementation, str) and ":" not in self.implementation:
-            raise ConfigError("implementation", self.implementation, "'module:function'")
+        for key in ("implementation", "retention"):
+            value = getattr(self, key)
+            if isinstance(value, str) and ":" not in value:
+                raise ConfigError(key, value, "'module:name'")
+        if self.trajectory_keeps not in TRAJECTORY_KEEPS:
+            raise ConfigError("trajectory_keeps", self.trajectory_keeps, "None, 'own' or 'every'")
 
     def resolve(self) -> Callable[..., Any]:
         """The implementation as a callable (importing ``module`` of ``"module:function"``)."""
         if self.implementation is None:
             raise ConfigError("implementation", None, f"a callable for {self.name!r}")
-        if callable(self.implementation):
-            return self.implementation
-        module, _, function = self.implementation.partition(":")
-        return getattr(importlib.import_module(module), function)
+        return _imported(self.implementation)
+
+    def policy(self) -> type[RetentionPolicy] | None:
+        """Its retention policy class (imported on first use), or None."""
+        if self.retention is None:
+            return None
+        policy = _imported(self.retention)
+        if not (isinstance(policy, type) and issubclass(policy, RetentionPolicy)):
+            raise ConfigError("retention", self.retention, "a RetentionPolicy subclass")
+        return policy
+
+    def trajectory_serves(self) -> tuple[str, ...]:
+        """The policies whose history its adopted trajectory keeps (:attr:`trajectory_keeps`)."""
+        if self.trajectory_keeps == "every":
+            return tuple(retention_policies())
+        own = self.policy()
+        return (own.name,) if self.trajectory_keeps == "own" and own is not None else ()
+
+
+def _imported(value):
+    """A callable or class, or ``"module:name"`` imported now."""
+    if not isinstance(value, str):
+        return value
+    module, _, name = value.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 class Registry:
@@ -213,38 +242,68 @@ UNLEARNING = Registry("unlearning method", "unlearn-methods", model_prefix="mode
 SCRUBBING = Registry("scrubbing method", "scrub-methods", model_prefix="model_scrub_")
 
 
-#: Models the membership audit attacks beside every unlearning and scrubbing method
-#: (:func:`audited_models`): the original, and the certified heads.
+def retention_policies(methods: Iterable[str] | None = None) -> dict[str, type[RetentionPolicy]]:
+    """The policy class of each retention need, by its name, in registration order: of
+    ``methods`` (registered unlearning methods), or of every registered one. Two policy classes
+    under one name are refused (their selections would share one record)."""
+    specs = UNLEARNING if methods is None else [UNLEARNING[name] for name in methods]
+    found: dict[str, type[RetentionPolicy]] = {}
+    for spec in sorted(specs, key=lambda s: UNLEARNING.names().index(s.name)):
+        policy = spec.policy()
+        if policy is None:
+            continue
+        if found.setdefault(policy.name, policy) is not policy:
+            raise ConfigError(
+                "retention", policy.__qualname__, f"a policy name other than {policy.name!r}"
+            )
+    return found
+
+
+def run_retention(config) -> list[RetentionPolicy]:
+    """The policies a training run keeps, each built from the config: those of its
+    ``unlearn-methods``; those of the default methods when none of its methods reads a history
+    (so that a later request can run them); none when ``retain`` is false."""
+    if not config.retain:
+        return []
+    policies = retention_policies(config.methods) or retention_policies(
+        UNLEARNING.names(default=True)
+    )
+    return [policy.from_config(config) for policy in policies.values()]
+
+
 def norms_problem(spec: MethodSpec) -> str | None:
     """Why ``spec`` cannot run on a ``retain-mode = norms`` history (None when it can): the whole
-    updates it needs after round t_1 are not kept."""
-    full = [need for need in spec.needs if need in UPDATE_NEEDS]
-    if not full or (spec.norms_suffice and full == ["retained-updates"]):
+    updates its policy keeps after round t_1 are not kept."""
+    policy = spec.policy()
+    if policy is None or not policy.keeps_updates or spec.norms_suffice:
         return None
-    return f"{spec.name} needs {', '.join(full)} as whole updates"
+    return f"{spec.name} needs {policy.name} as whole updates"
 
 
+#: Models the membership audit attacks beside every unlearning and scrubbing method
+#: (:func:`audited_models`): the original, and the certified heads.
 AUDITED = Registry("audited model", "mia")
 
 _TRAIN = ("train",)
 _SCRUB_QUERY = ("query.scrub_stats",)
 _UNLEARNING = "server.unlearning"
+_INTERVAL = "fedunlearn.unlearning.federaser:IntervalRetention"
 _SCRUB = "server.scrub_methods"
 
 UNLEARNING.register(
     "federaser",
     f"{_UNLEARNING}:federaser",
-    needs=("retained-updates",),
+    retention=_INTERVAL,
     messages=_TRAIN,
     adoptable=True,
-    trajectory_keeps=("retained-updates",),  # M̃^{t_j} and each applied Ũ_k, at Δt
+    trajectory_keeps="own",  # M̃^{t_j} and each applied Ũ_k, at Δt
     norms_suffice=True,
     description="calibrated reconstruction from retained updates (Algorithm 1)",
 )
 UNLEARNING.register(
     "fedaccum",
     f"{_UNLEARNING}:fedaccum",
-    needs=("retained-updates",),
+    retention=_INTERVAL,
     description="the remaining clients' retained updates, accumulated uncalibrated (eq. 5)",
 )
 UNLEARNING.register(
@@ -253,13 +312,13 @@ UNLEARNING.register(
     needs=("initial-model",),
     messages=_TRAIN,
     adoptable=True,
-    trajectory_keeps=RETENTION_NEEDS,  # it retrains under every policy of the run
+    trajectory_keeps="every",  # it retrains under every policy of the run
     description="FedAvg from the same initial model without the targets (the reference)",
 )
 UNLEARNING.register(
     "fedrecover",
     "server.recovery_methods:fedrecover",
-    needs=("round-history",),
+    retention="fedunlearn.unlearning.fedrecover:EveryRound",
     messages=_TRAIN,
     default=False,
     description="retraining with L-BFGS-estimated client updates (Cao et al. 2023, Algorithm 2)",
@@ -267,7 +326,7 @@ UNLEARNING.register(
 UNLEARNING.register(
     "crab",
     "server.recovery_methods:crab",
-    needs=("selected-history",),
+    retention="fedunlearn.unlearning.crab:CrabSelector",
     messages=_TRAIN,
     default=False,
     description="selective storage, adaptive rollback, calibrated renewal (Jiang et al. 2025)",
@@ -275,7 +334,7 @@ UNLEARNING.register(
 UNLEARNING.register(
     "sifu",
     "server.recovery_methods:sifu",
-    needs=("sensitivity-bounds",),
+    retention="fedunlearn.unlearning.sifu:SensitivityRetention",
     messages=_TRAIN,
     certifies=True,
     default=False,

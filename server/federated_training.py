@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import pandas as pd
@@ -31,7 +31,9 @@ from fedunlearn.memory import (
     release_free_memory,
 )
 from fedunlearn.plots import plot_training_curves
+from fedunlearn.registry import run_retention
 from fedunlearn.seeding import derive_seed
+from fedunlearn.store.retention import RetentionPolicy
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.local import EvaluationResult, evaluate, resolve_device
@@ -50,7 +52,6 @@ from server.history import finish_pending
 from server.progress import Log, count
 from server.queries import collect_replies
 from server.reply_screening import ReplyScreen
-from server.retention_plan import retention_policies
 from server.run_recovery import (
     RECOVERY_LOG,
     check_finished_run,
@@ -256,15 +257,13 @@ def _round_label(phase: str, server_round: int) -> str:
 def participant_strategy(
     nodes: list[int],
     store: UpdateStore | None = None,
-    retain_interval: int = 1,
-    policies: Mapping | None = None,
+    policies: Iterable[RetentionPolicy] = (),
 ) -> RetainingFedAvg:
     """FedAvg over the nodes ``nodes`` only: each round samples, configures and messages exactly
     them (FedRetrain without the forgotten clients, a baseline's rounds); with ``store`` it retains
-    their updates every ``retain_interval`` rounds, or what ``policies`` select."""
+    what ``policies`` select."""
     return RetainingFedAvg(
         store,
-        retain_interval=retain_interval,
         policies=policies,
         participants=nodes,
         fraction_train=1.0,
@@ -397,7 +396,7 @@ def _open_run(config: ExperimentConfig, resuming: bool, initial_state, log: Log)
 def _run_description(config: ExperimentConfig, data: FederatedData, members) -> str:
     """The line that opens a training: data, federation, rounds and retention."""
     splits = data.splits
-    needs = ", ".join(retention_policies(config)) or "nothing"
+    needs = ", ".join(policy.name for policy in run_retention(config)) or "nothing"
     mode = ", norms after t_1" if config.retain_mode == "norms" else ""
     retention = f"{needs} (Δt = {config.retain_interval}{mode}), {config.store_dtype}"
     retention = retention if config.retain else "off"
@@ -422,8 +421,7 @@ def _training_strategy(config: ExperimentConfig, store: UpdateStore | None, log:
         )
     retaining = RetainingFedAvg(
         store,
-        retain_interval=config.retain_interval,
-        policies=retention_policies(config),
+        policies=run_retention(config) if store is not None else (),
         fraction_train=1.0,
         fraction_evaluate=config.fraction_evaluate,
         min_train_nodes=config.num_clients,
@@ -484,7 +482,7 @@ class _RoundRecorder:
         )
 
     def __call__(self, server_round, result, train_metrics, replied, seconds) -> None:
-        retained = self.retaining.is_retained_round(server_round)
+        retained = self.retaining.retained(server_round)
         row = _row(server_round, result, train_metrics, replied, retained, seconds, self.elapsed())
         row.update(self._store_size())
         row["refused"] = int(train_metrics.get("refused", 0))

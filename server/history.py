@@ -32,17 +32,17 @@ from pathlib import Path
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.preflight import HISTORY_JOURNAL, HISTORY_LOG, UNLEARNING_LOG
-from fedunlearn.registry import UNLEARNING
+from fedunlearn.registry import UNLEARNING, retention_policies
 from fedunlearn.store.durable_io import (
     atomic_write_bytes,
     fsync_directory,
     json_loads,
     private_directory,
 )
+from fedunlearn.store.history import forget_clients
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.progress import Log
-from server.retention_plan import forget_clients
 from strategies.retaining_fedavg import RECORD_KEY, STATE_KEY
 
 JOURNAL, HISTORY_LOG = HISTORY_JOURNAL, HISTORY_LOG  # named once, in fedunlearn.preflight
@@ -192,7 +192,7 @@ def _forget_in_old_history(run: RunDirectory, archive: Path, journal: dict) -> N
     for path in paths:
         if (path / "store.json").is_file():
             with UpdateStore(path) as store:
-                forget_clients(store, journal["targets"])
+                forget_clients(store, journal["targets"], retention_policies())
 
 
 def _report(journal: dict, archive: Path, moved: list[str], log: Log) -> None:

@@ -30,8 +30,9 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import FederatedData
 from fedunlearn.judge import INDEPENDENT, ORIGINAL, JudgeData, Outputs
 from fedunlearn.judge.report import judge_table, separated, write_judge_report
-from fedunlearn.registry import UNLEARNING
+from fedunlearn.registry import UNLEARNING, retention_policies
 from fedunlearn.seeding import derive_seed
+from fedunlearn.store.history import forget_clients
 from fedunlearn.training.local import resolve_device
 from fedunlearn.training.model_state import State
 from server.federated_training import (
@@ -44,7 +45,6 @@ from server.federated_training import (
 )
 from server.method_runner import MethodRunner
 from server.progress import Log, count
-from server.retention_plan import forget_clients
 from server.unlearning import UnlearningContext
 
 
@@ -81,7 +81,7 @@ def run_judge(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> Judg
         lambda: independent_retrain(grid, outcome, remaining, log=log),
         model_file=f"model_{INDEPENDENT}",
     )
-    deleted = forget_clients(outcome.store, [target])
+    deleted = forget_clients(outcome.store, [target], retention_policies())
     log(f"judge: deleted {deleted} retained update(s) of client {target}; reading every model")
     data = judge_data(outcome, runner.models, runner.seconds, judge_sets(outcome, target))
     rng = np.random.default_rng(derive_seed(config.seed, "judge-bootstrap"))

@@ -1,5 +1,5 @@
 """Recovery methods on Flower: FedRecover, Crab and SIFU read what the training run retained for
-them (:mod:`server.retention_plan`) and ask the remaining clients for exact updates when their
+them (their retention policies, :mod:`fedunlearn.store.history`) and ask the remaining clients for exact updates when their
 algorithm calls for one; the math is Flower-free in :mod:`fedunlearn.unlearning`.
 
 An exact update is a ``train`` message with the run's ``local-epochs`` and ``server-round`` = the
@@ -16,24 +16,20 @@ from fedunlearn.certified.removal import utc_timestamp
 from fedunlearn.errors import ConfigError
 from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.store.durable_io import append_jsonl
+from fedunlearn.store.history import load_policy
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import state_sha256
 from fedunlearn.training.stacked import member_groups
-from fedunlearn.unlearning.crab import CrabSelector, check_state_format, forget_in_state
+from fedunlearn.unlearning.crab import CrabSelector
 from fedunlearn.unlearning.crab_recovery import crab_recover
 from fedunlearn.unlearning.divergence_guard import DivergenceGuard
 from fedunlearn.unlearning.fedrecover import GUARDED, FedRecoverSchedule
 from fedunlearn.unlearning.fedrecover import fedrecover as recover
 from fedunlearn.unlearning.gaussian_mechanism import add_noise, entropy_generator
-from fedunlearn.unlearning.sifu import (
-    SensitivityAccumulator,
-    SensitivityRetention,
-    SifuCertificate,
-)
+from fedunlearn.unlearning.sifu import SensitivityRetention, SifuCertificate
 from server.federated_training import fedavg_rounds, participant_strategy, train_config_record
 from server.queries import collect_replies
 from strategies.client_updates import ClientUpdates
-from strategies.retaining_fedavg import STATE_KEY
 
 
 def exact_updates(context, phase: str) -> ClientUpdates:
@@ -119,7 +115,7 @@ def fedrecover(context, name: str):
     """FedRecover (Cao et al. 2023, Algorithm 2): retraining without the excluded clients with
     their remaining clients' updates estimated by L-BFGS from every round's history, under the
     run's divergence guard (ours, ``fedrecover-guard``)."""
-    history = context.history(name, "round-history")
+    history = context.history(name)
     config = context.outcome.config
     guard = fedrecover_guard(config)
     result = recover(
@@ -130,9 +126,7 @@ def fedrecover(context, name: str):
         groups=member_groups(history.read_global(history.rounds()[0])),
         guard=guard,
         loss=server_loss(context.outcome) if guard is not None else None,
-        progress=_fedrecover_progress(
-            context.log, name, context.outcome.members.node_of_partition
-        ),
+        progress=_fedrecover_progress(context.log, name, context.outcome.members.node_of_partition),
         min_reply_fraction=config.min_reply_fraction,
     )
     estimated = [t for t in result.estimated_rounds if t not in result.guarded]
@@ -160,44 +154,18 @@ def fedrecover(context, name: str):
     }
 
 
-def crab_policy(config) -> CrabSelector:
-    """Crab's selective storage with the run's P, X, alpha and window bound, closing its last
-    window at the run's last round (and keeping round 1 for the sensitivity rollback, ours)."""
-    return CrabSelector(
-        round_ratio=config.crab_round_ratio,
-        client_ratio=config.crab_client_ratio,
-        loss_drop=config.crab_loss_drop,
-        window=config.crab_window,
-        final_round=config.rounds,
-        keep_first_round=config.crab_rollback == "sensitivity",
-    )
-
-
-def _policy_state(store, need: str, method: str) -> dict:
-    """The state the training run's policy for ``need`` saved after its last round."""
-    states = store.metadata.get(STATE_KEY, {})
-    last = max((int(r) for r in states), default=None)
-    state = states[str(last)].get(need) if last is not None else None
-    if state is None:
-        raise ConfigError(
-            "unlearn-methods", method, f"a run trained with {method} among its methods"
-        )
-    return state
-
-
 def crab(context, name: str):
     """Crab (Jiang et al. 2025): roll back to the first kept round (``crab-rollback =
     first-kept``, the authors') or to the latest kept round before the removed clients' share of a
     global step exceeded β (``sensitivity``, ours), then re-run the kept rounds after it: update
     renewal by the kept remaining clients, calibration to the stored step sizes, aggregation."""
-    history = context.history(name, "selected-history")
-    state = _policy_state(context.outcome.store, "selected-history", name)
-    check_state_format(state)
-    if state["window"]["rounds"]:
+    history = context.history(name)
+    selector = load_policy(context.outcome.store, CrabSelector, method=name)
+    if selector.open_rounds:
         raise ConfigError(
             "unlearn-methods",
             name,
-            f"a run whose training finished: rounds {state['window']['rounds']} of Crab's last "
+            f"a run whose training finished: rounds {selector.open_rounds} of Crab's last "
             "window were never chosen among",
         )
     config, log = context.outcome.config, context.log
@@ -212,7 +180,7 @@ def crab(context, name: str):
         exact_updates(context, name),
         rollback=config.crab_rollback,
         sensitivity_bound=config.crab_sensitivity_bound,
-        influence=state["influence"],
+        influence=selector.influence,
         groups=member_groups(history.read_global(history.rounds()[0])),
         progress=progress,
     )
@@ -245,45 +213,14 @@ def _rounds(rounds) -> str:
     return f"[{text}]"
 
 
-def forget_crab_state(state, clients) -> dict:
-    """Crab's saved selection without ``clients``' norms, scores and kept places."""
-    return forget_in_state(state, clients)
-
-
-def sifu_policy(config) -> SensitivityRetention:
-    """SIFU's retention: every round's global model and the accumulated bounds Psi(n, i) under
-    the run's client SGD (lr, momentum, weight decay, E_loc epochs of ceil(N_k / B) steps) and the
-    assumed smoothness L (``sifu-smoothness``), or non-expansive local work (``sifu-expansion``)."""
-    return SensitivityRetention(
-        SensitivityAccumulator(
-            learning_rate=config.lr,
-            smoothness=config.sifu_smoothness,
-            local_epochs=config.local_epochs,
-            batch_size=config.batch_size,
-            momentum=config.momentum,
-            weight_decay=config.weight_decay,
-            expansion=config.sifu_expansion,
-        )
-    )
-
-
-def forget_sifu_state(state, clients) -> dict:
-    """A saved accumulator with ``clients`` folded into the anonymous forgotten cohort."""
-    accumulator = SensitivityAccumulator.from_json(state)
-    accumulator.forget(clients)
-    return accumulator.to_json()
-
-
 def sifu(context, name: str):
     """SIFU (Fraboni et al. 2024): roll back to the last round T whose sensitivity bound for the
     excluded clients is within the budget Psi* = epsilon sigma / c, add N(0, sigma^2) noise drawn
     from OS entropy, and retrain FedAvg from T without them; the certificate goes to the run's
     ledger (``certified_removal.jsonl``, ``"method": "sifu"``)."""
     outcome, config, log = context.outcome, context.outcome.config, context.log
-    history = context.history(name, "sensitivity-bounds")
-    accumulator = SensitivityAccumulator.from_json(
-        _policy_state(outcome.store, "sensitivity-bounds", name)
-    )
+    history = context.history(name)
+    accumulator = load_policy(outcome.store, SensitivityRetention, method=name).accumulator
     last = history.rounds()[-1]
     certificate = SifuCertificate.issue(
         accumulator,

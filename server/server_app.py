@@ -86,7 +86,7 @@ def serve(grid: Grid, run_config: Mapping[str, Any], *, log=_log) -> None:
     if unlearning_done(outcome.run, targets):  # decided: its later phases run again
         log(f"unlearning of {targets} already finished in this run; kept")
     elif targets:
-        run_unlearning(grid, outcome, log=log)
+        run_unlearning(grid, outcome, targets, log=log)
     in_memory = {}  # models audited without ever being written (the trained certified head)
     if config.certified_head:
         certified = run_certified_head(grid, outcome, log=log, dp_epsilon=dp_epsilon_of(config))

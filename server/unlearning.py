@@ -37,7 +37,8 @@ from fedunlearn.plots import (
     plot_unlearning_comparison,
 )
 from fedunlearn.preflight import UNLEARNING_LOG
-from fedunlearn.registry import UNLEARNING
+from fedunlearn.registry import UNLEARNING, run_retention
+from fedunlearn.store.history import check_retained, history
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import State
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
@@ -65,14 +66,7 @@ from server.history import discard_stagings, open_staging
 from server.method_runner import MethodRunner
 from server.progress import Log, count
 from server.queries import collect_replies
-from server.retention_plan import (
-    check_retained,
-    history,
-    retention_needs,
-    retention_policies,
-)
 from strategies.federaser import FedEraser
-from strategies.retaining_fedavg import INTERVAL
 
 LOG_NAME = UNLEARNING_LOG  # each request's record (fedunlearn.preflight reads it too)
 
@@ -101,17 +95,24 @@ class UnlearningContext:
         """The store for ``name``'s trajectory when the request may adopt it, else None."""
         return self.staging.get(name)
 
-    def history(self, name: str, need: str = INTERVAL):
-        """What the training run retained for ``name``'s ``need`` (its policy's selection)."""
-        return history(self.outcome.store, need, method=name)
+    def history(self, name: str):
+        """What the training run retained for method ``name`` (its policy's selection)."""
+        policy = UNLEARNING[name].policy()
+        if policy is None:
+            raise ConfigError(
+                "retention", None, f"a retention policy for {name} (it reads history)"
+            )
+        return history(self.outcome.store, policy.name, method=name)
 
 
-def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:
-    """Forget ``outcome.config.unlearn_targets`` with each method; returns the comparison table."""
+def run_unlearning(
+    grid, outcome: TrainingOutcome, targets: list[int], *, log: Log = print
+) -> pd.DataFrame:
+    """Forget ``targets`` (partition ids, the config's ``unlearn-clients``) with each method;
+    returns the comparison table."""
     config = outcome.config
-    targets = config.unlearn_targets
     history = outcome.run.read_log(LOG_NAME)
-    already = _check_not_unlearned(outcome, history)
+    already = _check_not_unlearned(outcome, history, targets)
     if config.retain:
         check_retained(outcome.store, config.methods)
     # Each request keeps its own outputs: unlearning.csv, then unlearning-2.csv, ...
@@ -218,7 +219,7 @@ def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Lo
         raise
     discard_stagings(outcome.run, request, keep=adoption.method)
     passed_over = [
-        f"{m} was no candidate (its trajectory keeps {', '.join(UNLEARNING[m].trajectory_keeps)} "
+        f"{m} was no candidate (its trajectory keeps {', '.join(UNLEARNING[m].trajectory_serves())} "
         f"only, and a later request must be able to run {', '.join(config.methods)})"
         for m in UNLEARNING.names(adoptable=True)
         if explicit is None and m in config.methods and m not in context.candidates
@@ -229,15 +230,14 @@ def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Lo
     return adoption
 
 
-def _check_not_unlearned(outcome: TrainingOutcome, history: list[dict]) -> list[int]:
+def _check_not_unlearned(outcome: TrainingOutcome, history: list[dict], targets) -> list[int]:
     """The clients earlier requests unlearned; a target among them is refused."""
-    config = outcome.config
     already = sorted({t for entry in history for t in entry["targets"]})
-    if set(config.unlearn_targets) & set(already):
+    if set(targets) & set(already):
         raise ConfigError(
             "unlearn-clients",
-            config.unlearn_clients,
-            f"clients not unlearned before; {sorted(set(config.unlearn_targets) & set(already))} "
+            outcome.config.unlearn_clients,
+            f"clients not unlearned before; {sorted(set(targets) & set(already))} "
             f"already were (see {outcome.run.path / LOG_NAME})",
         )
     return already
@@ -338,8 +338,8 @@ def _fedretrain(
     config = outcome.config
     # An adopted retraining keeps what the training run kept (every method's retention), so
     # that a later request can run any of the run's methods on the new history.
-    policies = retention_policies(config) if trajectory is not None else None
-    strategy = participant_strategy(remaining_nodes, trajectory, config.retain_interval, policies)
+    policies = run_retention(config) if trajectory is not None else ()
+    strategy = participant_strategy(remaining_nodes, trajectory, policies)
     model = outcome.new_model()
     model.load_state_dict(outcome.initial_state)
 
@@ -443,10 +443,10 @@ def with_verdicts(table: pd.DataFrame, details: dict, flag_gap: float) -> pd.Dat
 def retained_bytes(store, method: str) -> int:
     """Bytes of the history ``method``'s retention policies kept (0 for a method that reads
     none, such as FedRetrain, or for the trained model)."""
-    if store is None or method not in UNLEARNING:
+    policy = UNLEARNING[method].policy() if method in UNLEARNING else None
+    if store is None or policy is None:
         return 0
-    needs = retention_needs([method])
-    return sum(history(store, need, method=method).total_bytes() for need in needs)
+    return history(store, policy.name, method=method).total_bytes()
 
 
 def retained_blobs_of(store, targets: list[int]) -> int:

@@ -18,15 +18,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedunlearn.store.retention import (  # noqa: F401 (RECORD_KEY, STATE_KEY, INTERVAL re-exported)
-    INTERVAL,
+from fedunlearn.errors import ConfigError
+from fedunlearn.store.retention import (
     RECORD_KEY,
     STATE_KEY,
-    IntervalRetention,
     RetentionPolicy,
     RetentionRecord,
     Selection,
-    is_retained_round,
 )
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import state_difference
@@ -118,11 +116,9 @@ class RetainingFedAvg(FedAvg):
     ----------
     store : UpdateStore or None
         Where retained rounds go; ``None`` turns retention off (plain FedAvg).
-    retain_interval : int (default: 1)
-        Δt, the number of rounds between two retained rounds; rounds 1, 1+Δt, 1+2Δt, ... are kept
-        (the policy used when ``policies`` is not given).
-    policies : mapping of str to RetentionPolicy, optional
-        What to keep, by the need it serves (``{"retained-updates": IntervalRetention(2), ...}``).
+    policies : iterable of RetentionPolicy
+        What to keep (``[IntervalRetention(2), ...]``, :func:`fedunlearn.registry.run_retention`
+        for a run's); at least one when ``store`` is given, each under its own ``name``.
     participants : collection of int, optional
         Node ids taking part: FedAvg samples and configures these nodes only, as if the others were
         not connected (FedRetrain trains without the forgotten clients this way, and no line says
@@ -144,9 +140,8 @@ class RetainingFedAvg(FedAvg):
     def __init__(
         self,
         store: UpdateStore | None,
-        retain_interval: int = 1,
+        policies: Iterable[RetentionPolicy] = (),
         participants: Collection[int] | None = None,
-        policies: Mapping[str, RetentionPolicy] | None = None,
         on_retained: Callable[[int, list[int]], None] | None = None,
         **fedavg_kwargs,
     ) -> None:
@@ -161,12 +156,10 @@ class RetainingFedAvg(FedAvg):
                         "only they are sampled, so at most that many can be"
                     )
         super().__init__(**fedavg_kwargs)
-        is_retained_round(1, retain_interval)  # validates
         self.store = store
-        self.retain_interval = retain_interval
         self.on_retained = on_retained
         self.participants = participants
-        self.policies = dict(policies or {INTERVAL: IntervalRetention(retain_interval)})
+        self.policies = _by_name(policies, store)
         self.record = RetentionRecord.empty(self.policies)
         self._sent_arrays: dict[int, ArrayRecord] = {}
 
@@ -177,7 +170,7 @@ class RetainingFedAvg(FedAvg):
         else:
             logger.info("Retention: %s into %s", ", ".join(self.policies), self.store.root)
 
-    def is_retained_round(self, server_round: int) -> bool:
+    def retained(self, server_round: int) -> bool:
         """Whether anything of ``server_round`` was kept (asked after its aggregation)."""
         return self.store is not None and self.record.union(server_round) is not None
 
@@ -189,12 +182,11 @@ class RetainingFedAvg(FedAvg):
         if RECORD_KEY in metadata:
             self.record = RetentionRecord.from_json(metadata[RECORD_KEY])
             self.record.truncate(last_round)
-            if any(hasattr(p, "settle") for p in self.policies.values()):
-                # a crash after a settlement was saved but before its deletions: finish them
-                self._delete_unkept([r for r in self.store.rounds() if r <= last_round])
+            # a crash after a settlement was saved but before its deletions: finish them
+            self._delete_unkept([r for r in self.store.rounds() if r <= last_round])
         states = metadata.get(STATE_KEY, {}).get(str(last_round), {})
         for name, policy in self.policies.items():
-            if name in states and hasattr(policy, "load_state_dict"):
+            if name in states:
                 policy.load_state_dict(states[name])
 
     def configure_train(
@@ -204,7 +196,7 @@ class RetainingFedAvg(FedAvg):
         asks the clients for its loss when a policy wants it."""
         if self.store is not None:
             self._sent_arrays = {server_round: arrays}
-            if any(getattr(p, "wants_start_loss", False) for p in self.policies.values()):
+            if any(p.wants_start_loss for p in self.policies.values()):
                 config = ConfigRecord({**dict(config), START_LOSS_REQUEST: 1})
         return super().configure_train(server_round, arrays, config, self._sampled_from(grid))
 
@@ -243,13 +235,18 @@ class RetainingFedAvg(FedAvg):
         loss = _start_loss(replies, self.weighted_by_key)
         chosen, settled = {}, set()
         for name, policy in self.policies.items():
-            extra = {"loss": loss} if getattr(policy, "wants_start_loss", False) else {}
-            selection = Selection.of(
-                policy.select(server_round, global_state, updates, counts, **extra)
+            selection = policy.select(
+                server_round,
+                global_state,
+                updates,
+                counts,
+                loss=loss if policy.wants_start_loss else None,
             )
+            if not isinstance(selection, Selection):
+                raise TypeError(f"policy {name}'s select returned {selection!r}, not a Selection")
             self.record.add(name, server_round, selection)
             chosen[name] = selection
-            for decided, clients in getattr(policy, "settle", dict)().items():
+            for decided, clients in policy.settle().items():
                 self.record.settle(name, decided, clients)
                 if decided == server_round:
                     chosen[name] = Selection(clients is not None, frozenset(clients or ()))
@@ -266,9 +263,9 @@ class RetainingFedAvg(FedAvg):
                     writer.add_norms(partition_id, updates[partition_id], counts[partition_id])
         # A round no policy kept, with no policy state to carry, leaves the record as it was:
         # the header is rewritten only when something changed (not every round).
-        stateful = any(hasattr(p, "state_dict") for p in self.policies.values())
-        if kept is not None or settled or stateful:
-            self._save_record(server_round)
+        states = self._states()
+        if kept is not None or settled or states:
+            self._save_record(server_round, states)
         # after the record: a crash in between leaves blobs the record no longer names, which
         # resume() deletes, never a record naming deleted blobs
         self._delete_unkept(sorted(settled))
@@ -307,17 +304,30 @@ class RetainingFedAvg(FedAvg):
             counts[partition_id] = int(metrics[self.weighted_by_key])
         return _Updates(arrays, global_state), counts
 
-    def _save_record(self, server_round: int) -> None:
+    def _save_record(self, server_round: int, states: dict) -> None:
         """The record and the policies' states after this round (and the round before, which a
         run resumed from the previous checkpoint continues)."""
         assert self.store is not None
-        states = {
-            name: policy.state_dict()
-            for name, policy in self.policies.items()
-            if hasattr(policy, "state_dict")
-        }
         kept = self.store.metadata.get(STATE_KEY, {})
         kept = {r: v for r, v in kept.items() if int(r) == server_round - 1}
         self.store.set_metadata(
             **{RECORD_KEY: self.record.to_json(), STATE_KEY: {**kept, str(server_round): states}}
         )
+
+    def _states(self) -> dict:
+        """Every stateful policy's :meth:`~RetentionPolicy.state_dict`, by name."""
+        states = {name: policy.state_dict() for name, policy in self.policies.items()}
+        return {name: state for name, state in states.items() if state is not None}
+
+
+def _by_name(policies: Iterable[RetentionPolicy], store) -> dict[str, RetentionPolicy]:
+    """``policies`` by name; a store without a policy, a non-policy or a name twice is refused."""
+    by_name: dict[str, RetentionPolicy] = {}
+    for policy in policies:
+        if not isinstance(policy, RetentionPolicy):
+            raise ConfigError("policies", repr(policy), "RetentionPolicy instances")
+        if by_name.setdefault(policy.name, policy) is not policy:
+            raise ConfigError("policies", policy.name, "one policy per name")
+    if store is not None and not by_name:
+        raise ConfigError("policies", "none", "at least one policy when a store is given")
+    return by_name

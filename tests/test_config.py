@@ -142,9 +142,13 @@ def test_strings_from_the_command_line_are_coerced():
     ("interval", "expected"), [(1, [1, 2, 3, 4, 5, 6, 7]), (2, [1, 3, 5, 7]), (5, [1, 6])]
 )
 def test_retention_schedule_is_t1_equals_1_then_every_delta_t(interval, expected):
+    from fedunlearn.registry import run_retention
+
     config = ExperimentConfig.from_run_config({"retain-interval": interval})
-    assert [t for t in range(1, 8) if config.is_retained_round(t)] == expected
-    assert not ExperimentConfig(retain=False).is_retained_round(1)
+    (policy,) = run_retention(config)
+    kept = [t for t in range(1, 8) if policy.select(t, {}, {0: {}}, {0: 1}).keep_global]
+    assert kept == expected
+    assert run_retention(ExperimentConfig(retain=False)) == []
 
 
 def test_run_directory_is_output_dir_slash_run_name(tmp_path):
@@ -275,8 +279,23 @@ def test_portable_run_names_are_accepted(name):
 
 @pytest.mark.parametrize(
     "name",
-    [".", "..", ".x", "-x", "a/b", "a\\b", "a b", "a\x00b", "ab\n", "\u00e9", "\U0001f389",
-     "r" * 101, "a:b", "a*b", "a\u200bb"],
+    [
+        ".",
+        "..",
+        ".x",
+        "-x",
+        "a/b",
+        "a\\b",
+        "a b",
+        "a\x00b",
+        "ab\n",
+        "\u00e9",
+        "\U0001f389",
+        "r" * 101,
+        "a:b",
+        "a*b",
+        "a\u200bb",
+    ],
 )
 def test_other_run_names_are_refused(name):
     with pytest.raises(ConfigError) as info:
@@ -286,8 +305,15 @@ def test_other_run_names_are_refused(name):
 
 @pytest.mark.parametrize(
     "folder",
-    ["/home/J\u00fcrgen/runs", "/home/Jose\u0301", "/\u65e5\u672c/\u0440\u0443\u043d",
-     "/a b/c", "/x/(1) [2] {3} #4 $5 %6 & ' \" ~", "relative/dir", "~/runs"],
+    [
+        "/home/J\u00fcrgen/runs",
+        "/home/Jose\u0301",
+        "/\u65e5\u672c/\u0440\u0443\u043d",
+        "/a b/c",
+        "/x/(1) [2] {3} #4 $5 %6 & ' \" ~",
+        "relative/dir",
+        "~/runs",
+    ],
 )
 def test_output_dirs_with_letters_of_any_script_are_accepted(folder):
     assert ExperimentConfig.from_run_config({"output-dir": folder}).output_dir == folder
@@ -295,8 +321,22 @@ def test_output_dirs_with_letters_of_any_script_are_accepted(folder):
 
 @pytest.mark.parametrize(
     "folder",
-    ["", "   ", "/a\x00b", "/a\nb", "/a\tb", "/a\x7fb", "/\U0001f600", "/a\u200db",
-     "/a\u202eb", "/a\ufe0f", "/\u00a0x", "/\ud83d", "/" + "x" * 256, "/a/" * 1100],
+    [
+        "",
+        "   ",
+        "/a\x00b",
+        "/a\nb",
+        "/a\tb",
+        "/a\x7fb",
+        "/\U0001f600",
+        "/a\u200db",
+        "/a\u202eb",
+        "/a\ufe0f",
+        "/\u00a0x",
+        "/\ud83d",
+        "/" + "x" * 256,
+        "/a/" * 1100,
+    ],
 )
 def test_output_dirs_with_control_characters_emoji_or_odd_lengths_are_refused(folder):
     with pytest.raises(ConfigError) as info:

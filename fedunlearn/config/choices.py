@@ -34,9 +34,9 @@ _METHOD_LISTS = {
     "DEFAULT_UNLEARNING_METHODS": lambda: UNLEARNING.names(default=True),
     #: Methods whose trajectory can become the retained history after a request (unlearn-adopt).
     "ADOPTABLE_METHODS": lambda: UNLEARNING.names(adoptable=True),
-    #: Methods that rebuild the model from the retained updates (they need ``retain = true``).
+    #: Methods that read a retained history (a retention policy: they need ``retain = true``).
     "RETAINED_UPDATE_METHODS": lambda: tuple(
-        spec.name for spec in UNLEARNING if "retained-updates" in spec.needs
+        spec.name for spec in UNLEARNING if spec.retention is not None
     ),
     #: Scrubbing methods (Golatkar et al.) and baselines; "original" and "retrain" always run.
     "SCRUB_METHODS": lambda: SCRUBBING.names(),

@@ -25,7 +25,6 @@ from fedunlearn.config.parameters import (
 from fedunlearn.config.paths import expand_path
 from fedunlearn.config.rules import ConfigGroup, partition_ids, validate_config
 from fedunlearn.errors import ConfigError, did_you_mean
-from fedunlearn.store.retention import is_retained_round
 
 
 @dataclass(frozen=True)
@@ -152,10 +151,6 @@ class ExperimentConfig(RunParameters):
         return self.output_path / name
 
     # ------------------------------------------------------------------ derived values
-    def is_retained_round(self, server_round: int) -> bool:
-        """FedEraser's schedule (:func:`fedunlearn.store.retention.is_retained_round`), if retaining."""
-        return self.retain and is_retained_round(server_round, self.retain_interval)
-
     @property
     def training_seed(self) -> int:
         """The seed of the initial model and of the clients' batch order: ``model-seed``, or
@@ -196,7 +191,7 @@ class ExperimentConfig(RunParameters):
         leaving out one whose trajectory would not keep what the request's methods need when
         another's would (FedEraser's trajectory keeps its Δt schedule only: after it, a request
         could not run FedRecover, Crab or SIFU)."""
-        from fedunlearn.registry import RETENTION_NEEDS, UNLEARNING
+        from fedunlearn.registry import UNLEARNING, retention_policies
 
         methods, adoptable = self.methods, choices.ADOPTABLE_METHODS
         if self.unlearn_adopt != "auto":
@@ -218,8 +213,8 @@ class ExperimentConfig(RunParameters):
             )
         if len(candidates) == 1:
             return candidates
-        needs = {n for m in methods for n in UNLEARNING[m].needs if n in RETENTION_NEEDS}
-        serving = [m for m in candidates if needs <= set(UNLEARNING[m].trajectory_keeps)]
+        needs = set(retention_policies(methods))
+        serving = [m for m in candidates if needs <= set(UNLEARNING[m].trajectory_serves())]
         return serving or candidates
 
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -44,6 +44,7 @@ from fedunlearn.config.constraints import (
     PositiveNumbers,
     RunName,
 )
+from fedunlearn.errors import ConfigError
 
 #: The groups, one per phase of a run, in the order the table and the page list them.
 GROUPS = {
@@ -323,7 +324,7 @@ class RunParameters:
     )
     sifu_expansion: str = unlearning(
         "smoothness",
-        Options(_lazy("fedunlearn.unlearning.sifu", "EXPANSIONS")),
+        Options(_lazy("fedunlearn.unlearning.sensitivity", "EXPANSIONS")),
         "SIFU's per-round factor rho: from sifu-smoothness (a bound), or non-expansive (assumed, "
         "as the authors' code does: |1 - lr weight-decay|^K)",
     )
@@ -551,3 +552,21 @@ def parameter_constraints(group: str | None = None, *, by: str = "key") -> dict[
         for row in parameter_table()
         if group is None or row.group == group
     }
+
+
+def validated_parameters(values: Mapping[str, object]) -> dict[str, object]:
+    """The values of run-config keys checked against the constraints table (numbers as numbers:
+    a bool or a string is refused)."""
+    constraints = parameter_constraints()
+    out = {}
+    for key, value in values.items():
+        constraint = constraints[key]
+        if isinstance(constraint, Interval):
+            whole = constraint.kind is int
+            numeric = isinstance(value, int if whole else (int, float))
+            if isinstance(value, bool) or not numeric:
+                raise ConfigError(key, value, constraint.allowed)
+            value = value if whole else float(value)
+        constraint.check(key, value)
+        out[key] = value
+    return out

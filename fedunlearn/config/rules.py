@@ -168,14 +168,14 @@ def check_someone_remains(config: ExperimentConfig) -> None:
 
 
 def check_retention_for_methods(config: ExperimentConfig) -> None:
-    """Methods that rebuild the model from retained updates have them (``retain = true``)."""
-    rebuilding = set(choices.RETAINED_UPDATE_METHODS) & set(config.methods)
+    """Methods that read the history retained during training have it (``retain = true``)."""
+    rebuilding = [m for m in choices.RETAINED_UPDATE_METHODS if m in config.methods]
     if config.unlearn_targets and not config.retain and rebuilding:
         raise ConfigError(
             "retain",
             config.retain,
-            "true: FedEraser and FedAccum rebuild the model from retained updates "
-            "(or set unlearn-methods='fedretrain')",
+            f"true: {', '.join(rebuilding)} rebuild the model from the history retained during "
+            "training (or set unlearn-methods='fedretrain')",
         )
 
 

@@ -29,7 +29,6 @@ from fedunlearn.store.index import (
     blob_path,
     describe,
 )
-from fedunlearn.store.retention import is_retained_round
 from fedunlearn.store.run_directory import (
     CHECKPOINT,
     RunDirectory,
@@ -67,7 +66,6 @@ __all__ = [
     "describe",
     "BlobRow",
     "StoreIndex",
-    "is_retained_round",
     "CHECKPOINT",
     "RunDirectory",
     "FORMAT_NAME",

@@ -18,9 +18,10 @@ such a run (:func:`fedunlearn.registry.norms_problem`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import torch
 
@@ -33,14 +34,6 @@ RECORD_KEY, STATE_KEY = "retention", "retention-state"
 INTERVAL = "retained-updates"
 #: ``retain-mode``: keep whole updates at every retained round, or whole at t_1 and norms after.
 RETAIN_MODES = ("full", "norms")
-
-
-def is_retained_round(server_round: int, retain_interval: int) -> bool:
-    """Whether round ``server_round`` (1-based) is one of t_1 = 1, t_{j+1} = t_j + Δt, with
-    Δt = ``retain_interval`` (>= 1)."""
-    if retain_interval < 1:
-        raise ValueError(f"retain_interval must be a whole number >= 1, got {retain_interval}")
-    return server_round >= 1 and (server_round - 1) % retain_interval == 0
 
 
 @dataclass(frozen=True)
@@ -82,53 +75,77 @@ class Selection:
         return cls(bool(keep_global) or bool(clients), clients)
 
 
-class RetentionPolicy(Protocol):
-    """Decides, after each training round, what one method needs kept of it.
+class RetentionPolicy(ABC):
+    """Decides, after each training round, what one method needs kept of it (a method's
+    retention: :attr:`fedunlearn.registry.MethodSpec.retention`).
 
-    Two optional members: ``wants_start_loss = True`` has the clients report L^t, the training
-    loss of the model they received, passed to ``select`` as ``loss`` (Crab's time windows); a
-    ``settle()`` method, called after every ``select``, returns the final choice of earlier rounds
-    the policy kept provisionally (``{round: clients}``, None for nothing of the round), for a
-    policy that chooses rounds after they happened (Crab chooses when a window closes): the
-    strategy records it and deletes what no policy keeps any more."""
+    A subclass names the need it serves (:attr:`name`, the key of its selection and its state in
+    the store's metadata), builds itself from the run config (:meth:`from_config`) and answers
+    :meth:`select` after every round. A policy with state saves it with every round
+    (:meth:`state_dict`, so a resumed run continues it: :meth:`load_state_dict`), restores it from
+    the store (:meth:`from_state`, which refuses a malformed state) and drops forgotten clients
+    from it (:meth:`forget`). A policy that chooses rounds after they happened (Crab chooses when
+    a window closes) keeps them whole meanwhile and hands over its final choice in :meth:`settle`.
+    """
 
+    #: The need it serves: the key of its selection (``retention``) and state (``retention-state``).
+    name: ClassVar[str]
+    #: Whether it keeps clients' whole updates after round t_1 (a ``retain-mode = norms`` store,
+    #: which keeps only their norms, cannot serve it).
+    keeps_updates: ClassVar[bool] = True
+    #: Whether the clients report L^t, the loss of the model they received, passed to
+    #: :meth:`select` as ``loss`` (Crab's time windows).
+    wants_start_loss: ClassVar[bool] = False
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config) -> RetentionPolicy:
+        """The policy of a run (an :class:`fedunlearn.config.ExperimentConfig`)."""
+
+    @abstractmethod
     def select(
         self,
         server_round: int,
         global_state: State,
         updates: Mapping[int, State],
         num_examples: Mapping[int, int],
-    ) -> Selection | tuple[bool, Collection[int]]: ...
+        *,
+        loss: float | None = None,
+    ) -> Selection:
+        """What to keep of ``server_round``: M^t and which clients' U_k^t (``loss``: L^t when
+        :attr:`wants_start_loss`, else None)."""
 
+    def settle(self) -> Mapping[int, Collection[int] | None]:
+        """The final choice of earlier rounds decided since the last call (``{round: clients}``,
+        None for nothing of the round); a policy that decides at once returns ``{}``."""
+        return {}
 
-class IntervalRetention:
-    """FedEraser's schedule: every client's update at rounds 1, 1+Δt, 1+2Δt, ...; with
-    ``mode="norms"``, round t_1 = 1 whole (M^{t_1} and the U_k^{t_1} of the uncalibrated first
-    step) and at later retained rounds only each update's norm per tensor (eq. 2's step size)."""
+    def state_dict(self) -> dict[str, Any] | None:
+        """The JSON-able state saved with each round; None: the policy keeps none."""
+        return None
 
-    def __init__(self, retain_interval: int, mode: str = "full") -> None:
-        is_retained_round(1, retain_interval)  # validates
-        if mode not in RETAIN_MODES:
-            raise ConfigError("retain-mode", mode, f"one of {', '.join(RETAIN_MODES)}")
-        self.retain_interval = retain_interval
-        self.mode = mode
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (a resumed run)."""
+        raise StoreCorruptionError(
+            f"retention policy {self.name} keeps no state, but one was saved"
+        )
 
-    def select(self, server_round, global_state, updates, num_examples) -> Selection:
-        if not is_retained_round(server_round, self.retain_interval):
-            return Selection(False, frozenset())
-        if self.mode == "norms" and server_round > 1:
-            return Selection(False, frozenset(), frozenset(updates))
-        return Selection(True, frozenset(updates))
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> RetentionPolicy:
+        """The policy a saved :meth:`state_dict` describes; a malformed state is refused."""
+        raise StoreCorruptionError(f"retention policy {cls.name} keeps no state, but one was saved")
 
+    def forget(self, clients: Collection[int]) -> None:
+        """Drop ``clients`` from the state (their updates are deleted; numbers about them go
+        too, or they would keep their information). A stateless policy has nothing to drop."""
+        return None
 
-class EveryRound:
-    """Every round's global model and, unless ``models_only``, every client's update."""
-
-    def __init__(self, *, models_only: bool = False) -> None:
-        self.models_only = models_only
-
-    def select(self, server_round, global_state, updates, num_examples) -> Selection:
-        return Selection(True, frozenset() if self.models_only else frozenset(updates))
+    @classmethod
+    def forget_in_state(cls, state: Mapping[str, Any], clients: Collection[int]) -> dict[str, Any]:
+        """A saved state without ``clients``: restored (:meth:`from_state`), :meth:`forget`, saved."""
+        policy = cls.from_state(state)
+        policy.forget(clients)
+        return policy.state_dict()
 
 
 @dataclass
@@ -219,128 +236,3 @@ class RetentionRecord:
                     f"retention.{name}", selection, "round -> list of client ids"
                 ) from None
         return cls(selections)
-
-
-class HistoryView:
-    """The part of an update store one policy selected: the rounds it kept, and in each round
-    only the clients it kept. Read API as :class:`fedunlearn.store.update_store.UpdateStore`'s
-    (``rounds``, ``clients``, ``num_examples``, ``read_global``, ``read_update``, ``read_round``,
-    ``iter_rounds``), so a method cannot read what its own retention would not have kept."""
-
-    def __init__(self, store, selection: Mapping[int, Collection[int]]) -> None:
-        self.store = store
-        self.root = store.root
-        kept = set(store.rounds())
-        self._selection = {
-            r: frozenset(clients) & frozenset(store.clients(r))
-            for r, clients in sorted(selection.items())
-            if r in kept
-        }
-
-    def rounds(self) -> list[int]:
-        return list(self._selection)
-
-    def clients(self, round: int | None = None) -> list[int]:
-        if round is None:
-            return sorted(set().union(*self._selection.values()))
-        return sorted(self._kept(round))
-
-    def num_examples(self, round: int) -> dict[int, int]:
-        counts = self.store.num_examples(round)
-        return {c: n for c, n in counts.items() if c in self._kept(round)}
-
-    def read_global(self, round: int) -> dict[str, torch.Tensor]:
-        self._kept(round)
-        return self.store.read_global(round)
-
-    def read_update(self, round: int, client: int) -> dict[str, torch.Tensor]:
-        if client not in self._kept(round):
-            raise ConfigError(
-                "client",
-                client,
-                f"a client this method kept in round {round}: {sorted(self._kept(round))}",
-            )
-        return self.store.read_update(round, client)
-
-    def read_round(self, round: int, clients=None, exclude=()):
-        kept = self._kept(round)
-        wanted = kept if clients is None else kept & _as_set(clients)
-        return self.store.read_round(round, clients=sorted(wanted), exclude=exclude)
-
-    def iter_rounds(self, clients=None, exclude=()) -> Iterator:
-        clients = None if clients is None else _as_set(clients)
-        exclude = _as_set(exclude)
-        for server_round in self.rounds():
-            yield self.read_round(server_round, clients=clients, exclude=exclude)
-
-    def total_bytes(self) -> int:
-        """Bytes this selection keeps: global models, updates and norms rows."""
-        total = 0
-        for row in self.store.index().itertuples():
-            kept = self._selection.get(int(row.round))
-            if kept is not None and (row.kind == "global" or int(row.client) in kept):
-                total += int(row.bytes)
-        return total
-
-    def _kept(self, round: int) -> frozenset[int]:
-        if round not in self._selection:
-            raise ConfigError("round", round, f"a round this method kept: {self.rounds()}")
-        return self._selection[round]
-
-
-def _as_set(clients) -> frozenset[int]:
-    return frozenset([clients] if isinstance(clients, int) else clients)
-
-
-# ------------------------------------------------------------------ what a store kept, by need
-def retention_record(store) -> RetentionRecord:
-    """What each policy kept in ``store``; a store written before policies existed (or a
-    rewritten history) holds FedEraser's schedule: every round with every client."""
-    recorded = store.metadata.get(RECORD_KEY)
-    if recorded is not None:
-        return RetentionRecord.from_json(recorded)
-    return RetentionRecord({INTERVAL: {r: tuple(store.clients(r)) for r in store.rounds()}})
-
-
-def history(store, need: str, *, method: str = "") -> HistoryView:
-    """The part of ``store`` the policy of ``need`` kept; refused when it kept nothing."""
-    record = retention_record(store)
-    unknown = [
-        line for line in record.unknown(store) if line.startswith(f"retention record {need}:")
-    ]
-    if unknown:  # refused before any method reads a history other than the recorded one
-        raise StoreCorruptionError(f"{store.root}: {'; '.join(unknown)}; restore it from a backup")
-    if need not in record.selections or not record.selections[need]:
-        kept = [name for name, selection in record.selections.items() if selection]
-        raise ConfigError(
-            "unlearn-methods",
-            method or need,
-            f"methods whose retention the run kept ({', '.join(kept) or 'nothing'}); "
-            f"{method or 'this method'} needs {need}, retained only when it is among the "
-            "unlearn-methods of the training run (a rewritten history keeps the adopted "
-            "method's trajectory only)",
-        )
-    return HistoryView(store, record.selections[need])
-
-
-def check_retained(store, methods: Iterable[str]) -> None:
-    """Refuse, before any method runs (and before a later request's federation starts: the
-    preflight reads the store read-only), a method whose retention need ``store`` lacks."""
-    from fedunlearn.registry import RETENTION_NEEDS, UNLEARNING, norms_problem
-
-    for name in methods:
-        for need in UNLEARNING[name].needs:
-            if need in RETENTION_NEEDS:
-                if store is None:
-                    raise ConfigError(
-                        "retain", False, f"true: {name} needs {need} kept during training"
-                    )
-                history(store, need, method=name)
-        problem = norms_problem(UNLEARNING[name])
-        if problem and store is not None and store.keeps_norms:
-            raise ConfigError(
-                "unlearn-methods",
-                name,
-                f"methods that run on a retain-mode = norms history ({problem}; the store kept "
-                "only the norms of the updates after round t_1)",
-            )

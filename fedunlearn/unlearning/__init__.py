@@ -65,12 +65,8 @@ from fedunlearn.unlearning.pruning import (
     select_channels,
     tf_idf,
 )
-from fedunlearn.unlearning.sifu import (
-    SensitivityAccumulator,
-    SifuCertificate,
-    local_lipschitz,
-    rollback_round,
-)
+from fedunlearn.unlearning.sensitivity import SensitivityAccumulator, local_lipschitz
+from fedunlearn.unlearning.sifu import SifuCertificate, rollback_round
 
 __all__ = [
     "calibration_epochs",

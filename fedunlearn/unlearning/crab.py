@@ -51,10 +51,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from fedunlearn.config.constraints import Interval
-from fedunlearn.config.parameters import parameter_constraints
+from fedunlearn.config.parameters import validated_parameters
 from fedunlearn.errors import ConfigError
-from fedunlearn.store.retention import Selection
+from fedunlearn.store.retention import RetentionPolicy, Selection
 from fedunlearn.training.model_state import State, parameter_groups, state_sum
 from fedunlearn.training.stacked import member_groups
 from fedunlearn.unlearning.federaser import aggregate_updates
@@ -65,24 +64,6 @@ DEFAULT_CLIENT_RATIO = 0.7
 DEFAULT_LOSS_DROP = 0.1
 #: The selector's state format: 2 decides at the end of each window (format 1 decided online).
 STATE_FORMAT = 2
-
-
-def validated_parameters(values: Mapping[str, object]) -> dict[str, object]:
-    """The values of run-config keys checked against the constraints table (numbers as numbers:
-    a bool or a string is refused)."""
-    constraints = parameter_constraints()
-    out = {}
-    for key, value in values.items():
-        constraint = constraints[key]
-        if isinstance(constraint, Interval):
-            whole = constraint.kind is int
-            numeric = isinstance(value, int if whole else (int, float))
-            if isinstance(value, bool) or not numeric:
-                raise ConfigError(key, value, constraint.allowed)
-            value = value if whole else float(value)
-        constraint.check(key, value)
-        out[key] = value
-    return out
 
 
 def _norm(tensors: Iterable[torch.Tensor]) -> float:
@@ -158,7 +139,7 @@ def top_clients(alignments: Mapping[int, float], client_ratio: float) -> list[in
 # ------------------------------------------------------------------ selective storage
 
 
-class CrabSelector:
+class CrabSelector(RetentionPolicy):
     """Crab's selective storage: scores every round when it is aggregated, chooses when its window
     closes (see the module docstring). A retention policy (:mod:`fedunlearn.store.retention`).
 
@@ -187,6 +168,7 @@ class CrabSelector:
     choice of the rounds closed since it was last called. :meth:`state_dict` is JSON, no tensor.
     """
 
+    name = "selected-history"
     #: The retaining strategy asks the clients for L^t and passes it as ``loss``.
     wants_start_loss = True
 
@@ -223,6 +205,35 @@ class CrabSelector:
         self._kept: dict[int, list[int]] = {}
         self._influence: dict[int, dict] = {}
         self._unsettled: dict[int, list[int] | None] = {}
+
+    @classmethod
+    def from_config(cls, config) -> CrabSelector:
+        """The run's P, X, α and window bound, closing the last window at the run's last round
+        (and keeping round 1 for the sensitivity rollback, ours)."""
+        return cls(
+            round_ratio=config.crab_round_ratio,
+            client_ratio=config.crab_client_ratio,
+            loss_drop=config.crab_loss_drop,
+            window=config.crab_window,
+            final_round=config.rounds,
+            keep_first_round=config.crab_rollback == "sensitivity",
+        )
+
+    @classmethod
+    def from_state(cls, state: Mapping) -> CrabSelector:
+        """The selector a saved :meth:`state_dict` describes (its hyper-parameters included)."""
+        check_state_format(state)
+        p = state["parameters"]
+        selector = cls(
+            p["crab-round-ratio"],
+            p["crab-client-ratio"],
+            p["crab-loss-drop"],
+            p["crab-window"],
+            final_round=p["rounds"],
+            keep_first_round=p["keep-first-round"],
+        )
+        selector.load_state_dict(state)
+        return selector
 
     @property
     def kept(self) -> dict[int, list[int]]:
@@ -370,6 +381,25 @@ class CrabSelector:
         self._influence = {int(t): copy_influence_record(r) for t, r in state["influence"].items()}
         self._unsettled = {}
 
+    def forget(self, clients: Collection[int]) -> None:
+        """Drop ``clients``' contribution norms, alignment scores and places in the kept
+        selection (after their updates were deleted)."""
+        gone = {int(c) for c in clients}
+        for record in self._influence.values():
+            record["clients"] = {c: v for c, v in record["clients"].items() if c not in gone}
+        self._kept = {t: [c for c in kept if c not in gone] for t, kept in self._kept.items()}
+        self._open["alignments"] = [
+            {k: v for k, v in a.items() if k not in gone} for a in self._open["alignments"]
+        ]
+
+    @classmethod
+    def forget_in_state(cls, state: Mapping, clients: Collection[int]) -> dict:
+        """A saved selection without ``clients``; of a format-1 state, the parts it has (it can
+        no longer be restored, but what it says of the clients goes)."""
+        if isinstance(state, Mapping) and state.get("format", 1) == 1:
+            return _forget_in_format_1(state, clients)
+        return super().forget_in_state(state, clients)
+
 
 def check_state_format(state: object) -> None:
     """Refuse a saved selection of another format than :data:`STATE_FORMAT`, saying why."""
@@ -413,10 +443,9 @@ def _record_to_json(record: Mapping) -> dict:
     return {"step": copy["step"], "clients": {str(c): v for c, v in copy["clients"].items()}}
 
 
-def forget_in_state(state: Mapping, clients: Collection[int]) -> dict:
-    """A saved selection (:meth:`CrabSelector.state_dict`) without ``clients``: their contribution
-    norms, their alignment scores and their place in the kept selection (of a format-1 state, the
-    parts it has)."""
+def _forget_in_format_1(state: Mapping, clients: Collection[int]) -> dict:
+    """A format-1 saved selection without ``clients``: their contribution norms, their alignment
+    scores and their place in the kept selection, of the parts it has."""
     clients = {int(c) for c in clients}
     state = dict(state)
     state["influence"] = {

@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedunlearn.config.parameters import validated_parameters
 from fedunlearn.errors import ConfigError
 from fedunlearn.training.model_state import State, parameter_groups, state_sum
-from fedunlearn.unlearning.crab import copy_influence_record, validated_parameters
+from fedunlearn.unlearning.crab import copy_influence_record
 from fedunlearn.unlearning.federaser import (
     ExactUpdatesFn,
     aggregate_updates,

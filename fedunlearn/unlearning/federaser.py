@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedunlearn.config.parameters import validated_parameters
 from fedunlearn.errors import ConfigError
+from fedunlearn.store.retention import INTERVAL, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import State, state_sum, weighted_average
 
@@ -309,3 +311,36 @@ def _record_step(trajectory: UpdateStore, retained, model: State, applied: Mappi
         for k in sorted(applied):
             add = writer.add_norms if k in norms else writer.add_update
             add(k, applied[k], retained.num_examples[k], squares=retained.squares.get(k))
+
+
+# ------------------------------------------------------------------ retention (Section IV-B)
+def is_retained_round(server_round: int, retain_interval: int) -> bool:
+    """Whether round ``server_round`` (1-based) is one of t_1 = 1, t_{j+1} = t_j + Δt, with
+    Δt = ``retain_interval`` (validated by :class:`IntervalRetention`, the one route)."""
+    return server_round >= 1 and (server_round - 1) % retain_interval == 0
+
+
+class IntervalRetention(RetentionPolicy):
+    """FedEraser's schedule: every client's update at rounds 1, 1+Δt, 1+2Δt, ...; with
+    ``mode="norms"``, round t_1 = 1 whole (M^{t_1} and the U_k^{t_1} of the uncalibrated first
+    step) and at later retained rounds only each update's norm per tensor (eq. 2's step size).
+    Δt and the mode are checked against the run config's own constraints (``retain-interval``,
+    ``retain-mode``)."""
+
+    name = INTERVAL
+
+    def __init__(self, retain_interval: int, mode: str = "full") -> None:
+        checked = validated_parameters({"retain-interval": retain_interval, "retain-mode": mode})
+        self.retain_interval = int(checked["retain-interval"])
+        self.mode = str(checked["retain-mode"])
+
+    @classmethod
+    def from_config(cls, config) -> IntervalRetention:
+        return cls(config.retain_interval, config.retain_mode)
+
+    def select(self, server_round, global_state, updates, num_examples, *, loss=None) -> Selection:
+        if not is_retained_round(server_round, self.retain_interval):
+            return Selection(False, frozenset())
+        if self.mode == "norms" and server_round > 1:
+            return Selection(False, frozenset(), frozenset(updates))
+        return Selection(True, frozenset(updates))

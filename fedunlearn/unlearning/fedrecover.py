@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.store.retention import RetentionPolicy, Selection
 from fedunlearn.training.model_state import State, parameter_groups, state_norm, state_sum
 from fedunlearn.unlearning.divergence_guard import DivergenceGuard, GuardRanges
 from fedunlearn.unlearning.federaser import ExactUpdatesFn, aggregate_updates
@@ -417,3 +418,20 @@ def fedrecover(
         if progress is not None:
             progress(step)
     return run.recovery
+
+
+class EveryRound(RetentionPolicy):
+    """FedRecover's retention (Section 4): every round's global model and, unless
+    ``models_only``, every client's update."""
+
+    name = "round-history"
+
+    def __init__(self, *, models_only: bool = False) -> None:
+        self.models_only = bool(models_only)
+
+    @classmethod
+    def from_config(cls, config) -> EveryRound:
+        return cls()
+
+    def select(self, server_round, global_state, updates, num_examples, *, loss=None) -> Selection:
+        return Selection(True, frozenset() if self.models_only else frozenset(updates))

@@ -24,7 +24,7 @@ What runs, per seed:
     initial model (``torch.manual_seed(seed)``) and client sampling (``random.sample`` after
     ``random.seed(seed)``), step for step as their ``Client.local_work`` and
     ``Server.aggregation`` do; the script checks that the replay reproduces their Psi history and
-    final model. Our :class:`~fedunlearn.unlearning.sifu.SensitivityAccumulator` observes every
+    final model. Our :class:`~fedunlearn.unlearning.sensitivity.SensitivityAccumulator` observes every
     round: with the default ``expansion = "smoothness"`` (the bound under L, here the exact
     L = max_k lambda_max(X_k^T X_k / n_k) / 2 of softmax regression, bias included) and with
     ``expansion = "non-expansive"`` (the authors' factor as an option); our rollback is
@@ -74,7 +74,8 @@ import torch
 from torch import nn
 
 from fedunlearn.unlearning.gaussian_mechanism import _analytic_delta, unlearning_budget
-from fedunlearn.unlearning.sifu import SensitivityAccumulator, local_lipschitz, rollback_round
+from fedunlearn.unlearning.sensitivity import SensitivityAccumulator, local_lipschitz
+from fedunlearn.unlearning.sifu import rollback_round
 from simulations.benchmarks import default_data_root
 
 SIMULATIONS = Path(__file__).resolve().parents[1]

@@ -44,7 +44,8 @@ from safetensors.torch import load_file
 
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.unlearning.gaussian_mechanism import noise_sigma, unlearning_budget
-from fedunlearn.unlearning.sifu import EXPANSIONS, SensitivityAccumulator, rollback_round
+from fedunlearn.unlearning.sensitivity import EXPANSIONS, SensitivityAccumulator
+from fedunlearn.unlearning.sifu import rollback_round
 from simulations.benchmarks import default_data_root
 
 SIMULATIONS = Path(__file__).resolve().parents[1]

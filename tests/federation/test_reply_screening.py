@@ -19,6 +19,7 @@ from fedunlearn.reply_checks import (
     check_training_reply,
 )
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.unlearning.federaser import IntervalRetention
 from server.federation import FederationMembers
 from server.reply_screening import ReplyScreen
 from strategies.retaining_fedavg import RetainingFedAvg
@@ -128,7 +129,11 @@ def test_every_hostile_training_reply_is_refused_with_its_node_named(kind, tmp_p
     lines: list[str] = []
     screen = ReplyScreen(members(), max_refusals=3, log=lines.append)
     sent = ArrayRecord(MODEL)
-    replies = [reply(101, honest_content(0)), reply(102, hostile(kind)), reply(103, honest_content(2))]
+    replies = [
+        reply(101, honest_content(0)),
+        reply(102, hostile(kind)),
+        reply(103, honest_content(2)),
+    ]
     kept = screen.training("train", 4, sent, replies)
     assert [r.metadata.src_node_id for r in kept] == [101, 103]
     assert screen.refused == 1
@@ -138,7 +143,7 @@ def test_every_hostile_training_reply_is_refused_with_its_node_named(kind, tmp_p
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_a_refused_reply_is_neither_aggregated_nor_retained(kind, tmp_path):
     store = UpdateStore(tmp_path / "store")
-    strategy = RetainingFedAvg(store, retain_interval=1)
+    strategy = RetainingFedAvg(store, [IntervalRetention(1)])
     screen = ReplyScreen(members(), max_refusals=3, log=lambda _: None)
     sent = ArrayRecord(MODEL)
     strategy._sent_arrays = {1: sent}
@@ -248,9 +253,7 @@ def test_the_optional_start_loss_is_accepted_only_as_a_finite_number_at_least_ze
 def test_num_examples_is_accepted_only_as_an_integer_in_1_to_declared(value):
     spec = {"w": ((2,), "float32")}
     metrics = {"num-examples": value, "partition-id": 0, "train-loss": 0.1, "calibration": 0}
-    accepted = (
-        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= SIZES[0]
-    )
+    accepted = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= SIZES[0]
     try:
         check_training_reply(spec, spec, metrics, partition=0, declared_examples=SIZES[0])
     except RefusedReply:

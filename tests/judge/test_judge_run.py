@@ -72,7 +72,7 @@ def _single_app(runs):
         for overrides in runs:
             config = ExperimentConfig.from_run_config(overrides)
             outcome = train_federated(grid, config, log=lambda _: None)
-            run_unlearning(grid, outcome, log=lambda _: None)
+            run_unlearning(grid, outcome, outcome.config.unlearn_targets, log=lambda _: None)
 
     return app
 

@@ -132,7 +132,7 @@ def test_training_killed_before_or_after_a_commit_resumes_to_the_same_model(tmp_
             seen[case, "log"] = lines
             seen[case, "store"] = read_store(path / "store")
             try:
-                run_unlearning(grid, resumed, log=quiet)
+                run_unlearning(grid, resumed, resumed.config.unlearn_targets, log=quiet)
             except StoreCorruptionError as error:
                 seen[case, "unlearning error"] = str(error)
         # Resuming a finished run reopens it as it is, and still checks the store.
@@ -208,17 +208,22 @@ def test_unlearning_interrupted_halfway_is_run_again_to_the_same_result(tmp_path
         config = ExperimentConfig.from_run_config(overrides)
         outcome = train_federated(grid, config, log=quiet)
         shutil.copytree(tmp_path / "whole", tmp_path / "interrupted")
-        run_unlearning(grid, outcome, log=quiet)
+        run_unlearning(grid, outcome, outcome.config.unlearn_targets, log=quiet)
         request = config.replace(run_name="interrupted", unlearn_only=True)
         reopened = load_trained_run(grid, request, log=quiet)
         try:  # dies in FedEraser's third calibration round
-            run_unlearning(CrashingGrid(grid, "train.calibrate", 3), reopened, log=quiet)
+            run_unlearning(
+                CrashingGrid(grid, "train.calibrate", 3),
+                reopened,
+                reopened.config.unlearn_targets,
+                log=quiet,
+            )
         except SimulatedCrash:
             seen["clients after crash"] = reopened.store.clients()
         seen["log after crash"] = (tmp_path / "interrupted" / LOG_NAME).exists()
         # a new process reopens the run and runs the same request again
         again = load_trained_run(grid, request, log=quiet)
-        run_unlearning(grid, again, log=quiet)
+        run_unlearning(grid, again, again.config.unlearn_targets, log=quiet)
         seen["clients before adoption"] = again.store.clients()  # deleted with the old history
         again.store.close()
         adopt(again.run, keep_original=False, log=quiet)

@@ -13,9 +13,10 @@ import torch
 
 from fedunlearn import cli
 from fedunlearn.errors import StoreCorruptionError
-from fedunlearn.store.retention import RECORD_KEY, STATE_KEY, history
+from fedunlearn.store.history import history
+from fedunlearn.store.retention import RECORD_KEY, STATE_KEY
 from fedunlearn.store.update_store import UpdateStore
-from fedunlearn.unlearning.sifu import SensitivityAccumulator
+from fedunlearn.unlearning.sensitivity import SensitivityAccumulator
 
 
 def _store(tmp_path, **metadata) -> UpdateStore:

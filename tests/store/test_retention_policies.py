@@ -7,14 +7,11 @@ import pytest
 import torch
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.store.retention import (
-    EveryRound,
-    HistoryView,
-    IntervalRetention,
-    RetentionRecord,
-    Selection,
-)
+from fedunlearn.store.history import HistoryView
+from fedunlearn.store.retention import RetentionRecord, Selection
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.unlearning.federaser import IntervalRetention
+from fedunlearn.unlearning.fedrecover import EveryRound
 
 
 def _state(value: float) -> dict[str, torch.Tensor]:

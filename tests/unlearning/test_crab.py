@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import state_difference, state_norm, state_sum
-from fedunlearn.unlearning.crab import CrabSelector, forget_in_state
+from fedunlearn.unlearning.crab import CrabSelector
 from fedunlearn.unlearning.crab_recovery import (
     crab_recover,
     excluded_sensitivities,
@@ -339,14 +339,14 @@ def test_forgetting_a_client_removes_it_from_every_part_of_the_saved_state():
     fed = Federation()
     selector = CrabSelector(round_ratio=0.5, client_ratio=1.0, window=4)
     train(fed, 6, selector)
-    state = forget_in_state(json.loads(json.dumps(selector.state_dict())), {3})
+    state = CrabSelector.forget_in_state(json.loads(json.dumps(selector.state_dict())), {3})
     assert all("3" not in r["clients"] for r in state["influence"].values())
     assert all(3 not in kept for kept in state["kept"].values()) and state["kept"]
     alignments = state["window"]["alignments"]
     assert alignments and all("3" not in a for a in alignments)
     # a state of the online format (a run trained before) forgets the parts it has
     old = {"format": 1, "window": {"divergences": [0.1]}, "kept": {"1": [2, 3]}, "influence": {}}
-    assert forget_in_state(old, {3})["kept"] == {"1": [2]}
+    assert CrabSelector.forget_in_state(old, {3})["kept"] == {"1": [2]}
 
 
 # ------------------------------------------------------------------ recovery

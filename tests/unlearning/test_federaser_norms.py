@@ -11,12 +11,17 @@ from fedunlearn.data.partitioning import partition_indices
 from fedunlearn.errors import ConfigError
 from fedunlearn.registry import UNLEARNING, norms_problem
 from fedunlearn.seeding import derive_seed
-from fedunlearn.store.retention import IntervalRetention, Selection
+from fedunlearn.store.retention import Selection
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.local import train_epochs
 from fedunlearn.training.model_state import state_difference, state_sum
 from fedunlearn.training.models import build_model
-from fedunlearn.unlearning.federaser import aggregate_updates, fedaccum, federaser
+from fedunlearn.unlearning.federaser import (
+    IntervalRetention,
+    aggregate_updates,
+    fedaccum,
+    federaser,
+)
 
 CLIENTS, ROUNDS, INTERVAL = (0, 1, 2, 3), 5, 2
 
@@ -120,7 +125,7 @@ def test_a_norms_run_with_a_full_history_method_is_refused_before_training():
 
 
 def test_a_request_on_a_norms_history_refuses_full_history_methods_before_running(digits_run):
-    from server.retention_plan import check_retained
+    from fedunlearn.store.history import check_retained
 
     _, full, norms, _ = digits_run
     check_retained(norms, ["federaser", "fedretrain"])

@@ -11,12 +11,12 @@ from flwr.serverapp import ServerApp
 from safetensors.torch import load_file
 
 from fedunlearn.config import ExperimentConfig
+from fedunlearn.store.history import history
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import state_sha256
-from fedunlearn.unlearning.sifu import SensitivityAccumulator
+from fedunlearn.unlearning.sensitivity import SensitivityAccumulator
 from server.federated_training import train_federated
 from server.history import adopt
-from server.retention_plan import history
 from server.unlearning import run_unlearning
 
 pytestmark = pytest.mark.slow
@@ -54,7 +54,9 @@ def test_fedrecover_and_crab_recover_close_to_retraining_at_a_fraction_of_its_co
         seen["crab_rounds"] = history(outcome.store, "selected-history").rounds()
         seen["members"], seen["spy"] = outcome.members, spy
         spy.phase = "unlearn"
-        seen["table"] = run_unlearning(spy, outcome, log=lambda _: None)
+        seen["table"] = run_unlearning(
+            spy, outcome, outcome.config.unlearn_targets, log=lambda _: None
+        )
 
     simulate(overrides, num_supernodes=4, server_app=app)
 
@@ -129,7 +131,9 @@ def test_sifu_rolls_back_within_budget_certifies_and_forgets_the_client_in_its_b
         seen["members"], seen["spy"] = outcome.members, spy
         seen["kept"] = (outcome.store.rounds(), outcome.store.clients())
         spy.phase = "unlearn"
-        seen["table"] = run_unlearning(spy, outcome, log=lambda _: None)
+        seen["table"] = run_unlearning(
+            spy, outcome, outcome.config.unlearn_targets, log=lambda _: None
+        )
         outcome.store.close()  # adopted keeping the original: the client goes from its bounds
         adopt(outcome.run, keep_original=True, log=lambda _: None)
         original = UpdateStore(outcome.run.path / "original-1" / "store", readonly=True)

@@ -9,10 +9,12 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedunlearn.store.retention import IntervalRetention
+from fedunlearn.store.history import history
+from fedunlearn.store.retention import INTERVAL, RECORD_KEY, STATE_KEY, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.unlearning.federaser import IntervalRetention
 from server.federated_training import participant_strategy
-from strategies.retaining_fedavg import INTERVAL, RetainingFedAvg
+from strategies.retaining_fedavg import RetainingFedAvg
 
 FLOWER_LOGGER = "flwr"
 
@@ -48,7 +50,7 @@ def _grid(node_ids=(101, 202, 303)):
 
 def _strategy(store, interval):
     return RetainingFedAvg(
-        store, retain_interval=interval, min_train_nodes=3, min_available_nodes=3
+        store, [IntervalRetention(interval)], min_train_nodes=3, min_available_nodes=3
     )
 
 
@@ -186,15 +188,21 @@ def test_participants_bound_the_sample_size():
         RetainingFedAvg(None, participants=[1, 2, 3], min_train_nodes=4)
 
 
-class _EvenRoundsClient1:
+class _EvenRoundsClient1(RetentionPolicy):
     """A toy selective policy with a state: keeps client 1 on even rounds, counts its calls."""
+
+    name = "toy-selection"
 
     def __init__(self):
         self.calls = 0
 
-    def select(self, server_round, global_state, updates, num_examples):
+    @classmethod
+    def from_config(cls, config):
+        return cls()
+
+    def select(self, server_round, global_state, updates, num_examples, *, loss=None):
         self.calls += 1
-        return (False, [1] if server_round % 2 == 0 else [])
+        return Selection(server_round % 2 == 0, frozenset([1] if server_round % 2 == 0 else []))
 
     def state_dict(self):
         return {"calls": self.calls}
@@ -204,16 +212,10 @@ class _EvenRoundsClient1:
 
 
 def test_the_store_keeps_the_union_of_the_policies_and_records_each(tmp_path):
-    from fedunlearn.store.retention import EveryRound, IntervalRetention
-    from server.retention_plan import history
-    from strategies.retaining_fedavg import RECORD_KEY, STATE_KEY
+    from fedunlearn.unlearning.fedrecover import EveryRound
 
     store = UpdateStore(tmp_path / "store")
-    policies = {
-        "retained-updates": IntervalRetention(3),
-        "sensitivity-bounds": EveryRound(models_only=True),
-        "selected-history": _EvenRoundsClient1(),
-    }
+    policies = [IntervalRetention(3), EveryRound(models_only=True), _EvenRoundsClient1()]
     strategy = RetainingFedAvg(store, policies=policies, min_train_nodes=3, min_available_nodes=3)
     global_state = _state(0)
     for server_round in range(1, 6):
@@ -224,28 +226,26 @@ def test_the_store_keeps_the_union_of_the_policies_and_records_each(tmp_path):
     assert store.clients(1) == [0, 1, 2] and store.clients(2) == [1] and store.clients(3) == []
     assert store.clients(4) == [0, 1, 2] and store.clients(5) == []
     assert history(store, "retained-updates").rounds() == [1, 4]
-    assert history(store, "selected-history").rounds() == [2, 4]
-    assert history(store, "selected-history").clients(4) == [1]
-    assert history(store, "sensitivity-bounds").clients() == []
-    assert store.metadata[STATE_KEY]["5"]["selected-history"] == {"calls": 5}
+    assert history(store, "toy-selection").rounds() == [2, 4]
+    assert history(store, "toy-selection").clients(4) == [1]
+    assert history(store, "round-history").clients() == []
+    assert store.metadata[STATE_KEY]["5"]["toy-selection"] == {"calls": 5}
     assert set(store.metadata[STATE_KEY]) == {"4", "5"}
-    assert set(store.metadata[RECORD_KEY]) == set(policies)
+    assert set(store.metadata[RECORD_KEY]) == {p.name for p in policies}
 
     # a run resumed after round 4 continues the record and the policy's state of round 4
-    resumed = RetainingFedAvg(
-        store, policies={**policies, "selected-history": _EvenRoundsClient1()}
-    )
+    resumed = RetainingFedAvg(store, policies=[*policies[:2], _EvenRoundsClient1()])
     resumed.resume(4)
-    assert resumed.policies["selected-history"].calls == 4
+    assert resumed.policies["toy-selection"].calls == 4
     assert 5 not in resumed.record.selections["retained-updates"]
-    assert resumed.record.selections["selected-history"] == {2: (1,), 4: (1,)}
+    assert resumed.record.selections["toy-selection"] == {2: (1,), 4: (1,)}
 
 
 def test_norms_mode_keeps_round_1_whole_and_only_norms_after(tmp_path):
     store = UpdateStore(tmp_path / "store")
     strategy = RetainingFedAvg(
         store,
-        policies={INTERVAL: IntervalRetention(2, "norms")},
+        policies=[IntervalRetention(2, "norms")],
         min_train_nodes=3,
         min_available_nodes=3,
     )
@@ -275,7 +275,7 @@ def test_a_norms_run_resumed_after_a_crash_redoes_its_norms_rounds_once(tmp_path
     def strategy():
         return RetainingFedAvg(
             store,
-            policies={INTERVAL: IntervalRetention(1, "norms")},
+            policies=[IntervalRetention(1, "norms")],
             min_train_nodes=3,
             min_available_nodes=3,
         )
@@ -312,10 +312,10 @@ def _crab_round(strategy, server_round, global_state, client_states, sizes, loss
 def _crab_strategy(store, rounds, **kwargs):
     from fedunlearn.unlearning.crab import CrabSelector
 
-    policies = {
-        "retained-updates": IntervalRetention(4),
-        "selected-history": CrabSelector(round_ratio=0.5, client_ratio=0.5, final_round=rounds),
-    }
+    policies = [
+        IntervalRetention(4),
+        CrabSelector(round_ratio=0.5, client_ratio=0.5, final_round=rounds),
+    ]
     return RetainingFedAvg(store, policies=policies, min_train_nodes=3, min_available_nodes=3)
 
 
@@ -324,8 +324,6 @@ _CRAB_LOSSES = [1.0, 0.95, 0.8, 0.78, 0.75, 0.74]
 
 
 def test_crab_keeps_rounds_whole_until_its_window_closes_then_only_what_it_chose(tmp_path):
-    from server.retention_plan import history
-    from strategies.retaining_fedavg import RECORD_KEY
 
     store = UpdateStore(tmp_path / "store")
     strategy, global_state = _crab_strategy(store, 6), _state(0)
@@ -348,9 +346,7 @@ def test_crab_keeps_rounds_whole_until_its_window_closes_then_only_what_it_chose
     for server_round in store.rounds():
         whole = server_round in (1, 5)
         assert store.clients(server_round) == ([0, 1, 2] if whole else kept[server_round])
-    assert store.metadata[RECORD_KEY]["selected-history"] == {
-        str(t): c for t, c in kept.items()
-    }
+    assert store.metadata[RECORD_KEY]["selected-history"] == {str(t): c for t, c in kept.items()}
     assert store.verify() == []
 
 

@@ -27,12 +27,8 @@ from fedunlearn.unlearning.gaussian_mechanism import (
     noise_sigma,
     unlearning_budget,
 )
-from fedunlearn.unlearning.sifu import (
-    SensitivityAccumulator,
-    SifuCertificate,
-    local_lipschitz,
-    rollback_round,
-)
+from fedunlearn.unlearning.sensitivity import SensitivityAccumulator, local_lipschitz
+from fedunlearn.unlearning.sifu import SifuCertificate, rollback_round
 
 D = torch.float64
 Gradient = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -388,14 +384,16 @@ def test_the_non_expansive_factor_is_the_authors_one_minus_eta_lambda_to_the_k()
 
 def test_the_run_config_chooses_the_expansion_and_the_certificate_names_it():
     from fedunlearn.config import ExperimentConfig
-    from server.recovery_methods import sifu_policy
+    from fedunlearn.unlearning.sifu import SensitivityRetention
 
     config = ExperimentConfig.from_run_config({"sifu-expansion": "non-expansive"})
-    accumulator = sifu_policy(config).accumulator
+    accumulator = SensitivityRetention.from_config(config).accumulator
     assert accumulator.parameters["expansion"] == "non-expansive"
     assert accumulator.assumptions()["regime"] == "non-expansive (assumed)"  # the ledger's line
     assert (
-        sifu_policy(ExperimentConfig.from_run_config({})).accumulator.parameters["expansion"]
+        SensitivityRetention.from_config(
+            ExperimentConfig.from_run_config({})
+        ).accumulator.parameters["expansion"]
         == "smoothness"
     )
     with pytest.raises(ConfigError, match="sifu-expansion"):

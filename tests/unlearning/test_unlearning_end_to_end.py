@@ -54,11 +54,15 @@ def test_forget_one_client_then_another(tmp_path, simulate):
         outcome = train_federated(spy, config, log=lambda _: None)
         seen["members"], seen["spy"] = outcome.members, spy
         spy.phase = "unlearn-0"
-        seen["first"] = run_unlearning(spy, outcome, log=lambda _: None)
+        seen["first"] = run_unlearning(
+            spy, outcome, outcome.config.unlearn_targets, log=lambda _: None
+        )
         seen["clients before adoption"] = outcome.store.clients()
         spy.phase = "unlearn-1"
         second = dataclasses.replace(adopted(outcome), config=config.replace(unlearn_clients="1"))
-        seen["second"] = run_unlearning(spy, second, log=lambda _: None)
+        seen["second"] = run_unlearning(
+            spy, second, second.config.unlearn_targets, log=lambda _: None
+        )
         seen["store_clients"] = adopted(second).store.clients()  # used from this thread
 
     simulate(overrides, num_supernodes=4, server_app=app)
@@ -121,7 +125,9 @@ def test_a_norms_history_through_flower_keeps_t1_whole_and_forgets(tmp_path, sim
         outcome = train_federated(grid, config, log=lambda _: None)
         store = outcome.store
         seen["before"] = [store.read_round(t).norms_only for t in store.rounds()]
-        seen["result"] = run_unlearning(grid, outcome, log=lambda _: None)
+        seen["result"] = run_unlearning(
+            grid, outcome, outcome.config.unlearn_targets, log=lambda _: None
+        )
         store.close()  # adopted keeping the original: the targets' norms go from it too
         adopt(outcome.run, keep_original=True, log=lambda _: None)
         kept = UpdateStore(outcome.run.path / "original-1" / "store")
