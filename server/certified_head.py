@@ -34,7 +34,6 @@ from fedunlearn.certified.features import head_features
 from fedunlearn.certified.losses import one_vs_rest_targets, predict_labels
 from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
 from fedunlearn.certified.statistics import (
-    HEAD_QUERY,
     CentralHeadData,
     HeadSums,
     RemovedParts,
@@ -46,6 +45,7 @@ from fedunlearn.certified.statistics import (
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.errors import ConfigError
+from fedunlearn.messages import HEAD_QUERY
 from fedunlearn.plots import plot_certified_removal
 from fedunlearn.seeding import derive_seed
 from server.certified_head_replies import (

@@ -31,6 +31,7 @@ from fedunlearn.certified.curvature import head_matrix
 from fedunlearn.console_table import SCRUBBING_COLUMNS, console_table
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.data.forget_sets import ForgetSet
+from fedunlearn.messages import SCRUB_QUERY
 from fedunlearn.preflight import cohort_masks
 from fedunlearn.registry import SCRUBBING
 from fedunlearn.reply_checks import (
@@ -53,8 +54,6 @@ from server.progress import Log
 from server.queries import QueryFailedError, query_nodes
 from server.scrub_methods import ScrubContext, retrain
 from server.scrub_readouts import information_tradeoff, readout_data, readouts
-
-SCRUB_QUERY = "query.scrub_stats"
 
 
 class ScrubStatistics:
