@@ -18,7 +18,6 @@ from the run configuration for measurement only; no method ever reads them.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -36,8 +35,8 @@ from fedunlearn.plots import (
     plot_tradeoff,
     plot_unlearning_comparison,
 )
-from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import UNLEARNING
+from fedunlearn.store.run_directory import UNLEARNING_LOG
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import State
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
@@ -74,7 +73,7 @@ from server.retention_plan import (
 from strategies.federaser import FedEraser
 from strategies.retaining_fedavg import INTERVAL
 
-LOG_NAME = UNLEARNING_LOG  # each request's record (fedunlearn.preflight reads it too)
+LOG_NAME = UNLEARNING_LOG  # each request's record (named in fedunlearn.store.run_directory)
 
 
 def unlearning_done(run, targets: list[int]) -> bool:
@@ -148,7 +147,6 @@ def run_unlearning(grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.Da
     outcome.run.append_log(
         LOG_NAME,
         {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "request": request,
             "suffix": suffix,
             "targets": targets,
