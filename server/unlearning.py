@@ -391,7 +391,9 @@ def measure(
             "target_loss": target.loss,
             "prediction_difference": prediction_difference(model, original, splits.test.x),
             "l2_to_original": l2_distance(state, outcome.final_state),
-            "attack_success": poisoning_success_rate(model, outcome.data, device=device),
+            "attack_success": poisoning_success_rate(
+                model, outcome.data.attack, splits.test, device=device
+            ),
             "last_layer_angle_deg": float("nan"),
             "l2_to_fedretrain": float("nan"),
             "seconds": seconds.get(method, float("nan")),
