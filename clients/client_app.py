@@ -22,6 +22,7 @@ from clients.scrub_queries import answer_scrub_query, forget_mask
 from fedunlearn.data.federated_data import settings_in
 from fedunlearn.data.poisoning import scaled_update
 from fedunlearn.errors import ConfigError
+from fedunlearn.messages import CALIBRATE, DESCRIBE, HEAD_QUERY, PRUNE_QUERY, SCRUB_QUERY, action
 from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_label_epochs
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import evaluate as evaluate_model
@@ -48,7 +49,7 @@ def create_client_app(
         """Train the received global model on this client's partition for ``local-epochs`` epochs."""
         return _local_training(msg, client_setup(context, overrides, msg), "train")
 
-    @app.train("calibrate")
+    @app.train(action(CALIBRATE))
     def calibrate(msg: Message, context: Context) -> Message:
         """FedEraser's calibration training (``train.calibrate``): E_cali epochs from M̃^{t_j}.
 
@@ -63,7 +64,7 @@ def create_client_app(
         """Loss and accuracy of the received global model on this client's partition."""
         return _evaluation(msg, client_setup(context, overrides, msg))
 
-    @app.query("describe")
+    @app.query(action(DESCRIBE))
     def describe(msg: Message, context: Context) -> Message:
         """Who this client is: its partition, the federation size it expects, and its sample count.
 
@@ -72,17 +73,17 @@ def create_client_app(
         """
         return _description(msg, context, overrides)
 
-    @app.query("certified_head")
+    @app.query(action(HEAD_QUERY))
     def certified_head(msg: Message, context: Context) -> Message:
         """Sums over this client's head features for the server's certified head (Guo et al.)."""
         return answer_head_query(msg, client_setup(context, overrides, msg))
 
-    @app.query("scrub_stats")
+    @app.query(action(SCRUB_QUERY))
     def scrub_stats(msg: Message, context: Context) -> Message:
         """Sums over this client's D_r / D_f for the server's scrubbing plug-in (Golatkar et al.)."""
         return answer_scrub_query(msg, client_setup(context, overrides, msg))
 
-    @app.query("prune_stats")
+    @app.query(action(PRUNE_QUERY))
     def prune_stats(msg: Message, context: Context) -> Message:
         """Per-class channel activations for class-discriminative pruning (Wang et al.)."""
         return answer_prune_query(msg, client_setup(context, overrides, msg))

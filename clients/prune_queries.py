@@ -23,11 +23,9 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.training.stacked import stack_size
 from fedunlearn.unlearning.pruning import class_channel_sums
 
-PRUNE_QUERY = "query.prune_stats"
-
 
 def answer_prune_query(msg: Message, setup: ClientSetup) -> Message:
-    """Reply to one ``query.prune_stats`` message (see the module docstring)."""
+    """Reply to one :data:`~fedunlearn.messages.PRUNE_QUERY` message (see the module docstring)."""
     config = msg.content["config"]
     state = msg.content["arrays"].to_torch_state_dict()
     if stack_size(state):

@@ -119,7 +119,9 @@ def _read_ledger_for_display(path: Path) -> list[dict]:
 def _certificates(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    path = args.path / "certified_removal.jsonl" if args.path.is_dir() else args.path
+    from fedunlearn.store.run_directory import CERTIFIED_LEDGER
+
+    path = args.path / CERTIFIED_LEDGER if args.path.is_dir() else args.path
     if not path.is_file():
         raise ConfigError(
             "path",

@@ -36,17 +36,15 @@ from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
 from fedunlearn.store.durable_io import json_loads
 from fedunlearn.store.history import check_retained
+from fedunlearn.store.run_directory import (
+    HISTORY_JOURNAL,
+    HISTORY_LOG,
+    REQUEST_JOURNAL,
+    UNLEARNING_LOG,
+)
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.models import resolve_model_name
 
-#: The append-only log of a run's finished unlearning requests (one JSON object per line, with the
-#: forgotten partition ids under ``targets``), written by :mod:`server.unlearning`.
-UNLEARNING_LOG = "unlearning_log.jsonl"
-#: The history rewrite's journal and log (:mod:`server.history`): while the journal exists, or the
-#: log has fewer entries than the unlearning log, an adoption is pending.
-HISTORY_JOURNAL, HISTORY_LOG = "history_rewrite.json", "history_log.jsonl"
-#: An unlearning request's journal (:mod:`server.request_journal`), from its first file to adoption.
-REQUEST_JOURNAL = "request.json"
 #: The files a run directory holds once training finished, all of which ``unlearn-only`` reads.
 FINISHED_RUN_FILES = (
     "config.json",

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Any
 
 from fedunlearn.errors import ConfigError, did_you_mean
+from fedunlearn.messages import PRUNE_QUERY, SCRUB_QUERY, TRAIN
 from fedunlearn.store.retention import RetentionPolicy
 
 #: What a method may need from the run (``MethodSpec.needs``): the retained updates of the update
@@ -284,8 +285,8 @@ def norms_problem(spec: MethodSpec) -> str | None:
 #: (:func:`audited_models`): the original, and the certified heads.
 AUDITED = Registry("audited model", "mia")
 
-_TRAIN = ("train",)
-_SCRUB_QUERY = ("query.scrub_stats",)
+_TRAIN = (TRAIN,)
+_SCRUB_QUERY = (SCRUB_QUERY,)
 _UNLEARNING = "server.unlearning"
 _INTERVAL = "fedunlearn.unlearning.federaser:IntervalRetention"
 _SCRUB = "server.scrub_methods"
@@ -397,7 +398,7 @@ SCRUBBING.register(
     "class-pruning",
     "server.class_pruning:class_pruning",
     needs=("trained-model",),
-    messages=("query.prune_stats", "train"),
+    messages=(PRUNE_QUERY, TRAIN),
     description="Wang et al. 2022: prune the class's top TF-IDF channels, fine-tune on D_r",
 )
 

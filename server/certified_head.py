@@ -34,7 +34,6 @@ from fedunlearn.certified.features import head_features
 from fedunlearn.certified.losses import one_vs_rest_targets, predict_labels
 from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
 from fedunlearn.certified.statistics import (
-    HEAD_QUERY,
     CentralHeadData,
     HeadSums,
     RemovedParts,
@@ -46,8 +45,10 @@ from fedunlearn.certified.statistics import (
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.errors import ConfigError
+from fedunlearn.messages import HEAD_QUERY
 from fedunlearn.plots import plot_certified_removal
 from fedunlearn.seeding import derive_seed
+from fedunlearn.store.run_directory import CERTIFIED_LEDGER
 from server.certified_head_replies import (
     BadReplyError,
     CheckedReply,
@@ -465,7 +466,7 @@ def _train_head(grid: Grid, outcome, params, classes, dp_epsilon: float, log: Lo
     head = CertifiedHead(
         data,
         params,
-        ledger=outcome.run.path / "certified_removal.jsonl",
+        ledger=outcome.run.path / CERTIFIED_LEDGER,
         dp_epsilon=dp_epsilon,
         dp_delta=dp_delta,
     )

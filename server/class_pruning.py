@@ -22,6 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.errors import ConfigError
+from fedunlearn.messages import PRUNE_QUERY
 from fedunlearn.reply_checks import (
     RefusedReply,
     check_array_specs,
@@ -42,7 +43,6 @@ from server.federated_training import participant_rounds
 from server.queries import BadReplyError, query_nodes
 from server.scrub_methods import ScrubContext
 
-PRUNE_QUERY = "query.prune_stats"
 WHO = "class pruning"
 
 

@@ -34,7 +34,7 @@ from fedunlearn.plots import plot_training_curves
 from fedunlearn.registry import run_retention
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.retention import RetentionPolicy
-from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.store.run_directory import RECOVERY_LOG, RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.local import EvaluationResult, evaluate, resolve_device
 from fedunlearn.training.models import BodyHeadNet, build_dataset_model, resolve_model_name
@@ -53,7 +53,6 @@ from server.progress import Log, count
 from server.queries import collect_replies
 from server.reply_screening import ReplyScreen
 from server.run_recovery import (
-    RECOVERY_LOG,
     check_finished_run,
     check_resumable,
     resume_point,

@@ -21,12 +21,11 @@ from flwr.serverapp import Grid
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.errors import ConfigError
+from fedunlearn.messages import DESCRIBE
 from fedunlearn.preflight import CHECKS_NEEDING_K
 from fedunlearn.reply_checks import DESCRIBE_METRICS, RefusedReply, check_count, check_metrics
 from server.progress import Log
 from server.queries import query_nodes
-
-DESCRIBE = "query.describe"
 
 
 @dataclass(frozen=True)

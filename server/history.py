@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.preflight import HISTORY_JOURNAL, HISTORY_LOG, UNLEARNING_LOG
 from fedunlearn.registry import UNLEARNING, retention_policies
 from fedunlearn.store.durable_io import (
     atomic_write_bytes,
@@ -40,12 +38,17 @@ from fedunlearn.store.durable_io import (
     private_directory,
 )
 from fedunlearn.store.history import forget_clients
-from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.store.run_directory import (
+    HISTORY_JOURNAL,
+    HISTORY_LOG,
+    UNLEARNING_LOG,
+    RunDirectory,
+)
 from fedunlearn.store.update_store import UpdateStore
 from server.progress import Log
 from strategies.retaining_fedavg import RECORD_KEY, STATE_KEY
 
-JOURNAL, HISTORY_LOG = HISTORY_JOURNAL, HISTORY_LOG  # named once, in fedunlearn.preflight
+JOURNAL = HISTORY_JOURNAL  # named once, in fedunlearn.store.run_directory
 
 
 def staging_path(run: RunDirectory, request: int, method: str) -> Path:
@@ -169,7 +172,6 @@ def finish_pending(run: RunDirectory, *, log: Log = print) -> bool:
         run.append_log(
             HISTORY_LOG,
             {
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "request": number,
                 "targets": journal["targets"],
                 "adopted": journal["adopted"],

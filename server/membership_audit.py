@@ -35,9 +35,9 @@ from fedunlearn.membership.attacks import disjoint_indices, split_held_out
 from fedunlearn.membership.evaluation import MembershipAudit, ModelOutputs, softmax_outputs
 from fedunlearn.membership.lira import logit_confidence
 from fedunlearn.plots import plot_roc_curves
-from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import REFERENCE, UNLEARNING, audited_models
 from fedunlearn.seeding import derive_seed
+from fedunlearn.store.run_directory import SCRUBBING_LOG, UNLEARNING_LOG
 from fedunlearn.training.local import resolve_device
 from server.certified_head import HEAD_WEIGHTS
 from server.federated_training import TrainingOutcome, participant_rounds
@@ -267,7 +267,7 @@ def _reference_confidences(grid, outcome: TrainingOutcome, target: int, outputs,
 def _seconds(run) -> dict[str, float]:
     """Wall time of each method, from the unlearning and scrubbing logs of this run."""
     seconds: dict[str, float] = {}
-    for log_name in (UNLEARNING_LOG, "scrubbing.jsonl"):
+    for log_name in (UNLEARNING_LOG, SCRUBBING_LOG):
         if (run.path / log_name).is_file():
             for entry in run.read_log(log_name):
                 seconds.update(entry.get("seconds", {}))

@@ -14,9 +14,10 @@ from functools import partial
 
 from fedunlearn.certified.removal import utc_timestamp
 from fedunlearn.errors import ConfigError
-from fedunlearn.preflight import UNLEARNING_LOG
+from fedunlearn.messages import TRAIN
 from fedunlearn.store.durable_io import append_jsonl
 from fedunlearn.store.history import load_policy
+from fedunlearn.store.run_directory import CERTIFIED_LEDGER, UNLEARNING_LOG
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import state_sha256
 from fedunlearn.training.stacked import member_groups
@@ -39,7 +40,7 @@ def exact_updates(context, phase: str) -> ClientUpdates:
     requests = ClientUpdates(
         partial(collect_replies, context.grid, timeout=config.reply_timeout, log=context.log),
         outcome.members.node_of_partition,
-        message_type="train",
+        message_type=TRAIN,
         epochs=config.local_epochs,
         train_config={k: v for k, v in train_config_record(config).items() if k != "local-epochs"},
         phase=phase,
@@ -258,7 +259,7 @@ def sifu(context, name: str):
         "timestamp": utc_timestamp(),
         "weights_sha256": state_sha256(state),
     }
-    append_jsonl(outcome.run.path / "certified_removal.jsonl", record)
+    append_jsonl(outcome.run.path / CERTIFIED_LEDGER, record)
     return state, {
         "did": (
             f"rolled back to round {rollback} of {last + 1}, noise sigma {certificate.sigma:g}, "

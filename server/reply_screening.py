@@ -24,14 +24,13 @@ from fedunlearn.reply_checks import (
     norm_outliers,
     update_norm,
 )
+from fedunlearn.store.run_directory import REFUSALS_LOG
 from server.federation import FederationMembers
 from server.progress import Log
 
 # The query errors and source check moved to server.queries; the scrubbing plug-in still imports
 # them from here.
 from server.queries import BadReplyError, QueryFailedError, check_sources  # noqa: F401
-
-REFUSALS_LOG = "refused_replies.jsonl"
 
 
 def _decoded_into(received: dict, arrays: ArrayRecord):
@@ -207,7 +206,6 @@ class ReplyScreen:
             self.run.append_log(
                 REFUSALS_LOG,
                 {
-                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "phase": phase,
                     "round": server_round,
                     "node": node,

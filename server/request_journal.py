@@ -28,7 +28,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedunlearn.errors import FedUnlearnError
-from fedunlearn.preflight import REQUEST_JOURNAL, UNLEARNING_LOG
 from fedunlearn.store.durable_io import (
     fsync_directory,
     json_loads,
@@ -36,13 +35,19 @@ from fedunlearn.store.durable_io import (
     log_size,
     truncate_log,
 )
-from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.store.run_directory import (
+    CERTIFIED_LEDGER,
+    REQUEST_JOURNAL,
+    SCRUBBING_LOG,
+    UNLEARNING_LOG,
+    RunDirectory,
+)
 from server.history import adopt, adopted_requests, discard_stagings, pending_request
 from server.progress import Log
 
 JOURNAL = REQUEST_JOURNAL
 #: The append-only records a request (or its later phases) adds to: a rerun cuts them back.
-RECORDS = ("certified_removal.jsonl", "scrubbing.jsonl")
+RECORDS = (CERTIFIED_LEDGER, SCRUBBING_LOG)
 
 
 def record_marks(run: RunDirectory) -> dict[str, int]:

@@ -19,7 +19,6 @@ Each resume appends what it did to ``recovery_log.jsonl``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,10 +28,8 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import DATA_KEYS
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.durable_io import json_loads
-from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.store.run_directory import RECOVERY_LOG, RunDirectory
 from fedunlearn.store.update_store import UpdateStore
-
-RECOVERY_LOG = "recovery_log.jsonl"
 
 #: Run-config keys that decide what training computes: a resumed run must keep them all (the data
 #: settings but where the data lie, and the training's).
@@ -81,7 +78,6 @@ def check_finished_run(
     run.append_log(
         RECOVERY_LOG,
         {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "training_finished": True,
             "store_problems": problems,
         },
@@ -109,7 +105,6 @@ def resume_point(
     run.append_log(
         RECOVERY_LOG,
         {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "resumed_after_round": last,
             "dropped_metric_rows": dropped,
             "discarded_store_rounds": discarded,

@@ -30,7 +30,6 @@ from flwr.serverapp import Grid
 
 from fedunlearn.certified.curvature import assemble_hessian, head_matrix, with_head
 from fedunlearn.data.forget_sets import ForgetSet
-from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import SCRUBBING
 from fedunlearn.scrubbing.baselines import hide_class
 from fedunlearn.scrubbing.scrubbers import (
@@ -41,6 +40,7 @@ from fedunlearn.scrubbing.scrubbers import (
     reference_fisher_gaussian,
 )
 from fedunlearn.seeding import derive_seed
+from fedunlearn.store.run_directory import UNLEARNING_LOG
 from fedunlearn.training.model_state import State
 from server.federated_training import TrainingOutcome, participant_rounds
 from server.method_runner import SharedStatistics

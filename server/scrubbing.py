@@ -18,7 +18,6 @@ it costs (the paper's Fig. 2).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -31,6 +30,7 @@ from fedunlearn.certified.curvature import head_matrix
 from fedunlearn.console_table import SCRUBBING_COLUMNS, console_table
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.data.forget_sets import ForgetSet
+from fedunlearn.messages import SCRUB_QUERY
 from fedunlearn.preflight import cohort_masks
 from fedunlearn.registry import SCRUBBING
 from fedunlearn.reply_checks import (
@@ -47,14 +47,13 @@ from fedunlearn.scrubbing.readouts import (
     plot_information_tradeoff,
     plot_relearn_times,
 )
+from fedunlearn.store.run_directory import SCRUBBING_LOG
 from server.federated_training import TrainingOutcome
 from server.method_runner import MethodRunner, SharedStatistics
 from server.progress import Log
 from server.queries import QueryFailedError, query_nodes
 from server.scrub_methods import ScrubContext, retrain
 from server.scrub_readouts import information_tradeoff, readout_data, readouts
-
-SCRUB_QUERY = "query.scrub_stats"
 
 
 class ScrubStatistics:
@@ -220,9 +219,8 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
     table, entropies = readouts(outcome, data, runner.models, runner.seconds, tradeoff, log)
     _publish(context, runner, table, tradeoff, entropies, f"{forget}, {n_forget} samples")
     outcome.run.append_log(
-        "scrubbing.jsonl",
+        SCRUBBING_LOG,
         {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "forget": str(forget),
             "forgotten_samples": n_forget,
             "holders": context.holders,

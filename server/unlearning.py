@@ -18,7 +18,6 @@ from the run configuration for measurement only; no method ever reads them.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -36,9 +35,9 @@ from fedunlearn.plots import (
     plot_tradeoff,
     plot_unlearning_comparison,
 )
-from fedunlearn.preflight import UNLEARNING_LOG
 from fedunlearn.registry import UNLEARNING, run_retention
 from fedunlearn.store.history import check_retained, history
+from fedunlearn.store.run_directory import UNLEARNING_LOG
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import State
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
@@ -68,7 +67,7 @@ from server.progress import Log, count
 from server.queries import collect_replies
 from strategies.federaser import FedEraser
 
-LOG_NAME = UNLEARNING_LOG  # each request's record (fedunlearn.preflight reads it too)
+LOG_NAME = UNLEARNING_LOG  # each request's record (named in fedunlearn.store.run_directory)
 
 
 def unlearning_done(run, targets: list[int]) -> bool:
@@ -149,7 +148,6 @@ def run_unlearning(
     outcome.run.append_log(
         LOG_NAME,
         {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "request": request,
             "suffix": suffix,
             "targets": targets,
@@ -393,7 +391,9 @@ def measure(
             "target_loss": target.loss,
             "prediction_difference": prediction_difference(model, original, splits.test.x),
             "l2_to_original": l2_distance(state, outcome.final_state),
-            "attack_success": poisoning_success_rate(model, outcome.data, device=device),
+            "attack_success": poisoning_success_rate(
+                model, outcome.data.attack, splits.test, device=device
+            ),
             "last_layer_angle_deg": float("nan"),
             "l2_to_fedretrain": float("nan"),
             "seconds": seconds.get(method, float("nan")),

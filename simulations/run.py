@@ -47,7 +47,7 @@ from fedunlearn.errors import ConfigError, FedUnlearnError, did_you_mean
 from fedunlearn.preflight import complete_unlearn_request, preflight, trained_config
 from fedunlearn.store.run_directory import request_stop
 from simulations.console import ConsoleFilter, strip_ansi, use_color
-from simulations.run_args import PROJECT_ROOT, parser
+from simulations.run_parser import PROJECT_ROOT, parser
 
 PATH_KEYS = ("data-root", "output-dir")
 

@@ -1,53 +1,16 @@
-"""``fedunlearn-run``'s command line, parsed before anything heavy is imported: ``--help`` and
-``--version`` answer at once (the launcher itself, :mod:`simulations.run`, imports PyTorch)."""
+"""``fedunlearn-run``'s console script: the command line is parsed before anything heavy is
+imported, so ``--help`` and ``--version`` answer at once (the launcher itself,
+:mod:`simulations.run`, imports PyTorch, and is imported only to launch). The parser is
+:mod:`simulations.run_parser`, which the launcher uses too.
+"""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
-from pathlib import Path
 
-from fedunlearn import __version__
+from simulations.run_parser import PROJECT_ROOT, parser
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-DESCRIPTION = (
-    "fedunlearn-run: launch a run configuration on the local simulation with the right federation."
-)
-
-
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fedunlearn-run",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"fedunlearn-run {__version__}")
-    parser.add_argument(
-        "config", nargs="?", type=Path, help="run-config TOML (default: the app's defaults)"
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override one key"
-    )
-    parser.add_argument("--data-root", help="dataset root in torchvision's layout")
-    parser.add_argument("--output-dir", help="parent folder of the run directory")
-    parser.add_argument(
-        "--num-cpus", type=float, default=1.0, help="CPUs per virtual client (default 1)"
-    )
-    parser.add_argument(
-        "--num-gpus", type=float, default=0.0, help="GPU fraction per virtual client (e.g. 0.25)"
-    )
-    parser.add_argument(
-        "--app", type=Path, default=PROJECT_ROOT, help="the Flower App folder (pyproject.toml)"
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="validate and print the flwr command only"
-    )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="also show Flower's log lines and Ray's warnings (hidden by default)",
-    )
-    return parser
+__all__ = ["PROJECT_ROOT", "main", "parser"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 import torch
 from flwr.app import ArrayRecord, Message
 
+from fedunlearn.messages import CALIBRATE
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.unlearning.federaser import (
     Reconstruction,
@@ -25,8 +26,6 @@ from fedunlearn.unlearning.federaser import (
 from strategies.client_updates import ClientUpdates
 
 logger = logging.getLogger(__name__)
-
-CALIBRATE = "train.calibrate"
 
 #: ``send(messages, label=...) -> replies``: how FedEraser reaches the clients (see ``FedEraser``).
 Send = Callable[..., Iterable[Message]]

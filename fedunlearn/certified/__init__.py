@@ -78,7 +78,6 @@ from fedunlearn.certified.staleness import (
     stale_terms,
 )
 from fedunlearn.certified.statistics import (
-    HEAD_QUERY,
     CentralHeadData,
     HeadData,
     HeadSums,
@@ -93,6 +92,7 @@ from fedunlearn.certified.statistics import (
     unpack_symmetric,
     weighted_grams,
 )
+from fedunlearn.messages import HEAD_QUERY
 
 __all__ = [
     "head_matrix",

@@ -39,7 +39,7 @@ from fedunlearn.data.backdoor import Trigger, triggered_test_set
 from fedunlearn.errors import ConfigError
 
 if TYPE_CHECKING:
-    from fedunlearn.data.federated_data import FederatedData
+    from fedunlearn.data.datasets import TensorSplit
 
 #: The attacks that change a malicious client's samples (the others change its replies).
 DATA_POISONING_ATTACKS = ("backdoor", "label-flip")
@@ -163,20 +163,20 @@ class AttackPlan:
 @torch.no_grad()
 def poisoning_success_rate(
     model: nn.Module,
-    data: FederatedData,
+    plan: AttackPlan | None,
+    test: TensorSplit,
     *,
     device: torch.device | str = "cpu",
     batch_size: int = 1024,
 ) -> float:
     """The attack's success on ``model``: the share of :meth:`AttackPlan.attack_test`'s inputs
-    from the server's test set it labels as the attacker wants (the backdoor's attack success
+    from the server's test set ``test`` it labels as the attacker wants (the backdoor's attack success
     rate; for label-flip, the share of flipped test labels it predicts). NaN without an attack
     and for scaled-update, whose harm shows in the test accuracy.
     """
-    plan = data.attack
     if plan is None or plan.attack not in DATA_POISONING_ATTACKS:
         return float("nan")
-    inputs, wanted = plan.attack_test(data.splits.test.x, data.splits.test.y)
+    inputs, wanted = plan.attack_test(test.x, test.y)
     if len(inputs) == 0:
         return float("nan")
     model.to(device).eval()

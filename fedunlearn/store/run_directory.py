@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,53 @@ from fedunlearn.store.durable_io import (
     read_jsonl,
 )
 
-__all__ = ["CHECKPOINT", "STOP_REQUEST", "RunDirectory", "request_stop"]
+__all__ = [
+    "CERTIFIED_LEDGER",
+    "CHECKPOINT",
+    "HISTORY_JOURNAL",
+    "HISTORY_LOG",
+    "RECOVERY_LOG",
+    "REFUSALS_LOG",
+    "REQUEST_JOURNAL",
+    "STOP_REQUEST",
+    "SCRUBBING_LOG",
+    "UNLEARNING_LOG",
+    "RunDirectory",
+    "log_time",
+    "request_stop",
+]
 
 CHECKPOINT = "checkpoint"
 #: Written by ``fedunlearn-run`` on Ctrl-C; training stops after the round it finds it in (a
 #: stopped Flower run's ServerApp may go on for several rounds before it notices).
 STOP_REQUEST = "stop-requested"
+
+# The run's append-only logs (:meth:`RunDirectory.append_log` stamps each record's ``time``).
+#: Each finished unlearning request (the forgotten partition ids under ``targets``), written by
+#: :mod:`server.unlearning`; :mod:`fedunlearn.preflight` reads it too.
+UNLEARNING_LOG = "unlearning_log.jsonl"
+#: Each adopted model's history rewrite (:mod:`server.history`).
+HISTORY_LOG = "history_log.jsonl"
+#: Each scrubbing phase (:mod:`server.scrubbing`).
+SCRUBBING_LOG = "scrubbing.jsonl"
+#: Each resume of the run (:mod:`server.run_recovery`).
+RECOVERY_LOG = "recovery_log.jsonl"
+#: Each refused reply and dropped client (:mod:`server.reply_screening`).
+REFUSALS_LOG = "refused_replies.jsonl"
+#: The certified-removal ledger: one certificate per line, written by
+#: :func:`fedunlearn.certified.removal.append_certificate` (and SIFU's), not by ``append_log``.
+CERTIFIED_LEDGER = "certified_removal.jsonl"
+#: The history rewrite's journal (:mod:`server.history`): while it exists, or the history log has
+#: fewer entries than the unlearning log, an adoption is pending.
+HISTORY_JOURNAL = "history_rewrite.json"
+#: An unlearning request's journal (:mod:`server.request_journal`), from its first file to adoption.
+REQUEST_JOURNAL = "request.json"
+
+
+def log_time() -> str:
+    """Now, as :meth:`RunDirectory.append_log` stamps it: local time with its UTC offset
+    (ISO 8601, e.g. ``2025-01-31T14:05:09+0100``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def request_stop(path: Path) -> bool:
@@ -189,9 +231,12 @@ class RunDirectory:
         return pd.DataFrame(self._metrics)
 
     def append_log(self, name: str, record: Mapping[str, Any]) -> Path:
-        """Append one JSON line to ``name`` (an append-only log, 0600) and make it durable; a torn
-        last line left by a crash is cut off first (:func:`fedunlearn.store.durable_io.append_jsonl`)."""
-        return append_jsonl(self.path / name, record)
+        """Append ``record`` as one JSON line to ``name`` (an append-only log, 0600), stamped with
+        its ``time`` (:func:`log_time`), and make it durable; a torn last line left by a crash is
+        cut off first (:func:`fedunlearn.store.durable_io.append_jsonl`)."""
+        if "time" in record:
+            raise ValueError(f"a record for {name} holds its own time: append_log stamps it")
+        return append_jsonl(self.path / name, {"time": log_time(), **record})
 
     def read_log(self, name: str) -> list[dict[str, Any]]:
         """The records of log ``name`` ([] if absent); a torn last line is skipped with a warning,

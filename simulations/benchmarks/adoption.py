@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from simulations import run as runner
+from simulations.benchmarks._args import common_args
 
 DIGITS = Path(__file__).resolve().parents[1] / "digits.toml"
 EVERY = "federaser,fedaccum,fedrecover,crab,sifu,fedretrain"
@@ -87,7 +88,7 @@ def scenario(name: str, output: Path, methods: str, seed: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", type=Path, default=Path("results/adoption"))
+    common_args(parser, "results/adoption", data_root=False)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()

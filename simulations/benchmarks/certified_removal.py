@@ -56,6 +56,7 @@ from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams, 
 from fedunlearn.certified.statistics import CentralHeadData
 from fedunlearn.plots import plt, save_figure
 from simulations.benchmarks import default_data_root
+from simulations.benchmarks._args import common_args
 
 CLASSES = [3, 8]  # label 8 is the positive class, as in the paper
 LAM, SIGMA, EPSILON, DELTA = 1e-3, 10.0, 1.0, 1e-4
@@ -625,13 +626,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="torchvision-layout data root holding MNIST/raw/ (un-gzipped IDX files; default:"
         " $FEDUNLEARN_DATA_ROOT, else ~/data); never downloads",
     )
-    parser.add_argument(
-        "--output-dir",
-        type=Path,
-        default=Path("results/certified"),
-        help="where the tables and figures go (created; must be empty unless --force)",
+    common_args(
+        parser,
+        "results/certified",
+        output_help="where the tables and figures go (created; must be empty unless --force)",
+        data_root=False,  # MNIST's raw files under the home folder, checked below
+        force=True,
     )
-    parser.add_argument("--force", action="store_true", help="write into a non-empty --output-dir")
     parser.add_argument(
         "--seed",
         type=int,

@@ -55,6 +55,7 @@ import pandas as pd
 from fedunlearn.certified.losses import one_vs_rest_targets
 from fedunlearn.certified.perturbation import sample_perturbation
 from simulations.benchmarks import default_data_root
+from simulations.benchmarks._args import common_args
 from simulations.benchmarks.certified_removal import (
     CLASSES,
     LAM,
@@ -267,8 +268,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="an exported copy of facebookresearch/certified-removal (default: "
         f"${REFERENCE_ENV}); without it the naive numpy mirror stands in",
     )
-    parser.add_argument("--output-dir", type=Path, default=Path("results/certified-speed"))
-    parser.add_argument("--force", action="store_true", help="write into a non-empty --output-dir")
+    common_args(parser, "results/certified-speed", data_root=False, force=True)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--removals", type=int, default=100, help="removals per stream")
     parser.add_argument(

@@ -24,7 +24,7 @@ import pandas as pd  # noqa: E402
 
 from fedunlearn.plots import display_name, method_colour  # noqa: E402
 from simulations import run as runner  # noqa: E402
-from simulations.benchmarks import default_data_root  # noqa: E402
+from simulations.benchmarks._args import common_args  # noqa: E402
 
 SWEEPS = {
     "calibration-ratio": [0.1, 0.25, 0.5, 1.0],
@@ -80,15 +80,8 @@ def plot_sweep(table: pd.DataFrame, parameter: str, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path)
-    parser.add_argument(
-        "--data-root",
-        default=default_data_root(must_exist=True),
-        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
-    )
-    parser.add_argument("--output-dir", type=Path, default=Path("results/sweeps"))
+    common_args(parser, "results/sweeps", extra_set="for every run", app=True)
     parser.add_argument("--only", nargs="*", choices=list(SWEEPS))
-    parser.add_argument("--set", action="append", default=[], help="extra key=value for every run")
-    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
     for parameter in args.only or list(SWEEPS):

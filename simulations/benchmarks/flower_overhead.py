@@ -63,7 +63,7 @@ from fedunlearn.seeding import derive_seed  # noqa: E402
 from fedunlearn.training.local import evaluate, train_epochs  # noqa: E402
 from fedunlearn.training.models import build_dataset_model  # noqa: E402
 from server.threads import use_server_threads  # noqa: E402
-from simulations.benchmarks import default_data_root  # noqa: E402
+from simulations.benchmarks._args import common_args  # noqa: E402
 
 #: Columns of the per-round rows (``server_cpu_seconds``: the whole run's, on every row of it).
 COLUMNS = ["round", "round_seconds", "test_accuracy", "server_cpu_seconds"]
@@ -314,9 +314,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--output-dir", type=Path, required=True)
+    common_args(parser, None, data_root_help=None)
     parser.add_argument("--dataset", default="mnist")
-    parser.add_argument("--data-root", default=default_data_root(must_exist=True))
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--train-samples", type=int, default=0, help="0: the whole training set")
     parser.add_argument("--rounds", type=int, default=5)

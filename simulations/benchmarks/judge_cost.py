@@ -23,6 +23,7 @@ import pandas as pd
 from fedunlearn.config import ExperimentConfig
 from simulations import run as runner
 from simulations.benchmarks import default_data_root
+from simulations.benchmarks._args import common_args
 
 
 def _timed_run(config: Path, output: Path, name: str, data_root: str, sets: list[str]) -> float:
@@ -42,7 +43,7 @@ def _timed_run(config: Path, output: Path, name: str, data_root: str, sets: list
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path, help="a judge run config (judge-models = N)")
-    parser.add_argument("--output-dir", type=Path, required=True)
+    common_args(parser, None, data_root=False)  # its --data-root: "" rather than None
     parser.add_argument("--data-root", default=default_data_root(must_exist=True) or "")
     parser.add_argument("--set", action="append", default=[], help="extra key=value for both runs")
     args = parser.parse_args(argv)

@@ -35,7 +35,7 @@ import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
 
 from simulations import run as runner  # noqa: E402
-from simulations.benchmarks import default_data_root  # noqa: E402
+from simulations.benchmarks._args import common_args  # noqa: E402
 
 MODES = ("full", "norms")
 
@@ -127,15 +127,10 @@ def _plot(table: pd.DataFrame, summary: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path)
-    parser.add_argument(
-        "--data-root",
-        default=default_data_root(must_exist=True),
-        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
+    common_args(
+        parser, "results/norms", extra_set="for both runs", summarize_only="only rebuild the table"
     )
-    parser.add_argument("--output-dir", type=Path, default=Path("results/norms"))
     parser.add_argument("--rounds", type=int, default=4, help="training rounds (all retained)")
-    parser.add_argument("--set", action="append", default=[], help="extra key=value for both runs")
-    parser.add_argument("--summarize-only", action="store_true", help="only rebuild the table")
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
     if not args.summarize_only:

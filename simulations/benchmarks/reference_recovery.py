@@ -68,6 +68,7 @@ import pandas as pd
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data import load_federated_data, partition_indices
 from simulations.benchmarks import default_data_root
+from simulations.benchmarks._args import common_args
 from simulations.run import load_run_config
 
 SIMULATIONS = Path(__file__).resolve().parents[1]
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the reference")
-    parser.add_argument("--output-dir", type=Path, default=SIMULATIONS / "benchmarks" / "results")
+    common_args(parser, SIMULATIONS / "benchmarks" / "results", data_root=False)
     parser.add_argument("--log-dir", type=Path, default=Path("results/reference-recovery"))
     args = parser.parse_args(argv)
     if args.reference_dir is None or not (args.reference_dir / "FedMoss.py").is_file():

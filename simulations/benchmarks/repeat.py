@@ -35,7 +35,7 @@ import pandas as pd
 
 from fedunlearn.judge.report import INDISTINGUISHABLE, judge_verdicts
 from simulations import run as runner
-from simulations.benchmarks import default_data_root
+from simulations.benchmarks._args import common_args
 
 RESULT_FILES = ("unlearning.csv", "judge.csv")
 
@@ -68,15 +68,9 @@ def run_point(
 def add_run_options(parser: argparse.ArgumentParser, output_dir: str) -> None:
     """The options every benchmark that runs ``fedunlearn-run`` points shares: where results
     go, the data root, extra ``--set`` values, the app, and summarising what is there."""
-    parser.add_argument("--output-dir", type=Path, default=Path(output_dir))
-    parser.add_argument(
-        "--data-root",
-        default=default_data_root(must_exist=True),
-        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
+    common_args(
+        parser, output_dir, extra_set="per run", app=True, summarize_only="only tabulate what ran"
     )
-    parser.add_argument("--set", action="append", default=[], help="extra key=value per run")
-    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
-    parser.add_argument("--summarize-only", action="store_true", help="only tabulate what ran")
 
 
 def mean_sd(values: Sequence[float]) -> str:

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from simulations import run as runner  # noqa: E402
-from simulations.benchmarks import default_data_root  # noqa: E402
+from simulations.benchmarks._args import common_args  # noqa: E402
 
 RUNS = {
     "digits (main job)": ["--set", "unlearn-clients=''"],
@@ -92,8 +92,7 @@ def plot(runs: dict[str, Path], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", type=Path, required=True)
-    parser.add_argument("--data-root", default=default_data_root(must_exist=True))
+    common_args(parser, None, data_root_help=None)
     parser.add_argument("--only", choices=[name.split()[0] for name in RUNS])
     args = parser.parse_args(argv)
     args.output_dir.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ import pandas as pd  # noqa: E402
 
 from fedunlearn.store.update_store import UpdateStore  # noqa: E402
 from simulations import run as runner  # noqa: E402
-from simulations.benchmarks import default_data_root  # noqa: E402
+from simulations.benchmarks._args import common_args  # noqa: E402
 
 # Training only (no unlearning phase): the benchmark measures what retention costs during training.
 VARIANTS = {
@@ -92,14 +92,12 @@ def summarize(run_dir: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path)
-    parser.add_argument(
-        "--data-root",
-        default=default_data_root(must_exist=True),
-        help="dataset root (default: $FEDUNLEARN_DATA_ROOT, else ~/data when it exists)",
+    common_args(
+        parser,
+        "results/retention",
+        extra_set="for every run",
+        summarize_only="only rebuild the table",
     )
-    parser.add_argument("--output-dir", type=Path, default=Path("results/retention"))
-    parser.add_argument("--set", action="append", default=[], help="extra key=value for every run")
-    parser.add_argument("--summarize-only", action="store_true", help="only rebuild the table")
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
     if not args.summarize_only:

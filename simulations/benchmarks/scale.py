@@ -50,6 +50,7 @@ import pandas as pd  # noqa: E402
 
 from fedunlearn.memory import MB  # noqa: E402
 from simulations import run as runner  # noqa: E402
+from simulations.benchmarks._args import common_args  # noqa: E402
 
 
 class TreeProbe:
@@ -133,7 +134,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "config", nargs="?", type=Path, help="run-config TOML (default: digits, 1 local epoch)"
     )
-    parser.add_argument("--output-dir", type=Path, required=True)
+    common_args(parser, None, data_root=False)
     parser.add_argument("--clients", type=int, default=100, help="virtual clients (default 100)")
     parser.add_argument("--rounds", type=int, default=100, help="training rounds (default 100)")
     parser.add_argument("--retain-interval", type=int, default=1, help="Δt (default 1)")

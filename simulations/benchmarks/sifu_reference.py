@@ -77,6 +77,7 @@ from fedunlearn.unlearning.gaussian_mechanism import _analytic_delta, unlearning
 from fedunlearn.unlearning.sensitivity import SensitivityAccumulator, local_lipschitz
 from fedunlearn.unlearning.sifu import rollback_round
 from simulations.benchmarks import default_data_root
+from simulations.benchmarks._args import common_args
 
 SIMULATIONS = Path(__file__).resolve().parents[1]
 REFERENCE_ENV = "FEDUNLEARN_SIFU_REFERENCE_DIR"
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the pair their FU.py SIFU runs with (and trains with)",
     )
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output-dir", type=Path, default=SIMULATIONS / "benchmarks" / "results")
+    common_args(parser, SIMULATIONS / "benchmarks" / "results", data_root=False)
     parser.add_argument("--log-dir", type=Path, default=Path("results/sifu-reference"))
     args = parser.parse_args(argv)  # fmt: skip
     if args.reference_dir is None or not (args.reference_dir / "FL" / "branch.py").is_file():

@@ -46,7 +46,7 @@ from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.unlearning.gaussian_mechanism import noise_sigma, unlearning_budget
 from fedunlearn.unlearning.sensitivity import EXPANSIONS, SensitivityAccumulator
 from fedunlearn.unlearning.sifu import rollback_round
-from simulations.benchmarks import default_data_root
+from simulations.benchmarks._args import common_args
 
 SIMULATIONS = Path(__file__).resolve().parents[1]
 PARTITIONS = {
@@ -207,9 +207,13 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-root", default=default_data_root(must_exist=True))
-    parser.add_argument(
-        "--output-dir", type=Path, default=Path("results/sifu-rollback"), help="where the runs go"
+    common_args(
+        parser,
+        "results/sifu-rollback",
+        output_help="where the runs go",
+        data_root_help=None,
+        extra_set="for every run",
+        summarize_only="",
     )
     parser.add_argument(
         "--table-dir",
@@ -220,8 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", choices=list(SETTINGS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--prefix", default="", help="command to run fedunlearn-run under")
-    parser.add_argument("--set", action="append", default=[], help="extra key=value for every run")
-    parser.add_argument("--summarize-only", action="store_true")
     args = parser.parse_args(argv)
     args.output_dir = args.output_dir.resolve()
     args.output_dir.mkdir(parents=True, exist_ok=True)

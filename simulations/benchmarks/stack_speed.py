@@ -23,7 +23,6 @@ import argparse
 import copy
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from unittest import mock
 
 import pandas as pd
@@ -33,6 +32,7 @@ from fedunlearn.seeding import derive_seed
 from fedunlearn.training import stacked
 from fedunlearn.training.local import resolve_device, train_epochs
 from fedunlearn.training.stacked import build_model_stack, member_seeds, train_stack_epochs
+from simulations.benchmarks._args import common_args
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def time_setting(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", type=Path, default=Path("results/stack_speed"))
+    common_args(parser, "results/stack_speed", data_root=False)
     parser.add_argument("--members", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--settings", nargs="+", default=[s.name for s in SETTINGS])
     parser.add_argument("--repeats", type=int, default=3)

@@ -19,6 +19,7 @@ import pandas as pd
 
 from simulations import run as runner
 from simulations.benchmarks import default_data_root
+from simulations.benchmarks._args import common_args
 
 SIMULATIONS = Path(__file__).resolve().parents[1]
 SETTINGS = {
@@ -36,11 +37,15 @@ def main(argv: list[str] | None = None) -> int:
         default=default_data_root(),
         help="dataset root holding MNIST, FashionMNIST and adult (default: $FEDUNLEARN_DATA_ROOT, else ~/data)",
     )
-    parser.add_argument("--output-dir", type=Path, default=Path("results/federaser"))
+    common_args(
+        parser,
+        "results/federaser",
+        data_root=False,  # the home folder even when missing: the run names what is absent
+        extra_set="for every run",
+        app=True,
+        summarize_only="",
+    )
     parser.add_argument("--only", nargs="*", choices=list(SETTINGS), help="run only these settings")
-    parser.add_argument("--set", action="append", default=[], help="extra key=value for every run")
-    parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT)
-    parser.add_argument("--summarize-only", action="store_true")
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
     names = args.only or list(SETTINGS)

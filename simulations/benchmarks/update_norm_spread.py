@@ -25,6 +25,7 @@ import pandas as pd
 
 from fedunlearn.store.update_store import UpdateStore
 from simulations import run as runner
+from simulations.benchmarks._args import common_args
 
 DIGITS = Path(__file__).resolve().parents[1] / "digits.toml"
 SKEWS = {
@@ -65,7 +66,7 @@ def _train(output: Path, name: str, seed: int, sets: list[str]) -> tuple[Path, i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", type=Path, default=Path("results/update-norms"))
+    common_args(parser, "results/update-norms", data_root=False)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args(argv)
     rows = []

@@ -140,6 +140,10 @@ def test_scaled_update_is_the_global_model_plus_lambda_times_the_update():
         scaled_update(sent, {"w": trained["w"]}, 10.0)
 
 
+def _success(model, data):
+    return poisoning_success_rate(model, data.attack, data.splits.test)
+
+
 class _Always(nn.Module):
     """A classifier that answers ``label`` whatever the input."""
 
@@ -156,23 +160,21 @@ class _Always(nn.Module):
 
 def test_backdoor_success_is_the_share_of_triggered_inputs_labelled_the_target():
     data = _load(attack_clients="1", attack="backdoor", attack_target_class=6)
-    assert poisoning_success_rate(_Always(6), data) == 1.0
-    assert poisoning_success_rate(_Always(2), data) == 0.0
+    assert _success(_Always(6), data) == 1.0
+    assert _success(_Always(2), data) == 0.0
 
 
 def test_label_flip_success_is_the_share_of_test_samples_predicted_as_c_minus_1_minus_y():
     data = _load(attack_clients="1", attack="label-flip")
     test_y = data.splits.test.y
     # Always answering 9 is what the attacker wants exactly for the test samples of class 0.
-    assert poisoning_success_rate(_Always(9), data) == pytest.approx(
-        float((test_y == 0).mean(dtype=torch.float))
-    )
+    assert _success(_Always(9), data) == pytest.approx(float((test_y == 0).mean(dtype=torch.float)))
 
 
 def test_no_attack_and_scaled_update_have_no_success_rate():
-    assert torch.isnan(torch.tensor(poisoning_success_rate(_Always(0), _load())))
+    assert torch.isnan(torch.tensor(_success(_Always(0), _load())))
     data = _load(attack_clients="1", attack="scaled-update")
-    assert torch.isnan(torch.tensor(poisoning_success_rate(_Always(0), data)))
+    assert torch.isnan(torch.tensor(_success(_Always(0), data)))
 
 
 def test_an_unknown_attack_is_refused_by_name():

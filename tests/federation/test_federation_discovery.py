@@ -10,8 +10,8 @@ from flwr.app import Message, MetricRecord, RecordDict
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
+from fedunlearn.messages import DESCRIBE
 from server.federation import (
-    DESCRIBE,
     adopt_federation_size,
     discover_clients,
     federation_size,

@@ -140,8 +140,8 @@ def test_a_backdoored_client_plants_its_backdoor_in_the_global_model(tmp_path):
     attacked, data = _trained(tmp_path, BACKDOOR, "attacked")
     clean, _ = _trained(tmp_path, CLEAN, "clean")
     test = data.splits.test
-    attack_success = poisoning_success_rate(attacked, data)
-    baseline = poisoning_success_rate(clean, data)  # the same triggered test inputs
+    attack_success = poisoning_success_rate(attacked, data.attack, test)
+    baseline = poisoning_success_rate(clean, data.attack, test)  # the same triggered test inputs
     assert attack_success > 0.4 and baseline < 0.05, (attack_success, baseline)
     # A backdoor, not a collapse: the poisoned model still classifies clean inputs.
     assert evaluate(attacked, test.x, test.y).accuracy > 0.8

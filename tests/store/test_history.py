@@ -9,8 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedunlearn.preflight import UNLEARNING_LOG
-from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.store.run_directory import UNLEARNING_LOG, RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server import history, request_journal
 

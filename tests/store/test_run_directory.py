@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
+import time
+
 import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.store.run_directory import RECOVERY_LOG, RunDirectory
 
 
 def test_checkpoint_round_trip_keeps_round_and_tensors(tmp_path):
@@ -108,13 +111,30 @@ def test_a_torn_last_log_line_is_skipped_and_the_next_append_reads_whole(tmp_pat
         handle.write(b'{"resumed_after_round": 2, "dropp')  # killed mid-append
     reopened = RunDirectory.open(run.path)
     with pytest.warns(TornLineWarning, match=str(run.path / "recovery_log.jsonl")):
-        assert reopened.read_log("recovery_log.jsonl") == [{"resumed_after_round": 1}]
+        assert _untimed(reopened.read_log("recovery_log.jsonl")) == [{"resumed_after_round": 1}]
     with pytest.warns(TornLineWarning, match="cut off"):
         reopened.append_log("recovery_log.jsonl", {"resumed_after_round": 3})
-    assert reopened.read_log("recovery_log.jsonl") == [
+    assert _untimed(reopened.read_log("recovery_log.jsonl")) == [
         {"resumed_after_round": 1},
         {"resumed_after_round": 3},
     ]
+
+
+def _untimed(records):
+    return [{key: value for key, value in record.items() if key != "time"} for record in records]
+
+
+def test_append_log_stamps_each_record_with_its_local_time(tmp_path):
+    run = RunDirectory.create(tmp_path / "run", {})
+    before = time.time()
+    run.append_log(RECOVERY_LOG, {"resumed_after_round": 1, "store_problems": []})
+    [record] = run.read_log(RECOVERY_LOG)
+    assert set(record) == {"time", "resumed_after_round", "store_problems"}
+    stamped = datetime.datetime.strptime(record["time"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    assert before - 1 <= stamped <= time.time()
+    with pytest.raises(ValueError, match="stamps it"):
+        run.append_log(RECOVERY_LOG, {"time": "yesterday"})
+    assert len(run.read_log(RECOVERY_LOG)) == 1
 
 
 def test_a_damaged_middle_log_line_raises_naming_file_and_line(tmp_path):

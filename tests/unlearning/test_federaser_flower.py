@@ -10,9 +10,10 @@ import torch
 from fake_grid import AnsweringGrid
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
+from fedunlearn.messages import CALIBRATE
 from fedunlearn.store.update_store import UpdateStore
 from server.queries import collect_replies
-from strategies.federaser import CALIBRATE, FedEraser
+from strategies.federaser import FedEraser
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
