@@ -1,6 +1,6 @@
 """The statistics a client computes for the server's certified head (``query.certified_head``).
 
-The server (``server/certified_head.py``) holds the head, the perturbation b and the list of removed
+The server (``server/certified/head.py``) holds the head, the perturbation b and the list of removed
 samples; a client holds its samples and answers, at the head the server sends, one of:
 
 * ``prepare``: compute and cache this client's features for the body the server sends;
@@ -12,7 +12,7 @@ samples; a client holds its samples and answers, at the head the server sends, o
 Every message carries the client's removed sample ids, so a client keeps no state that matters:
 features are cached per process (keyed by the body's digest) and rebuilt when the server resends the
 body after a client answers ``needs-model``. The server validates every reply (shapes, finite
-values, counts: ``server/certified_head_replies.py``); targets are the one-vs-rest {-1, +1} the
+values, counts: ``server/certified/replies.py``); targets are the one-vs-rest {-1, +1} the
 logistic bounds assume, and the pure functions refuse any other.
 """
 

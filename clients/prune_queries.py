@@ -4,7 +4,7 @@ Wang et al., *Federated Unlearning via Class-Discriminative Pruning* (WWW 2022),
 at the global model the server sends (``arrays``), the client passes its samples through the
 network and answers, for the layer the server names (``layer``), each class's sum of every
 channel's pooled activation AvgPool(ReLU(O_l)) (eqs. 2-3) and how many samples each class has
-(:func:`fedunlearn.unlearning.pruning.class_channel_sums`). Sums, not means: the server adds the
+(:func:`fedunlearn.scrubbing.pruning.class_channel_sums`). Sums, not means: the server adds the
 clients' sums, so its A* is the mean over every sample of a class. All of the client's samples
 count, the forgotten class's included (its row is what TF-IDF scores).
 
@@ -20,8 +20,8 @@ from torch import nn
 
 from clients.client_state import ClientSetup
 from fedunlearn.errors import ConfigError
+from fedunlearn.scrubbing.pruning import class_channel_sums
 from fedunlearn.training.stacked import stack_size
-from fedunlearn.unlearning.pruning import class_channel_sums
 
 
 def answer_prune_query(msg: Message, setup: ClientSetup) -> Message:

@@ -1,6 +1,6 @@
 """The statistics a client computes for the server's scrubbing plug-in (``query.scrub_stats``).
 
-The server (``server/scrubbing.py``) holds the model and applies the scrub; a client holds its samples
+The server (``server/scrubbing/phase.py``) holds the model and applies the scrub; a client holds its samples
 and answers, at the model the server sends, with sums over its part of D_r (``retained``) or of D_f
 (``forgotten``), D_f being the cohort named by ``forget`` (:class:`fedunlearn.data.forget_sets.ForgetSet`),
 which every party resolves the same way from the run seed:

@@ -30,11 +30,11 @@ CALIBRATE = "train.calibrate"
 EVALUATE = "evaluate"
 #: Who a client is (partition, expected federation size, sample count): the server's discovery.
 DESCRIBE = "query.describe"
-#: Sums over a client's head features for the certified head (``server/certified_head.py``).
+#: Sums over a client's head features for the certified head (``server/certified/head.py``).
 HEAD_QUERY = "query.certified_head"
-#: Sums over a client's D_r / D_f for the scrubbing methods (``server/scrubbing.py``).
+#: Sums over a client's D_r / D_f for the scrubbing methods (``server/scrubbing/phase.py``).
 SCRUB_QUERY = "query.scrub_stats"
-#: Per-class channel activations for class-discriminative pruning (``server/class_pruning.py``).
+#: Per-class channel activations for class-discriminative pruning (``server/scrubbing/class_pruning.py``).
 PRUNE_QUERY = "query.prune_stats"
 #: Every message type above: what a registered method may list as the messages it sends.
 MESSAGE_TYPES = (TRAIN, CALIBRATE, EVALUATE, DESCRIBE, HEAD_QUERY, SCRUB_QUERY, PRUNE_QUERY)

@@ -54,7 +54,7 @@ FINISHED_RUN_FILES = (
     "summary.json",
 )
 #: The request's fields an ``unlearn-only`` run takes over the trained run's configuration; the
-#: list ``server.run_loading`` applies.
+#: list ``server.training.loading`` applies.
 REQUEST_FIELDS = (
     "unlearn_clients",
     "unlearn_methods",
@@ -206,7 +206,7 @@ def check_history(config: ExperimentConfig, path: Path) -> None:
 
 def _unfinished_or_resumed(config: ExperimentConfig, path: Path) -> list[int] | None:
     """The targets of the run's last request when running it again finishes it: its history was
-    not adopted yet, or its journal is still there (server.request_journal), or ``resume`` asks to
+    not adopted yet, or its journal is still there (server.unlearning.journal), or ``resume`` asks to
     finish it (a finished one has nothing left to do)."""
     log = path / UNLEARNING_LOG
     unfinished = _adoption_pending(path) or (path / REQUEST_JOURNAL).is_file()

@@ -11,7 +11,7 @@ method is one module plus one :meth:`Registry.register` line (``docs/adding-a-me
     SCRUBBING.register("zero-head", "my_methods:zero_head", needs=("trained-model",))
 
 An implementation is called as ``implementation(context, name)`` with the phase's context (on the
-server: :class:`server.unlearning.UnlearningContext` or :class:`server.scrub_methods.ScrubContext`)
+server: :class:`server.unlearning.request.UnlearningContext` or :class:`server.scrubbing.methods.ScrubContext`)
 and returns the new model's state dict, or ``(state dict, details)`` with a JSON-able ``details``
 dict that the phase's log records.
 """
@@ -235,10 +235,10 @@ class Registry:
         return len(self._specs)
 
 
-#: Unlearning methods (Liu et al., FedEraser, Section V), run by ``server.unlearning``; their
+#: Unlearning methods (Liu et al., FedEraser, Section V), run by ``server.unlearning.request``; their
 #: models are saved as ``model_<name>`` (``-<request>`` after the first request).
 UNLEARNING = Registry("unlearning method", "unlearn-methods", model_prefix="model_")
-#: Scrubbing methods (Golatkar et al.) and their baselines, run by ``server.scrubbing``; saved as
+#: Scrubbing methods (Golatkar et al.) and their baselines, run by ``server.scrubbing.phase``; saved as
 #: ``model_scrub_<name>``. ``original`` and ``retrain`` always run and are not registered.
 SCRUBBING = Registry("scrubbing method", "scrub-methods", model_prefix="model_scrub_")
 
@@ -287,9 +287,9 @@ AUDITED = Registry("audited model", "mia")
 
 _TRAIN = (TRAIN,)
 _SCRUB_QUERY = (SCRUB_QUERY,)
-_UNLEARNING = "server.unlearning"
+_UNLEARNING = "server.unlearning.request"
 _INTERVAL = "fedunlearn.unlearning.federaser:IntervalRetention"
-_SCRUB = "server.scrub_methods"
+_SCRUB = "server.scrubbing.methods"
 
 UNLEARNING.register(
     "federaser",
@@ -318,7 +318,7 @@ UNLEARNING.register(
 )
 UNLEARNING.register(
     "fedrecover",
-    "server.recovery_methods:fedrecover",
+    "server.unlearning.recovery:fedrecover",
     retention="fedunlearn.unlearning.fedrecover:EveryRound",
     messages=_TRAIN,
     default=False,
@@ -326,7 +326,7 @@ UNLEARNING.register(
 )
 UNLEARNING.register(
     "crab",
-    "server.recovery_methods:crab",
+    "server.unlearning.recovery:crab",
     retention="fedunlearn.unlearning.crab:CrabSelector",
     messages=_TRAIN,
     default=False,
@@ -334,7 +334,7 @@ UNLEARNING.register(
 )
 UNLEARNING.register(
     "sifu",
-    "server.recovery_methods:sifu",
+    "server.unlearning.recovery:sifu",
     retention="fedunlearn.unlearning.sifu:SensitivityRetention",
     messages=_TRAIN,
     certifies=True,
@@ -396,7 +396,7 @@ SCRUBBING.register(
 )
 SCRUBBING.register(
     "class-pruning",
-    "server.class_pruning:class_pruning",
+    "server.scrubbing.class_pruning:class_pruning",
     needs=("trained-model",),
     messages=(PRUNE_QUERY, TRAIN),
     description="Wang et al. 2022: prune the class's top TF-IDF channels, fine-tune on D_r",
@@ -404,7 +404,7 @@ SCRUBBING.register(
 
 AUDITED.register("original", model_file="model_final", description="the trained model")
 # The trained certified head is never written: with the data it determines b (the certificate's
-# secret); server.certified_head.CertifiedHeadRun hands it over in memory. Its shadow is itself:
+# secret); server.certified.head.CertifiedHeadRun hands it over in memory. Its shadow is itself:
 # a linear head's normalised sigmoids are not the original network's softmax.
 AUDITED.register(
     "certified-head-trained",

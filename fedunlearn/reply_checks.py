@@ -13,7 +13,7 @@ the node declared when it was discovered:
   id would file the update under another client).
 
 These are pure functions on plain values (shapes, dtype names, NumPy arrays, numbers); the Flower
-layer (``server/reply_screening.py``) turns messages into them and decides what a refusal costs.
+layer (``server/federation/reply_screening.py``) turns messages into them and decides what a refusal costs.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ TRAIN_METRICS = frozenset({"num-examples", "partition-id", "train-loss", "calibr
 OPTIONAL_TRAIN_METRICS = frozenset({"start-loss"})
 #: The metrics an ``evaluate`` reply carries.
 EVALUATE_METRICS = frozenset({"num-examples", "partition-id", "eval-loss", "eval-accuracy"})
-#: The metrics a ``query.describe`` reply carries (server/federation.py).
+#: The metrics a ``query.describe`` reply carries (server/federation/members.py).
 DESCRIBE_METRICS = frozenset({"partition-id", "num-partitions", "num-examples", "cuda"})
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 from fedunlearn.registry import MethodSpec
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.training.model_state import State
-from server.metering import Cost, MeteredGrid
+from server.federation.metering import Cost, MeteredGrid
 from server.progress import Log
 
 

@@ -16,17 +16,17 @@ from flwr.serverapp import Grid, ServerApp
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import FedUnlearnError
 from fedunlearn.preflight import preflight
-from server import request_journal
-from server.certified_head import run_certified_head
-from server.federated_training import dp_epsilon_of, train_federated
-from server.federation import adopt_federation_size
-from server.history import adopt, is_adopted
-from server.judge import run_judge
-from server.membership_audit import run_membership_audit
-from server.run_loading import load_trained_run
-from server.scrubbing import run_scrubbing
-from server.threads import use_server_threads
-from server.unlearning import run_unlearning, unlearning_done
+from server.audit.judge import run_judge
+from server.audit.membership import run_membership_audit
+from server.certified.head import run_certified_head
+from server.federation.members import adopt_federation_size
+from server.federation.threads import use_server_threads
+from server.scrubbing.phase import run_scrubbing
+from server.training.loading import load_trained_run
+from server.training.rounds import dp_epsilon_of, train_federated
+from server.unlearning import journal as request_journal
+from server.unlearning.adoption import adopt, is_adopted
+from server.unlearning.request import run_unlearning, unlearning_done
 
 
 def _log(line: str) -> None:
@@ -41,7 +41,7 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         """:func:`serve` the run config, one ``[fedunlearn] error:`` line for a refusal."""
-        use_server_threads()  # the client workers hold the cores (server.threads)
+        use_server_threads()  # the client workers hold the cores (server.federation.threads)
         try:
             serve(grid, {**context.run_config, **overrides})
         except FedUnlearnError as error:
@@ -62,7 +62,7 @@ def serve(grid: Grid, run_config: Mapping[str, Any], *, log=_log) -> None:
     ``certified-head``, train a certified head and stream removal requests to it; with ``scrub``,
     scrub a cohort with every scrubbing method and baseline; with ``mia``, audit; last, adopt the
     request's history. A request interrupted anywhere is finished by serving it again
-    (:mod:`server.request_journal`)."""
+    (:mod:`server.unlearning.journal`)."""
     config = ExperimentConfig.from_run_config(run_config)
     preflight(config)  # the data and the run directory, before anything is written
     # num-clients = 0: K becomes the federation's size, once, before anything is written;

@@ -241,7 +241,7 @@ def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
         and (config.run_directory() / "config.json").is_file()
     ):
         # Imported here: the server's recovery module owns the list of keys a resume must keep.
-        from server.run_recovery import check_resumable
+        from server.training.resume import check_resumable
 
         check_resumable(config, config.run_directory())
     validated = config.to_run_config()

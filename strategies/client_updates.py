@@ -19,7 +19,7 @@ from fedunlearn.training.model_state import state_difference
 
 logger = logging.getLogger(__name__)
 
-#: ``send(messages, label=...) -> replies``: :func:`server.queries.collect_replies` bound to a grid.
+#: ``send(messages, label=...) -> replies``: :func:`server.federation.queries.collect_replies` bound to a grid.
 Send = Callable[..., Iterable[Message]]
 #: ``screen(phase, round, sent_arrays, replies) -> valid replies`` (the run's reply screen).
 Screen = Callable[[str, int, ArrayRecord, list[Message]], list[Message]]

@@ -38,10 +38,10 @@ class FedEraser:
     ----------
     send : callable
         ``send(messages, label=...) -> replies``: sends the calibration messages and returns the
-        replies that arrived in time (the server passes :func:`server.queries.collect_replies`
+        replies that arrived in time (the server passes :func:`server.federation.queries.collect_replies`
         bound to its grid, ``reply-timeout`` and console, which logs a heartbeat under ``label``).
     node_of_partition : Mapping[int, int]
-        Node id of each client's partition id (see :func:`server.federation.discover_clients`).
+        Node id of each client's partition id (see :func:`server.federation.members.discover_clients`).
     local_epochs : int
         E_loc of the original training.
     calibration_ratio : float (default: 0.5)
@@ -55,7 +55,7 @@ class FedEraser:
         ``average``: aggregate, then calibrate the average (the paper's released code).
     screen : callable, optional
         ``screen(phase, round, sent_arrays, replies) -> valid replies``: checks every calibration
-        reply before it is used (``server.reply_screening.ReplyScreen.training``); a refused reply
+        reply before it is used (``server.federation.reply_screening.ReplyScreen.training``); a refused reply
         leaves its client out of that step.
     is_dropped : callable, optional
         ``is_dropped(partition)``: clients dropped from the run are not asked to calibrate.

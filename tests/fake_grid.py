@@ -1,7 +1,7 @@
 """Test grids: one whose nodes answer at once, for tests that stand in for a federation without
 Ray, and a spy that records what Flower's real grid sends and who answered.
 
-The server sends through ``push_messages`` / ``pull_messages`` (:mod:`server.queries`); a fake
+The server sends through ``push_messages`` / ``pull_messages`` (:mod:`server.federation.queries`); a fake
 grid subclasses :class:`AnsweringGrid` and says, in ``answer``, what a node replies to a message
 (or ``None`` for a node that never answers).
 """

@@ -26,7 +26,7 @@ def _tree(path):
 
 
 def test_the_copies_of_server_constants_are_the_servers():
-    from server.unlearning import LOG_NAME
+    from server.unlearning.request import LOG_NAME
 
     assert pf.UNLEARNING_LOG == LOG_NAME
 

@@ -200,7 +200,7 @@ def worst_case_bound(lam: float, n_before: int, m: int, *, gamma: float, c: floa
 def weights_sha256(weights: np.ndarray) -> str:
     """SHA-256 (hex) of the weights' canonical bytes: float64, little-endian, C order, shape (K, d).
 
-    From a saved head (``server/certified_head.py``'s file):
+    From a saved head (``server/certified/head.py``'s file):
     ``weights_sha256(safetensors.numpy.load_file(path)["certified_head.weights"])``.
     """
     canonical = np.ascontiguousarray(np.asarray(weights, dtype="<f8"))

@@ -7,7 +7,7 @@ computed here by pure functions on a feature matrix, so that the same code runs
 
 * centrally, on one matrix (:class:`CentralHeadData`), and
 * in a federation, where each client computes them on its own features and the server adds them up
-  (``server/certified_head.py`` implements :class:`HeadData` with messages).
+  (``server/certified/head.py`` implements :class:`HeadData` with messages).
 
 Regularisation and the perturbation ``b`` are never here: they belong to the server (which alone
 holds ``b``), see :mod:`fedunlearn.certified.removal`.
@@ -35,7 +35,7 @@ from fedunlearn.errors import ConfigError
 #: Rows per block when forming Hessians: keeps the scaled copy of X in cache-sized pieces.
 _BLOCK = 2048
 
-#: The message type of the clients' certified-head statistics (``server/certified_head.py``).
+#: The message type of the clients' certified-head statistics (``server/certified/head.py``).
 HEAD_QUERY = "query.certified_head"
 
 

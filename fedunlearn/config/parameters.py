@@ -460,7 +460,7 @@ class RunParameters:
     scrub_baseline_epochs: int = scrubbing(1, AT_LEAST_1, "local epochs in those rounds")
     prune_layer: str = scrubbing(
         "features",
-        Options(_lazy("fedunlearn.unlearning.pruning", "LAYERS")),
+        Options(_lazy("fedunlearn.scrubbing.pruning", "LAYERS")),
         "class-pruning: the body's feature units, or its last convolution's channels",
     )
     prune_ratio: float = scrubbing(

@@ -3,24 +3,23 @@ own check (:mod:`fedunlearn.config.constraints`), so each may assume its keys ar
 
 A rule of one group takes that group's view (:class:`ConfigGroup`), so a direct user of the group's
 parameters (:class:`fedunlearn.certified.removal.CertifiedRemovalParams`) runs the same rule
-through :func:`validate_group`; every other rule takes the whole configuration.
+through :func:`validate_group`; every other rule takes the whole configuration (an
+:class:`fedunlearn.config.ExperimentConfig`, annotated by its base :class:`RunParameters`: the
+configuration imports the rules, never the reverse).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedunlearn.config import choices
 from fedunlearn.config.choices import ADOPT_FEDERATION_SIZE, MODELS, SAMPLE_SHAPES
 from fedunlearn.config.constraints import Interval, validate_parameter_constraints
-from fedunlearn.config.parameters import parameter_constraints
+from fedunlearn.config.parameters import RunParameters, parameter_constraints
 from fedunlearn.errors import ConfigError
 from fedunlearn.registry import UNLEARNING, norms_problem
-
-if TYPE_CHECKING:
-    from fedunlearn.config.experiment import ExperimentConfig
 
 
 class ConfigGroup(Mapping[str, Any]):
@@ -76,9 +75,9 @@ def partition_ids(key: str, value: str, num_clients: int) -> list[int]:
     return sorted(set(targets))
 
 
-def _size_known(config: ExperimentConfig) -> bool:
+def _size_known(config: RunParameters) -> bool:
     """Whether ``num-clients`` is known: a rule comparing against it waits for the federation's
-    size when it is to be adopted (:meth:`ExperimentConfig.with_federation_size` checks again)."""
+    size when it is to be adopted (:meth:`fedunlearn.config.ExperimentConfig.with_federation_size` checks again)."""
     return config.num_clients != ADOPT_FEDERATION_SIZE
 
 
@@ -100,7 +99,7 @@ def model_problem(model: str, sample_shape: tuple[int, ...]) -> str:
 
 
 # ------------------------------------------------------------------ data and training
-def check_model_fits_dataset(config: ExperimentConfig) -> None:
+def check_model_fits_dataset(config: RunParameters) -> None:
     """The model's layers take the dataset's samples (e.g. not mnist-cnn's two 5x5 convolutions on
     8x8 digits), found by running it on PyTorch's meta device: no data needed."""
     model, dataset = config.model, config.dataset
@@ -117,7 +116,7 @@ def check_model_fits_dataset(config: ExperimentConfig) -> None:
         )
 
 
-def check_train_samples_cover_clients(config: ExperimentConfig) -> None:
+def check_train_samples_cover_clients(config: RunParameters) -> None:
     """A subset of the training set holds at least one sample per client."""
     if 0 < config.train_samples < config.num_clients:
         raise ConfigError(
@@ -127,7 +126,7 @@ def check_train_samples_cover_clients(config: ExperimentConfig) -> None:
         )
 
 
-def check_data_root(config: ExperimentConfig) -> None:
+def check_data_root(config: RunParameters) -> None:
     """A data root exists unless the dataset is to be downloaded into it, and every dataset but
     the embedded digits has one."""
     if config.data_root and not config.download and not config.data_root_path.is_dir():
@@ -147,7 +146,7 @@ def check_data_root(config: ExperimentConfig) -> None:
         )
 
 
-def check_dp_delta(config: ExperimentConfig) -> None:
+def check_dp_delta(config: RunParameters) -> None:
     """DP-SGD with noise has a delta > 0."""
     if config.dp_noise_multiplier > 0 and config.dp_delta == 0:
         raise ConfigError(
@@ -156,7 +155,7 @@ def check_dp_delta(config: ExperimentConfig) -> None:
 
 
 # ------------------------------------------------------------------ unlearning
-def check_someone_remains(config: ExperimentConfig) -> None:
+def check_someone_remains(config: RunParameters) -> None:
     """The clients to forget are partition ids, and not all of them."""
     if _size_known(config) and len(set(config.unlearn_targets)) >= config.num_clients:
         raise ConfigError(
@@ -167,7 +166,7 @@ def check_someone_remains(config: ExperimentConfig) -> None:
         )
 
 
-def check_retention_for_methods(config: ExperimentConfig) -> None:
+def check_retention_for_methods(config: RunParameters) -> None:
     """Methods that read the history retained during training have it (``retain = true``)."""
     rebuilding = [m for m in choices.RETAINED_UPDATE_METHODS if m in config.methods]
     if config.unlearn_targets and not config.retain and rebuilding:
@@ -179,7 +178,7 @@ def check_retention_for_methods(config: ExperimentConfig) -> None:
         )
 
 
-def check_retain_mode(config: ExperimentConfig) -> None:
+def check_retain_mode(config: RunParameters) -> None:
     """``retain-mode = norms`` keeps whole updates of round t_1 only: every method of the run reads
     no more (FedEraser with per-client calibration), or is refused before anything is trained."""
     if config.retain_mode != "norms" or not config.retain:
@@ -203,16 +202,16 @@ def check_retain_mode(config: ExperimentConfig) -> None:
         )
 
 
-def check_adoptable_method(config: ExperimentConfig) -> None:
+def check_adoptable_method(config: RunParameters) -> None:
     """A request runs a method whose trajectory can become the retained history
-    (:attr:`ExperimentConfig.adoption_candidates`)."""
+    (:attr:`fedunlearn.config.ExperimentConfig.adoption_candidates`)."""
     if config.unlearn_targets:
         _ = config.adoption_candidates
 
 
-def check_recipes(config: ExperimentConfig) -> None:
+def check_recipes(config: RunParameters) -> None:
     """``unlearn-only`` names the trained run and whom to forget; ``resume`` names the run (with
-    ``unlearn-only``: the same request again finishes an interrupted one, server.request_journal)."""
+    ``unlearn-only``: the same request again finishes an interrupted one, server.unlearning.journal)."""
     if config.unlearn_only and not (config.run_name and config.unlearn_targets):
         raise ConfigError(
             "unlearn-only",
@@ -242,7 +241,7 @@ def check_perturbation(certified: ConfigGroup) -> None:
         )
 
 
-def check_certified_clients(config: ExperimentConfig) -> None:
+def check_certified_clients(config: RunParameters) -> None:
     """The clients whose whole data the certified head removes are partition ids, not all."""
     if _size_known(config) and len(config.certified_client_targets) >= config.num_clients:
         raise ConfigError(
@@ -253,13 +252,13 @@ def check_certified_clients(config: ExperimentConfig) -> None:
 
 
 # ------------------------------------------------------------------ scrubbing and audit
-def check_scrub_cohort(config: ExperimentConfig) -> None:
+def check_scrub_cohort(config: RunParameters) -> None:
     """Scrubbing names a cohort D_f of the federation (``scrub-forget``)."""
     if config.scrub:
         _ = config.forget_set
 
 
-def check_audit_target(config: ExperimentConfig) -> None:
+def check_audit_target(config: RunParameters) -> None:
     """The audit judges every method on one forgotten client, against FedRetrain."""
     if not config.mia:
         return
@@ -277,7 +276,7 @@ def check_audit_target(config: ExperimentConfig) -> None:
         )
 
 
-def check_audit_same_target(config: ExperimentConfig) -> None:
+def check_audit_same_target(config: RunParameters) -> None:
     """The certified head and the scrubbing methods forget the audit's target too."""
     if not config.mia:
         return
@@ -311,7 +310,7 @@ _JUDGE_REFUSES = (
 )
 
 
-def check_judge(config: ExperimentConfig) -> None:
+def check_judge(config: RunParameters) -> None:
     """A judge run (``judge-models`` = N >= 3) trains N federations as one stack and forgets
     exactly one client with every method, against FedRetrain."""
     if config.judge_backdoor and not config.judge_models:
@@ -349,7 +348,7 @@ def check_judge(config: ExperimentConfig) -> None:
             raise ConfigError(key, refused, f"{allowed} (judge-models > 0)")
 
 
-def check_backdoor_class(config: ExperimentConfig) -> None:
+def check_backdoor_class(config: RunParameters) -> None:
     """The backdoor's target class is one of the dataset's classes."""
     from fedunlearn.config.choices import NUM_CLASSES
 
@@ -363,7 +362,7 @@ def check_backdoor_class(config: ExperimentConfig) -> None:
 
 
 # ------------------------------------------------------------------ poisoning
-def check_attack(config: ExperimentConfig) -> None:
+def check_attack(config: RunParameters) -> None:
     """A poisoning run names its malicious clients (``attack-clients``, not all of them) and what
     they do (``attack``), a backdoor's target being one of the dataset's classes; an attack without
     clients, or clients without an attack, is refused."""
@@ -397,7 +396,7 @@ def check_attack(config: ExperimentConfig) -> None:
         )
 
 
-def check_attackers_removed(config: ExperimentConfig) -> None:
+def check_attackers_removed(config: RunParameters) -> None:
     """Recovery from poisoning removes the attackers (their detection is given): a poisoning run's
     ``unlearn-clients`` names exactly the ``attack-clients``, or is empty (train only). A later
     ``unlearn-only`` request on the poisoned run may forget any client."""
@@ -415,7 +414,7 @@ def check_attackers_removed(config: ExperimentConfig) -> None:
         )
 
 
-def check_attack_combinations(config: ExperimentConfig) -> None:
+def check_attack_combinations(config: RunParameters) -> None:
     """An attack is not run in a judge run (its N federations plant their own backdoor), and
     scaled-update not under DP-FedAvg (clipping every update to dp-clipping-norm undoes the
     boost)."""
@@ -475,7 +474,7 @@ def validate_group(view: ConfigGroup) -> None:
             rule(view)
 
 
-def validate_config(config: ExperimentConfig) -> None:
+def validate_config(config: RunParameters) -> None:
     """Every key's own constraint, then every rule of :data:`RULES`."""
     validate_parameter_constraints(config.to_run_config(), parameter_constraints())
     for group, rule in RULES:

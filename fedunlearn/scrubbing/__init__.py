@@ -1,4 +1,5 @@
-"""Scrubbing (Golatkar et al. 2020): Newton/Fisher scrubbers, forgetting baselines, readouts.
+"""Scrubbing (Golatkar et al. 2020): Newton/Fisher scrubbers, forgetting baselines, readouts;
+class-discriminative pruning (Wang et al. 2022).
 
 Each module is importable by its own path; this package re-exports their public names
 (as torchvision's ``datasets/__init__.py`` does).
@@ -11,6 +12,17 @@ from fedunlearn.scrubbing.baselines import (
     negative_gradient_epochs,
     random_label_epochs,
     random_labels,
+)
+from fedunlearn.scrubbing.pruning import (
+    PruningLayer,
+    class_channel_sums,
+    discriminative_channels,
+    global_mean_activations,
+    prune_channels,
+    pruned_count,
+    pruning_layer,
+    select_channels,
+    tf_idf,
 )
 from fedunlearn.scrubbing.readouts import (
     ENTROPY_FLOOR,
@@ -68,4 +80,13 @@ __all__ = [
     "fisher_gaussian",
     "reference_fisher_gaussian",
     "fisher_sample",
+    "PruningLayer",
+    "pruning_layer",
+    "class_channel_sums",
+    "global_mean_activations",
+    "tf_idf",
+    "pruned_count",
+    "discriminative_channels",
+    "select_channels",
+    "prune_channels",
 ]

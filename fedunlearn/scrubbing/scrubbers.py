@@ -1,5 +1,5 @@
 """Selective forgetting by scrubbing (Golatkar, Achille, Soatto, *Eternal Sunshine of the Spotless Net*,
-CVPR 2020): the math, Flower-free. The server (``server/scrub_methods.py``) only gathers the clients'
+CVPR 2020): the math, Flower-free. The server (``server/scrubbing/methods.py``) only gathers the clients'
 sums and calls these functions.
 
 * Noisy Newton scrub (eq. 7): ``S(w) = w - B^{-1} grad L_Dr(w) + (lambda sigma_h^2)^{1/4} B^{-1/4} n``,

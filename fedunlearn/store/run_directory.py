@@ -53,23 +53,23 @@ STOP_REQUEST = "stop-requested"
 
 # The run's append-only logs (:meth:`RunDirectory.append_log` stamps each record's ``time``).
 #: Each finished unlearning request (the forgotten partition ids under ``targets``), written by
-#: :mod:`server.unlearning`; :mod:`fedunlearn.preflight` reads it too.
+#: :mod:`server.unlearning.request`; :mod:`fedunlearn.preflight` reads it too.
 UNLEARNING_LOG = "unlearning_log.jsonl"
-#: Each adopted model's history rewrite (:mod:`server.history`).
+#: Each adopted model's history rewrite (:mod:`server.unlearning.adoption`).
 HISTORY_LOG = "history_log.jsonl"
-#: Each scrubbing phase (:mod:`server.scrubbing`).
+#: Each scrubbing phase (:mod:`server.scrubbing.phase`).
 SCRUBBING_LOG = "scrubbing.jsonl"
-#: Each resume of the run (:mod:`server.run_recovery`).
+#: Each resume of the run (:mod:`server.training.resume`).
 RECOVERY_LOG = "recovery_log.jsonl"
-#: Each refused reply and dropped client (:mod:`server.reply_screening`).
+#: Each refused reply and dropped client (:mod:`server.federation.reply_screening`).
 REFUSALS_LOG = "refused_replies.jsonl"
 #: The certified-removal ledger: one certificate per line, written by
 #: :func:`fedunlearn.certified.removal.append_certificate` (and SIFU's), not by ``append_log``.
 CERTIFIED_LEDGER = "certified_removal.jsonl"
-#: The history rewrite's journal (:mod:`server.history`): while it exists, or the history log has
+#: The history rewrite's journal (:mod:`server.unlearning.adoption`): while it exists, or the history log has
 #: fewer entries than the unlearning log, an adoption is pending.
 HISTORY_JOURNAL = "history_rewrite.json"
-#: An unlearning request's journal (:mod:`server.request_journal`), from its first file to adoption.
+#: An unlearning request's journal (:mod:`server.unlearning.journal`), from its first file to adoption.
 REQUEST_JOURNAL = "request.json"
 
 

@@ -1,5 +1,5 @@
-"""Federated unlearning methods (FedEraser, FedAccum, FedRecover, Crab, SIFU), class-
-discriminative pruning, and their metrics.
+"""Federated unlearning methods (FedEraser, FedAccum, FedRecover, Crab, SIFU), their retention
+policies and their metrics.
 
 Each module is importable by its own path; this package re-exports their public names
 (as torchvision's ``datasets/__init__.py`` does).
@@ -54,17 +54,6 @@ from fedunlearn.unlearning.metrics import (
     per_neuron_angles,
     prediction_difference,
 )
-from fedunlearn.unlearning.pruning import (
-    PruningLayer,
-    class_channel_sums,
-    discriminative_channels,
-    global_mean_activations,
-    prune_channels,
-    pruned_count,
-    pruning_layer,
-    select_channels,
-    tf_idf,
-)
 from fedunlearn.unlearning.sensitivity import SensitivityAccumulator, local_lipschitz
 from fedunlearn.unlearning.sifu import SifuCertificate, rollback_round
 
@@ -112,13 +101,4 @@ __all__ = [
     "model_alignment",
     "parameter_divergence",
     "rollback_rounds",
-    "PruningLayer",
-    "pruning_layer",
-    "class_channel_sums",
-    "global_mean_activations",
-    "tf_idf",
-    "pruned_count",
-    "discriminative_channels",
-    "select_channels",
-    "prune_channels",
 ]

@@ -8,7 +8,7 @@ workers for every variant):
 * ``plain``: Flower's own :class:`flwr.serverapp.strategy.FedAvg` through ``strategy.start`` (the
   Message API), no retention, no reply screening; its ``evaluate_fn`` evaluates the global model
   on the test set after every round, as our server does, with the same torch threads
-  (:func:`server.threads.use_server_threads`);
+  (:func:`server.federation.threads.use_server_threads`);
 * ``full``, ``norms`` (or any ``NAME:key=value,...`` given with ``--variant``): our ServerApp
   (:func:`server.server_app.create_server_app`) with retention on, training only.
 
@@ -62,7 +62,7 @@ from fedunlearn.data.federated_data import load_federated_data  # noqa: E402
 from fedunlearn.seeding import derive_seed  # noqa: E402
 from fedunlearn.training.local import evaluate, train_epochs  # noqa: E402
 from fedunlearn.training.models import build_dataset_model  # noqa: E402
-from server.threads import use_server_threads  # noqa: E402
+from server.federation.threads import use_server_threads  # noqa: E402
 from simulations.benchmarks._args import common_args  # noqa: E402
 
 #: Columns of the per-round rows (``server_cpu_seconds``: the whole run's, on every row of it).

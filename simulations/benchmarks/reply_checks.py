@@ -1,7 +1,7 @@
 """What the reply checks cost: the share of each training round spent screening client replies.
 
 Every training reply is checked before it is aggregated or retained (keys, shapes, dtypes, finite
-values, num-examples, partition id; ``server/reply_screening.py``). The ServerApp records the time
+values, num-examples, partition id; ``server/federation/reply_screening.py``). The ServerApp records the time
 each round's checks took (``check_seconds``) next to the round's wall time (``round_seconds``) in
 ``metrics.csv``. This script runs ``fedunlearn-run`` on the main job (digits, 10 clients, 20
 rounds) and on MNIST (20 clients of 3,000 samples, the paper's CNN), then writes

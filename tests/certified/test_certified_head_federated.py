@@ -20,9 +20,9 @@ from fedunlearn.certified.statistics import CentralHeadData
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.errors import ConfigError
-from server.certified_head import FederatedHeadData
-from server.certified_head_replies import BadReplyError, QueryFailedError
-from server.federation import FederationMembers
+from server.certified.head import FederatedHeadData
+from server.certified.replies import BadReplyError, QueryFailedError
+from server.federation.members import FederationMembers
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 

@@ -11,7 +11,7 @@ from flwr.app import Message, MetricRecord, RecordDict
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
 from fedunlearn.messages import DESCRIBE
-from server.federation import (
+from server.federation.members import (
     adopt_federation_size,
     discover_clients,
     federation_size,

@@ -19,7 +19,7 @@ from fedunlearn.data.poisoning import poisoning_success_rate
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import evaluate
 from fedunlearn.training.models import build_dataset_model
-from server.federated_training import train_config_record, train_federated
+from server.training.rounds import train_config_record, train_federated
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from unittest.mock import Mock
 
 import torch
+from fake_grid import AnsweringGrid
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from server.metering import MeteredGrid, array_bytes
-from server.queries import collect_replies
-from fake_grid import AnsweringGrid
+from server.federation.metering import MeteredGrid, array_bytes
+from server.federation.queries import collect_replies
 
 
 class _EchoGrid(AnsweringGrid):

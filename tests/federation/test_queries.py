@@ -10,8 +10,8 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
+from server.federation.queries import BadReplyError, QueryFailedError, collect_replies, query_nodes
 from server.progress import Heartbeat
-from server.queries import BadReplyError, QueryFailedError, collect_replies, query_nodes
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
@@ -204,7 +204,7 @@ def test_messages_unsent_at_the_timeout_are_never_sent():
 
 
 def test_only_flowers_in_memory_simulation_gets_a_window():
-    from server.queries import SIMULATION_IN_FLIGHT, in_flight_limit
+    from server.federation.queries import SIMULATION_IN_FLIGHT, in_flight_limit
 
     class InMemoryLinkState:
         pass

@@ -20,8 +20,8 @@ from fedunlearn.reply_checks import (
 )
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.unlearning.federaser import IntervalRetention
-from server.federation import FederationMembers
-from server.reply_screening import ReplyScreen
+from server.federation.members import FederationMembers
+from server.federation.reply_screening import ReplyScreen
 from strategies.retaining_fedavg import RetainingFedAvg
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.federation import FederationMembers
-from server.threads import DEFAULT_SERVER_THREADS, use_server_threads
+from server.federation.members import FederationMembers
+from server.federation.threads import DEFAULT_SERVER_THREADS, use_server_threads
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from flwr.serverapp import ServerApp
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.store.run_directory import RunDirectory
-from server.federated_training import stack_seeds, train_federated
-from server.judge import run_judge
-from server.unlearning import run_unlearning
+from server.audit.judge import run_judge
+from server.training.rounds import stack_seeds, train_federated
+from server.unlearning.request import run_unlearning
 
 pytestmark = pytest.mark.slow
 

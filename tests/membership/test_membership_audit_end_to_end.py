@@ -116,7 +116,7 @@ def test_non_members_come_from_training_samples_no_client_holds():
     import numpy as np
 
     from fedunlearn.data.federated_data import load_federated_data
-    from server.membership_audit import _held_out
+    from server.audit.membership import _held_out
 
     subset = load_federated_data(
         ExperimentConfig.from_run_config({"num-clients": 4, "train-samples": 400})

@@ -20,12 +20,12 @@ from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.errors import ConfigError
 from fedunlearn.reply_checks import RefusedReply
+from fedunlearn.scrubbing.pruning import class_channel_sums, pruning_layer
 from fedunlearn.training.models import build_dataset_model
 from fedunlearn.training.stacked import build_model_stack
-from fedunlearn.unlearning.pruning import class_channel_sums, pruning_layer
-from server.class_pruning import checked_prune_reply, class_pruning, prune_statistics
-from server.federation import FederationMembers
-from server.queries import BadReplyError, QueryFailedError
+from server.federation.members import FederationMembers
+from server.federation.queries import BadReplyError, QueryFailedError
+from server.scrubbing.class_pruning import checked_prune_reply, class_pruning, prune_statistics
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 

@@ -18,8 +18,8 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.training.models import build_dataset_model
-from server.federation import FederationMembers
-from server.scrubbing import ScrubStatistics, cohort_masks
+from server.federation.members import FederationMembers
+from server.scrubbing.phase import ScrubStatistics, cohort_masks
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 

@@ -28,11 +28,11 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import StoreCorruptionError
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
-from server.federated_training import train_federated
-from server.history import adopt
-from server.run_loading import load_trained_run
-from server.run_recovery import RECOVERY_LOG
-from server.unlearning import LOG_NAME, run_unlearning
+from server.training.loading import load_trained_run
+from server.training.resume import RECOVERY_LOG
+from server.training.rounds import train_federated
+from server.unlearning.adoption import adopt
+from server.unlearning.request import LOG_NAME, run_unlearning
 
 pytestmark = pytest.mark.slow
 

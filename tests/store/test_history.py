@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from fedunlearn.store.run_directory import UNLEARNING_LOG, RunDirectory
 from fedunlearn.store.update_store import UpdateStore
-from server import history, request_journal
+from server.unlearning import adoption as history
+from server.unlearning import journal as request_journal
 
 
 def _request(tmp_path, *, adopted="federaser", methods=("federaser", "fedaccum", "fedretrain")):
@@ -131,7 +132,7 @@ def _candidates_staged(tmp_path):
     from types import SimpleNamespace
 
     from fedunlearn.config import ExperimentConfig
-    from server.unlearning import UnlearningContext
+    from server.unlearning.request import UnlearningContext
 
     run = RunDirectory.create(tmp_path / "run", {})
     old = UpdateStore(run.store_path)
@@ -159,7 +160,7 @@ def _comparison(federaser: float, fedretrain: float):
 
 
 def test_the_candidate_not_adopted_leaves_no_staging_store(tmp_path):
-    from server.unlearning import _adopt_one
+    from server.unlearning.request import _adopt_one
 
     run, outcome, context = _candidates_staged(tmp_path)
     lines = []
@@ -171,7 +172,7 @@ def test_the_candidate_not_adopted_leaves_no_staging_store(tmp_path):
 
 def test_a_refused_adoption_removes_every_staging_store_and_touches_nothing_else(tmp_path):
     from fedunlearn.unlearning.verdicts import AdoptionRefused
-    from server.unlearning import _adopt_one
+    from server.unlearning.request import _adopt_one
 
     run, outcome, context = _candidates_staged(tmp_path)
     ledger = run.path / "certified_removal.jsonl"

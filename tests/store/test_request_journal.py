@@ -1,4 +1,4 @@
-"""The request journal (server.request_journal) on its own: what a reopen does at each stage, and a
+"""The request journal (server.unlearning.journal) on its own: what a reopen does at each stage, and a
 journal that was edited is refused rather than trusted to cut the certificate ledger."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 
 from fedunlearn.errors import FedUnlearnError
 from fedunlearn.store.run_directory import RunDirectory
-from server import request_journal
-from server.history import HISTORY_LOG
-from server.unlearning import LOG_NAME
+from server.unlearning import journal as request_journal
+from server.unlearning.adoption import HISTORY_LOG
+from server.unlearning.request import LOG_NAME
 
 LEDGER = "certified_removal.jsonl"
 

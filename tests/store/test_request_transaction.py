@@ -1,4 +1,4 @@
-"""An unlearning request is a transaction (server.request_journal): killed at any step — in a
+"""An unlearning request is a transaction (server.unlearning.journal): killed at any step — in a
 method, between its decision and its log entry, inside the certified head, scrubbing and audit
 phases, in the history swap — the same request run again ends with the models, tables, ledger and
 logs of a request never interrupted, and no file that determines the forgotten client's updates.
@@ -28,9 +28,11 @@ from safetensors.torch import load_file
 
 from fedunlearn.store.durable_io import read_jsonl
 from fedunlearn.store.update_store import UpdateStore
-from server import history, request_journal, server_app
+from server import server_app
 from server.server_app import serve
-from server.unlearning import LOG_NAME
+from server.unlearning import adoption as history
+from server.unlearning import journal as request_journal
+from server.unlearning.request import LOG_NAME
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedunlearn.messages import CALIBRATE
 from fedunlearn.store.update_store import UpdateStore
-from server.queries import collect_replies
+from server.federation.queries import collect_replies
 from strategies.federaser import FedEraser
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
@@ -47,7 +47,7 @@ class SpyGrid(AnsweringGrid):
 
 
 def _send(grid):
-    """The server's way of reaching the nodes of ``grid`` (:func:`server.queries.collect_replies`)."""
+    """The server's way of reaching the nodes of ``grid`` (:func:`server.federation.queries.collect_replies`)."""
     return partial(collect_replies, grid, timeout=5)
 
 

@@ -15,9 +15,9 @@ from fedunlearn.store.history import history
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import state_sha256
 from fedunlearn.unlearning.sensitivity import SensitivityAccumulator
-from server.federated_training import train_federated
-from server.history import adopt
-from server.unlearning import run_unlearning
+from server.training.rounds import train_federated
+from server.unlearning.adoption import adopt
+from server.unlearning.request import run_unlearning
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from fedunlearn.store.history import history
 from fedunlearn.store.retention import INTERVAL, RECORD_KEY, STATE_KEY, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.unlearning.federaser import IntervalRetention
-from server.federated_training import participant_strategy
+from server.training.rounds import participant_strategy
 from strategies.retaining_fedavg import RetainingFedAvg
 
 FLOWER_LOGGER = "flwr"

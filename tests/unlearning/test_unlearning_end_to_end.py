@@ -12,10 +12,10 @@ from flwr.serverapp import ServerApp
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.store.update_store import UpdateStore
-from server import request_journal
-from server.federated_training import train_federated
-from server.history import adopt
-from server.unlearning import LOG_NAME, run_unlearning
+from server.training.rounds import train_federated
+from server.unlearning import journal as request_journal
+from server.unlearning.adoption import adopt
+from server.unlearning.request import LOG_NAME, run_unlearning
 
 pytestmark = pytest.mark.slow
 

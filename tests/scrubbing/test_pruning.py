@@ -11,10 +11,7 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
-from fedunlearn.training.local import train_epochs
-from fedunlearn.training.models import BodyHeadNet, build_model
-from fedunlearn.training.stacked import build_model_stack
-from fedunlearn.unlearning.pruning import (
+from fedunlearn.scrubbing.pruning import (
     class_channel_sums,
     discriminative_channels,
     global_mean_activations,
@@ -24,6 +21,9 @@ from fedunlearn.unlearning.pruning import (
     select_channels,
     tf_idf,
 )
+from fedunlearn.training.local import train_epochs
+from fedunlearn.training.models import BodyHeadNet, build_model
+from fedunlearn.training.stacked import build_model_stack
 
 SHAPES = {"digits-cnn": (1, 8, 8), "mnist-cnn": (1, 28, 28), "adult-mlp": (20,)}
 

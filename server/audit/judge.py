@@ -35,7 +35,9 @@ from fedunlearn.seeding import derive_seed
 from fedunlearn.store.history import forget_clients
 from fedunlearn.training.local import resolve_device
 from fedunlearn.training.model_state import State
-from server.federated_training import (
+from server.method_runner import MethodRunner
+from server.progress import Log, count
+from server.training.rounds import (
     TrainingOutcome,
     fedavg_rounds,
     initial_model,
@@ -43,9 +45,7 @@ from server.federated_training import (
     stack_seeds,
     train_federated,
 )
-from server.method_runner import MethodRunner
-from server.progress import Log, count
-from server.unlearning import UnlearningContext
+from server.unlearning.request import UnlearningContext
 
 
 @dataclass(frozen=True)

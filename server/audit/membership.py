@@ -39,9 +39,9 @@ from fedunlearn.registry import REFERENCE, UNLEARNING, audited_models
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.run_directory import SCRUBBING_LOG, UNLEARNING_LOG
 from fedunlearn.training.local import resolve_device
-from server.certified_head import HEAD_WEIGHTS
-from server.federated_training import TrainingOutcome, participant_rounds
+from server.certified.head import HEAD_WEIGHTS
 from server.progress import Log
+from server.training.rounds import TrainingOutcome, participant_rounds
 
 Probabilities = Callable[[torch.Tensor], np.ndarray]
 
@@ -77,7 +77,7 @@ def run_membership_audit(
     returns the judged table.
 
     ``in_memory``: method name -> state dict of models that are audited without ever being written
-    (the trained certified head, :meth:`server.certified_head.CertifiedHeadRun.audit_models`); a
+    (the trained certified head, :meth:`server.certified.head.CertifiedHeadRun.audit_models`); a
     method found here is not read from its file.
     """
     config = outcome.config
@@ -209,7 +209,7 @@ def _held_out(data, n_target: int) -> tuple[torch.Tensor, torch.Tensor, str]:
 
 def _probabilities(model, state, outcome: TrainingOutcome, device) -> Probabilities:
     """The class probabilities a saved file gives: a full model's softmax, or a certified head's
-    (:data:`server.certified_head.HEAD_WEIGHTS`) on the features of the run's final model."""
+    (:data:`server.certified.head.HEAD_WEIGHTS`) on the features of the run's final model."""
     if set(state) == {HEAD_WEIGHTS}:
         weights = state[HEAD_WEIGHTS].double().numpy()
         body = outcome.new_model()

@@ -5,7 +5,7 @@ algorithm calls for one; the math is Flower-free in :mod:`fedunlearn.unlearning`
 An exact update is a ``train`` message with the run's ``local-epochs`` and ``server-round`` = the
 original round, so the client trains with that round's batch order (:class:`ClientUpdates`); the
 forgotten clients' nodes are never addressed. Each method's client-epochs and traffic are metered
-at the grid (:mod:`server.metering`).
+at the grid (:mod:`server.federation.metering`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from fedunlearn.unlearning.fedrecover import GUARDED, FedRecoverSchedule
 from fedunlearn.unlearning.fedrecover import fedrecover as recover
 from fedunlearn.unlearning.gaussian_mechanism import add_noise, entropy_generator
 from fedunlearn.unlearning.sifu import SensitivityRetention, SifuCertificate
-from server.federated_training import fedavg_rounds, participant_strategy, train_config_record
-from server.queries import collect_replies
+from server.federation.queries import collect_replies
+from server.training.rounds import fedavg_rounds, participant_strategy, train_config_record
 from strategies.client_updates import ClientUpdates
 
 

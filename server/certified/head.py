@@ -9,7 +9,7 @@ messages into the :class:`fedunlearn.certified.statistics.HeadData` interface, s
 A sample is named ``(partition id, local index)``, two integers (nothing is coerced). A removal
 request names samples of one or more clients, or a whole client; only the clients holding removed
 samples are asked for their parts. Clients are other organisations' machines: every reply is
-validated (:mod:`server.certified_head_replies`) and a bad one stops the request, which then leaves
+validated (:mod:`server.certified.replies`) and a bad one stops the request, which then leaves
 the head, b, beta, the removed lists and the ledger as they were (the engine's transaction).
 
 b never leaves the server's memory: it is drawn from the operating system at every (re)training,
@@ -49,7 +49,7 @@ from fedunlearn.messages import HEAD_QUERY
 from fedunlearn.plots import plot_certified_removal
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.run_directory import CERTIFIED_LEDGER
-from server.certified_head_replies import (
+from server.certified.replies import (
     BadReplyError,
     CheckedReply,
     Expectation,
@@ -57,9 +57,9 @@ from server.certified_head_replies import (
     check_reply,
     expected_shapes,
 )
-from server.federation import FederationMembers
+from server.federation.members import FederationMembers
+from server.federation.queries import query_nodes
 from server.progress import Log
-from server.queries import query_nodes
 
 SampleId = tuple[int, int]
 
@@ -76,10 +76,10 @@ def model_digest(state: Mapping[str, torch.Tensor]) -> str:
 class FederatedHeadData:
     """:class:`fedunlearn.certified.statistics.HeadData` over a federation's clients.
 
-    Every reply is validated before it is used (:mod:`server.certified_head_replies`): from the node
+    Every reply is validated before it is used (:mod:`server.certified.replies`): from the node
     asked, the op's arrays with their exact shapes, finite floating values, and counts equal to the
     samples the server believes the partition holds; a bad one raises
-    :class:`server.certified_head_replies.BadReplyError` naming the node and partition.
+    :class:`server.certified.replies.BadReplyError` naming the node and partition.
 
     Parameters
     ----------
@@ -99,7 +99,7 @@ class FederatedHeadData:
     timeout : float (default: 3600)
         Seconds to wait for the replies to one query (the run's ``reply-timeout``).
     log : Log, optional
-        Where the heartbeat lines of a long query go (:mod:`server.queries`).
+        Where the heartbeat lines of a long query go (:mod:`server.federation.queries`).
     """
 
     def __init__(
@@ -382,7 +382,7 @@ class CertifiedHeadRun:
     trained: dict[str, torch.Tensor]
 
     def audit_models(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The in-memory models for :func:`server.membership_audit.run_membership_audit`."""
+        """The in-memory models for :func:`server.audit.membership.run_membership_audit`."""
         return {"certified-head-trained": self.trained}
 
 

@@ -25,12 +25,12 @@ from fedunlearn.reply_checks import (
     update_norm,
 )
 from fedunlearn.store.run_directory import REFUSALS_LOG
-from server.federation import FederationMembers
-from server.progress import Log
+from server.federation.members import FederationMembers
 
-# The query errors and source check moved to server.queries; the scrubbing plug-in still imports
+# The query errors and source check moved to server.federation.queries; the scrubbing plug-in still imports
 # them from here.
-from server.queries import BadReplyError, QueryFailedError, check_sources  # noqa: F401
+from server.federation.queries import BadReplyError, QueryFailedError, check_sources  # noqa: F401
+from server.progress import Log
 
 
 def _decoded_into(received: dict, arrays: ArrayRecord):

@@ -4,7 +4,7 @@ server side of the ``class-pruning`` scrubbing method.
 1. Every client is asked, at the trained model, for its per-class sums of the pruned layer's
    pooled activations (``query.prune_stats``, ``clients/prune_queries.py``); each reply is
    checked (:func:`checked_prune_reply`) and the sums are added up.
-2. The core (:mod:`fedunlearn.unlearning.pruning`) scores the channels of the ``prune-layer``
+2. The core (:mod:`fedunlearn.scrubbing.pruning`) scores the channels of the ``prune-layer``
    layer by TF-IDF over the classes (eqs. 4-6) and the forgotten class's top ``prune-ratio`` of
    them are pruned (eq. 7).
 3. ``prune-finetune-rounds`` FedAvg rounds of ``prune-finetune-epochs`` local epochs fine-tune the
@@ -32,16 +32,16 @@ from fedunlearn.reply_checks import (
     check_partition,
     decoded_arrays,
 )
-from fedunlearn.training.stacked import stack_size
-from fedunlearn.unlearning.pruning import (
+from fedunlearn.scrubbing.pruning import (
     PruningLayer,
     prune_channels,
     pruning_layer,
     select_channels,
 )
-from server.federated_training import participant_rounds
-from server.queries import BadReplyError, query_nodes
-from server.scrub_methods import ScrubContext
+from fedunlearn.training.stacked import stack_size
+from server.federation.queries import BadReplyError, query_nodes
+from server.scrubbing.methods import ScrubContext
+from server.training.rounds import participant_rounds
 
 WHO = "class pruning"
 

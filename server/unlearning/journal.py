@@ -16,7 +16,7 @@ stages, each recoverable:
    scrubbing, membership audit) run on the pre-request model. A crash is *rolled forward*: the
    records are cut back to their lengths at :func:`decide`, the later phases run again, then the
    history is adopted.
-3. **adopting**: :mod:`server.history`'s own journal swaps the trajectory in and deletes the old
+3. **adopting**: :mod:`server.unlearning.adoption`'s own journal swaps the trajectory in and deletes the old
    history with the targets' updates; rolled forward whenever the run is reopened.
 
 The journal is untrusted input like every file of a run: its digest is checked, and a record is
@@ -42,8 +42,8 @@ from fedunlearn.store.run_directory import (
     UNLEARNING_LOG,
     RunDirectory,
 )
-from server.history import adopt, adopted_requests, discard_stagings, pending_request
 from server.progress import Log
+from server.unlearning.adoption import adopt, adopted_requests, discard_stagings, pending_request
 
 JOURNAL = REQUEST_JOURNAL
 #: The append-only records a request (or its later phases) adds to: a rerun cuts them back.
@@ -108,7 +108,7 @@ def read(run: RunDirectory) -> dict | None:
 
 def reopen(run: RunDirectory, targets: list[int], *, keep_original: bool, log: Log) -> bool:
     """Bring an interrupted request to a state the run can go on from, when the run is reopened
-    (after :func:`server.history.finish_pending`). Returns True when the request asked for now
+    (after :func:`server.unlearning.adoption.finish_pending`). Returns True when the request asked for now
     (``targets``) is a decided request to roll forward: its later phases run again, then it is
     adopted. An undecided request is rolled back; a decided one for other targets is adopted
     before the new request starts."""

@@ -3,7 +3,7 @@
 One progress line per round; per-round metrics, the initial and final models and the store go to
 the run directory as they are produced, with a checkpoint of the global model after every round, so
 an interrupted run keeps everything up to its last round and ``resume = true`` continues it there
-(:mod:`server.run_recovery`). The same round loop trains FedRetrain (the targets left out) during
+(:mod:`server.training.resume`). The same round loop trains FedRetrain (the targets left out) during
 unlearning.
 """
 
@@ -46,18 +46,18 @@ from fedunlearn.training.stacked import (
     member_seeds,
 )
 from fedunlearn.unlearning.verdicts import training_flag
-from server import request_journal
-from server.federation import FederationMembers, discover_clients, failure_reasons
-from server.history import finish_pending
+from server.federation.members import FederationMembers, discover_clients, failure_reasons
+from server.federation.queries import collect_replies
+from server.federation.reply_screening import ReplyScreen
 from server.progress import Log, count
-from server.queries import collect_replies
-from server.reply_screening import ReplyScreen
-from server.run_recovery import (
+from server.training.resume import (
     check_finished_run,
     check_resumable,
     resume_point,
     training_finished,
 )
+from server.unlearning import journal as request_journal
+from server.unlearning.adoption import finish_pending
 from strategies.retaining_fedavg import RetainingFedAvg
 
 
@@ -113,7 +113,7 @@ def evaluate_run_model(model, x: torch.Tensor, y: torch.Tensor, *, device) -> Ev
 
 
 def discover(grid: Grid, config: ExperimentConfig, data: FederatedData, *, log: Log = print):
-    """:func:`server.federation.discover_clients` for ``config``'s run: the nodes get the run's data
+    """:func:`server.federation.members.discover_clients` for ``config``'s run: the nodes get the run's data
     settings, and each must declare the size of the partition the server computes for it."""
     return discover_clients(
         grid,
@@ -174,9 +174,9 @@ def fedavg_rounds(
     carry ``refused`` (replies refused by ``screen``) and ``check-seconds`` (the time the checks
     took). ``extra_config`` is added to every training message's config (e.g. a scrubbing
     baseline's ``objective`` and ``forget``). ``screen`` checks every reply before it is aggregated
-    or retained (:mod:`server.reply_screening`); ``phase`` names the rounds in its log. Every
+    or retained (:mod:`server.federation.reply_screening`); ``phase`` names the rounds in its log. Every
     round waits ``reply-timeout`` seconds at most for its replies, with a heartbeat line to ``log``
-    while it waits (:mod:`server.queries`).
+    while it waits (:mod:`server.federation.queries`).
     """
     device = resolve_device(config.device)
     arrays = ArrayRecord(model.state_dict())
@@ -314,7 +314,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
 
     Everything that can be checked is checked before the run directory is created: the config, the
     dataset, the partition sizes and the federation's size. With ``resume`` an interrupted run
-    continues after its last completed round (:mod:`server.run_recovery`), and a finished one is
+    continues after its last completed round (:mod:`server.training.resume`), and a finished one is
     reopened as it is.
     """
     started = time.perf_counter()

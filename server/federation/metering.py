@@ -1,6 +1,6 @@
 """What a phase costs the federation: client computation and communication, metered at the grid.
 
-Every message the server sends goes through its grid (:mod:`server.queries`), so wrapping the grid
+Every message the server sends goes through its grid (:mod:`server.federation.queries`), so wrapping the grid
 (:class:`MeteredGrid`) measures every method alike, whatever its code does: the bytes of the arrays
 sent to and received from clients, and the client-epochs of training asked for (a training or
 calibration message asks its client for ``local-epochs`` passes over its data). Recovery methods

@@ -4,14 +4,14 @@ server-side plug-in's orchestration and its statistics query.
 After training, the cohort D_f named by ``scrub-forget`` (a class across clients, samples of a client,
 or a whole client) is forgotten by every method in ``scrub-methods``, each an entry of
 :data:`fedunlearn.registry.SCRUBBING` (Newton, forget-only Newton and finite-time scrubs of the
-head, Fisher forgetting, Section 5.2's baselines; their server side is :mod:`server.scrub_methods`,
+head, Fisher forgetting, Section 5.2's baselines; their server side is :mod:`server.scrubbing.methods`,
 their math :mod:`fedunlearn.scrubbing.scrubbers`), run by the shared
 :class:`server.method_runner.MethodRunner` after ``retrain`` (FedRetrain without D_f, from the same
 initial weights and seed: the reference); ``original`` is the trained model. The clients compute the
 sums the scrubs need at the model the server sends (``query.scrub_stats``,
 ``clients/scrub_queries.py``), asked through :class:`ScrubStatistics`.
 
-Readouts (Section 5.3, :mod:`server.scrub_readouts`): error on D_test, D_f and D_r; relearn time;
+Readouts (Section 5.3, :mod:`server.scrubbing.readouts`): error on D_test, D_f and D_r; relearn time;
 output-entropy histograms; the information bound (Proposition 2) over a lambda grid with the error
 it costs (the paper's Fig. 2).
 """
@@ -48,12 +48,12 @@ from fedunlearn.scrubbing.readouts import (
     plot_relearn_times,
 )
 from fedunlearn.store.run_directory import SCRUBBING_LOG
-from server.federated_training import TrainingOutcome
+from server.federation.queries import QueryFailedError, query_nodes
 from server.method_runner import MethodRunner, SharedStatistics
 from server.progress import Log
-from server.queries import QueryFailedError, query_nodes
-from server.scrub_methods import ScrubContext, retrain
-from server.scrub_readouts import information_tradeoff, readout_data, readouts
+from server.scrubbing.methods import ScrubContext, retrain
+from server.scrubbing.readouts import information_tradeoff, readout_data, readouts
+from server.training.rounds import TrainingOutcome
 
 
 class ScrubStatistics:

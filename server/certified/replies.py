@@ -28,9 +28,9 @@ import numpy as np
 
 from fedunlearn.reply_checks import RefusedReply, decoded_arrays
 
-# The errors and the source check live in server.queries, shared by every query; re-exported here
+# The errors and the source check live in server.federation.queries, shared by every query; re-exported here
 # for the certified head's callers.
-from server.queries import BadReplyError, QueryFailedError, check_sources  # noqa: F401
+from server.federation.queries import BadReplyError, QueryFailedError, check_sources  # noqa: F401
 
 #: Arrays holding integers (a count, a width); every other array must be floating point.
 INTEGER_ARRAYS = ("count", "dim")

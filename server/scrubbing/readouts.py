@@ -21,14 +21,14 @@ from fedunlearn.scrubbing.scrubbers import NewtonScrubber, kl_over_lambda
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import resolve_device
 from fedunlearn.training.model_state import State
-from server.federated_training import TrainingOutcome
-from server.scrub_methods import (
+from server.scrubbing.methods import (
     ScrubContext,
     fisher_gaussian_of,
     fisher_state,
     mean_fisher,
     method_lambda,
 )
+from server.training.rounds import TrainingOutcome
 
 #: Samples per split for the entropy histograms.
 ENTROPY_SAMPLES = 2000

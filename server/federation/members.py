@@ -24,8 +24,8 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.messages import DESCRIBE
 from fedunlearn.preflight import CHECKS_NEEDING_K
 from fedunlearn.reply_checks import DESCRIBE_METRICS, RefusedReply, check_count, check_metrics
+from server.federation.queries import query_nodes
 from server.progress import Log
-from server.queries import query_nodes
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def discover_clients(
         ``num-clients`` when nodes report another federation size, when fewer than ``num_clients``
         nodes connect within ``wait_seconds``, or when two nodes claim one partition;
         ``partition-id`` when a node's description fails a check (the node is named).
-    server.queries.QueryFailedError
+    server.federation.queries.QueryFailedError
         When a node fails to describe itself (its error is quoted) or does not reply in time.
     """
     describe = lambda nodes: _describe(  # noqa: E731

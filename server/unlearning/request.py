@@ -1,7 +1,7 @@
 """The unlearning phase of an experiment: forget the target clients with every requested method,
 measure each resulting model, and decide which trajectory becomes the run's history (adopted, with
-the targets' retained updates deleted, once the request's later phases ran: :mod:`server.history`).
-A request is a transaction (:mod:`server.request_journal`).
+the targets' retained updates deleted, once the request's later phases ran: :mod:`server.unlearning.adoption`).
+A request is a transaction (:mod:`server.unlearning.journal`).
 
 Methods (Liu et al., FedEraser, Section V), registered in :data:`fedunlearn.registry.UNLEARNING`
 and run by the shared :class:`server.method_runner.MethodRunner`:
@@ -54,17 +54,17 @@ from fedunlearn.unlearning.verdicts import (
     flag_rows,
     training_flag,
 )
-from server import request_journal
-from server.federated_training import (
+from server.federation.queries import collect_replies
+from server.method_runner import MethodRunner
+from server.progress import Log, count
+from server.training.rounds import (
     TrainingOutcome,
     fedavg_rounds,
     participant_strategy,
     train_config_record,
 )
-from server.history import discard_stagings, open_staging
-from server.method_runner import MethodRunner
-from server.progress import Log, count
-from server.queries import collect_replies
+from server.unlearning import journal as request_journal
+from server.unlearning.adoption import discard_stagings, open_staging
 from strategies.federaser import FedEraser
 
 LOG_NAME = UNLEARNING_LOG  # each request's record (named in fedunlearn.store.run_directory)
@@ -413,7 +413,7 @@ def measure(
 
 
 def with_costs(table: pd.DataFrame, runner: MethodRunner, store) -> pd.DataFrame:
-    """``table`` with each method's cost (:mod:`server.metering`): client-epochs, the megabytes it
+    """``table`` with each method's cost (:mod:`server.federation.metering`): client-epochs, the megabytes it
     exchanged with clients, and the megabytes of history its retention policy kept."""
     table = table.copy()
     costs = [runner.costs.get(method) for method in table["method"]]
@@ -451,5 +451,5 @@ def retained_bytes(store, method: str) -> int:
 
 def retained_blobs_of(store, targets: list[int]) -> int:
     """How many retained blobs of ``targets`` ``store`` holds (deleted with the old history when
-    the request's trajectory is adopted, :mod:`server.history`)."""
+    the request's trajectory is adopted, :mod:`server.unlearning.adoption`)."""
     return 0 if store is None else sum(store.client_blob_count(t) for t in targets)

@@ -16,10 +16,10 @@ from fedunlearn.preflight import request_config
 from fedunlearn.store.durable_io import json_loads
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
-from server import request_journal
-from server.federated_training import TrainingOutcome, discover
-from server.history import finish_pending
-from server.reply_screening import ReplyScreen
+from server.federation.reply_screening import ReplyScreen
+from server.training.rounds import TrainingOutcome, discover
+from server.unlearning import journal as request_journal
+from server.unlearning.adoption import finish_pending
 
 
 def load_trained_run(

@@ -42,22 +42,22 @@ from fedunlearn.scrubbing.scrubbers import (
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.run_directory import UNLEARNING_LOG
 from fedunlearn.training.model_state import State
-from server.federated_training import TrainingOutcome, participant_rounds
 from server.method_runner import SharedStatistics
 from server.progress import Log, count
+from server.training.rounds import TrainingOutcome, participant_rounds
 
 
 @dataclass
 class ScrubContext:
     """What a scrubbing method gets: the trained run, the cohort D_f, which clients hold it
     (``holders``) and which hold retained data (``keepers``), the statistics query
-    (:class:`server.scrubbing.ScrubStatistics`) and what methods share: the statistics gathered
+    (:class:`server.scrubbing.phase.ScrubStatistics`) and what methods share: the statistics gathered
     once, the Newton scrubbers and the Fisher diagonals (the readouts reuse them)."""
 
     grid: Grid
     outcome: TrainingOutcome
     forget: ForgetSet
-    stats: Any  # server.scrubbing.ScrubStatistics
+    stats: Any  # server.scrubbing.phase.ScrubStatistics
     holders: list[int]
     keepers: list[int]
     log: Log

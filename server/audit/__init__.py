@@ -1,0 +1,1 @@
+"""Judging what was forgotten: the membership-inference audit and the judge."""

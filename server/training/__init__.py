@@ -1,0 +1,1 @@
+"""Federated training: the rounds with retention, loading a trained run, resuming one."""
