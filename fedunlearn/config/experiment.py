@@ -8,6 +8,7 @@ What needs the dataset or the disk is checked later by :mod:`fedunlearn.prefligh
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -159,8 +160,13 @@ class ExperimentConfig(RunParameters):
 
     @property
     def unlearn_targets(self) -> list[int]:
-        """The partition ids to forget, from ``unlearn-clients`` ("" = none, "3" or "0,5")."""
-        return partition_ids("unlearn-clients", self.unlearn_clients, self.num_clients)
+        """The partition ids to forget, from ``unlearn-clients`` ("" = none, "3" or "0,5"),
+        parsed once (a fresh list each read)."""
+        return list(self._unlearn_targets)
+
+    @functools.cached_property
+    def _unlearn_targets(self) -> tuple[int, ...]:
+        return tuple(partition_ids("unlearn-clients", self.unlearn_clients, self.num_clients))
 
     @property
     def attack_targets(self) -> list[int]:
