@@ -4,6 +4,7 @@ Each module is importable by its own path; this package re-exports their public 
 (as torchvision's ``datasets/__init__.py`` does).
 """
 
+from fedunlearn.store.blobs import FORMAT_NAME, SQUARES_KEY, STORE_DTYPES, squared_norms
 from fedunlearn.store.durable_io import (
     PRIVATE_DIRECTORY_MODE,
     PRIVATE_FILE_MODE,
@@ -19,6 +20,7 @@ from fedunlearn.store.durable_io import (
     read_jsonl,
     truncate_log,
 )
+from fedunlearn.store.header import FORMAT_VERSION, HeaderAndLock
 from fedunlearn.store.index import (
     COLUMNS,
     INDEX_VERSION,
@@ -29,20 +31,12 @@ from fedunlearn.store.index import (
     blob_path,
     describe,
 )
+from fedunlearn.store.round_writer import RoundWriter
 from fedunlearn.store.run_directory import (
     CHECKPOINT,
     RunDirectory,
 )
-from fedunlearn.store.update_store import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    SQUARES_KEY,
-    STORE_DTYPES,
-    RetainedRound,
-    RoundWriter,
-    UpdateStore,
-    squared_norms,
-)
+from fedunlearn.store.update_store import RetainedRound, UpdateStore
 
 __all__ = [
     "PRIVATE_FILE_MODE",
@@ -75,5 +69,6 @@ __all__ = [
     "RetainedRound",
     "squared_norms",
     "RoundWriter",
+    "HeaderAndLock",
     "UpdateStore",
 ]

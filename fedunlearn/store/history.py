@@ -187,7 +187,7 @@ def forget_clients(store, clients: Iterable[int], policies: Policies) -> int:
         changed
     ):  # first: a crash before the deletion leaves blobs no record names, never the reverse
         store.set_metadata(**changed)
-    return sum(store.delete_client(c) for c in clients)  # MERGE: store.delete_clients(clients)
+    return store.delete_clients(clients)
 
 
 def _forget_in_states(states: Mapping, clients: Collection[int], policies: Policies) -> dict:

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from fedunlearn.errors import ConfigError, StoreCorruptionError
+from fedunlearn.store.blobs import squared_norms
 from fedunlearn.store.index import NORMS_VERSION, NormsRow
-from fedunlearn.store.update_store import UpdateStore, squared_norms
+from fedunlearn.store.update_store import UpdateStore
 
 
 def _state(seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:

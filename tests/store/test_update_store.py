@@ -14,13 +14,9 @@ import pytest
 import torch
 
 from fedunlearn.errors import ConfigError, StoreCorruptionError
-from fedunlearn.store.update_store import (
-    FORMAT_VERSION,
-    RetainedRound,
-    StoreBusyError,
-    StoreReadOnlyError,
-    UpdateStore,
-)
+from fedunlearn.store.header import FORMAT_VERSION
+from fedunlearn.store.index import StoreBusyError, StoreReadOnlyError
+from fedunlearn.store.update_store import RetainedRound, UpdateStore
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 
@@ -280,6 +276,24 @@ def test_missing_blob_raises_on_read_and_is_reported_by_verify(tmp_path):
 
 
 # ---------------------------------------------------------------- deletion
+def test_delete_clients_is_delete_client_for_each_with_one_vacuum(tmp_path, monkeypatch):
+    one, many = UpdateStore(tmp_path / "one"), UpdateStore(tmp_path / "many")
+    write_rounds(one)
+    write_rounds(many)
+    assert sum(one.delete_client(c) for c in (0, 2)) == 6
+    vacuums = []
+    vacuum = many._index.vacuum
+    monkeypatch.setattr(many._index, "vacuum", lambda: vacuums.append(1) or vacuum())
+    assert many.delete_clients([2, 0, 2]) == 6 and len(vacuums) == 1
+    assert many.clients() == one.clients() == [1]
+    rows = ["round", "client", "kind"]
+    assert many.index()[rows].equals(one.index()[rows])
+    assert many.delete_clients([0, 2]) == 0  # idempotent
+    with pytest.raises(ConfigError, match="clients"):
+        many.delete_clients([-1])
+    assert many.clients() == [1] and many.verify() == []
+
+
 def test_delete_client_leaves_no_byte_of_its_updates_on_disk(tmp_path):
     store = UpdateStore(tmp_path)
     write_rounds(store)
@@ -783,14 +797,14 @@ def test_writable_open_on_a_read_only_file_system_says_to_open_read_only(tmp_pat
 def test_a_lock_file_that_cannot_be_created_raises_store_read_only(tmp_path, monkeypatch):
     import errno
 
-    import fedunlearn.store.update_store as update_store
+    import fedunlearn.store.header as header
 
     store = UpdateStore(tmp_path)
 
     def refuse(path, flags):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(update_store, "open_private_file", refuse)
+    monkeypatch.setattr(header, "open_private_file", refuse)
     with pytest.raises(StoreReadOnlyError, match=r"\.lock \(Read-only file system\)"):
         store.write_round(1, make_state(0), {})
 
