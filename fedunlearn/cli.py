@@ -92,7 +92,7 @@ def _store_verify(args: argparse.Namespace) -> int:
 
 def _read_ledger_for_display(path: Path) -> list[dict]:
     """The ledger's records; a torn last line is reported on stderr, the rest still shown."""
-    from fedunlearn.certified.removal import read_ledger
+    from fedunlearn.certified.certificate import read_ledger
     from fedunlearn.store.durable_io import TornLineWarning
 
     with warnings.catch_warnings(record=True) as caught:

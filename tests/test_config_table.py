@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedunlearn import cli
-from fedunlearn.certified.removal import CertifiedRemovalParams
+from fedunlearn.certified.certificate import CertifiedRemovalParams
 from fedunlearn.config import (
     GROUPS,
     RULES,

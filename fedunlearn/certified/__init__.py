@@ -4,6 +4,23 @@ Each module is importable by its own path; this package re-exports their public 
 (as torchvision's ``datasets/__init__.py`` does).
 """
 
+from fedunlearn.certified.certificate import (
+    BOUNDS,
+    GAMMAS,
+    MODES,
+    Certificate,
+    CertifiedRemovalParams,
+    ProgressCallbackError,
+    append_certificate,
+    corollary_bound,
+    gaussian_c,
+    per_point_bound,
+    read_ledger,
+    removal_budget,
+    utc_timestamp,
+    weights_sha256,
+    worst_case_bound,
+)
 from fedunlearn.certified.curvature import (
     assemble_hessian,
     block_pairs,
@@ -50,27 +67,8 @@ from fedunlearn.certified.perturbation import (
     standard_normals,
     uniforms,
 )
-from fedunlearn.certified.removal import (
-    BOUNDS,
-    GAMMAS,
-    MODES,
-    Certificate,
-    CertifiedHead,
-    CertifiedRemovalParams,
-    NonFiniteSumsError,
-    NotConvergedError,
-    ProgressCallbackError,
-    append_certificate,
-    cholesky_solve,
-    corollary_bound,
-    gaussian_c,
-    per_point_bound,
-    read_ledger,
-    removal_budget,
-    utc_timestamp,
-    weights_sha256,
-    worst_case_bound,
-)
+from fedunlearn.certified.removal import CertifiedHead
+from fedunlearn.certified.solvers import NonFiniteSumsError, NotConvergedError, cholesky_solve
 from fedunlearn.certified.staleness import (
     STALE_BLOCK,
     UNIT_ROUNDOFF_SINGLE,

@@ -19,25 +19,8 @@ The gradient residual ``||grad L_b(w; D')||`` is bounded after every step and th
 ``sigma epsilon`` for the Gamma density), the model is certified. A request that would exceed the
 budget retrains on D' with a fresh ``b`` instead: no model with ``beta`` over budget is returned.
 
-The residual after a step v from w, with the step's Hessian taken at an anchor w0, is exactly
-
-    grad L'(w + v) = r_prev + [H'(w0) v - Delta] + int_0^1 (H'(w + t v) - H'(w0)) v dt,
-
-where r_prev is the residual before the request. The bracket is the linear solve's own error; this
-module measures its norm in float64 and adds it to the bound (zero up to rounding in exact arithmetic),
-so a rounding or a stale factor can never make the certificate lie. The integral is
-``X'^T diag(e) X' v`` with ``|e_i| <= gamma (|a_i| + |b_i| / 2)``, ``a_i = x_i^T (w - w0)``,
-``b_i = x_i^T v`` (``gamma`` the Lipschitz constant of l''). Hence two bounds (``bound=``):
-
-* ``"corollary"``: ``gamma ||X'||_2 (||w - w0|| + ||v||) ||X' v||`` -- Guo et al.'s Corollary 1
-  (``gamma ||X'|| ||v|| ||X'v||``) when w0 = w, widened for a stale anchor; O(d^2) from K = X'^T X'.
-* ``"per-point"``: ``gamma ||X'||_2 sqrt(sum_i (|a_i| + |b_i|/2)^2 b_i^2)``; with w0 = w it is
-  ``gamma ||X'|| sqrt(sum b_i^4) / 2``, never more than half of Corollary 1's since ``|b_i| <= ||v||``.
-  O(nd) per request (one scalar sum per client in a federation). The default, with the exact
-  ``gamma = 1/(6 sqrt 3)`` of the logistic l''.
-
-Both assume ``l'' = sigma(1 - sigma)``, i.e. logistic targets in {-1, +1}, and ``||x|| <= 1``: the
-data classes refuse anything else (:func:`fedunlearn.certified.losses.check_targets`).
+How the residual after a step is bounded (Corollary 1, or the per-point bound, with the solve's
+measured error added) is in :mod:`fedunlearn.certified.certificate`, with the bounds themselves.
 
 Two modes (``mode=``): ``"exact"`` builds the Hessian at the current w for every request and solves
 by Cholesky (never an explicit inverse); ``"fast"`` keeps the eigendecomposition of the data part of
@@ -71,56 +54,49 @@ bounds, the request counter, every cache and the ledger's bytes are exactly as b
 request can be retried. The ``progress`` callback runs after the commit; if it raises, the request
 stays done and :class:`ProgressCallbackError` (carrying the certificate) tells the caller not to
 retry it.
-
-Ledger. Each certificate records its UTC time and ``weights_sha256``, the SHA-256 of the certified
-(K, d) weights as float64, little-endian, C order (:func:`weights_sha256`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import math
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from datetime import UTC, datetime
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.linalg
-from threadpoolctl import ThreadpoolController
 
-from fedunlearn.certified.fast_factor import FastFactor
-from fedunlearn.certified.losses import LOGISTIC_GAMMA, lipschitz_gamma
-from fedunlearn.certified.perturbation import NOISES, check_generator, sample_perturbation
-from fedunlearn.certified.statistics import HeadData, HeadSums, id_list
-from fedunlearn.config import (
-    ConfigGroup,
-    Interval,
-    validate_group,
-    validate_parameter_constraints,
+from fedunlearn.certified.certificate import (
+    Certificate,
+    CertifiedRemovalParams,
+    ProgressCallbackError,
+    append_certificate,
+    corollary_bound,
+    jsonable,
+    per_point_bound,
+    utc_timestamp,
+    weights_sha256,
+    worst_case_bound,
 )
+from fedunlearn.certified.fast_factor import FastFactor
+from fedunlearn.certified.losses import lipschitz_gamma
+from fedunlearn.certified.perturbation import check_generator, sample_perturbation
+from fedunlearn.certified.solvers import (
+    NotConvergedError,
+    blas_threads,
+    check_finite,
+    cholesky_solve,
+    factorise,
+    fast_solve,
+    joint_norm,
+    top_eigenvalue,
+)
+from fedunlearn.certified.statistics import HeadData, HeadSums, id_list
 from fedunlearn.errors import ConfigError, FedUnlearnError
-from fedunlearn.store.durable_io import append_jsonl, log_size, read_jsonl, truncate_log
+from fedunlearn.store.durable_io import log_size, truncate_log
 
-__all__ = ["NOISES", "sample_perturbation"]  # re-exported: b's densities live in perturbation.py
-
-MODES = ("exact", "fast")
-BOUNDS = ("per-point", "corollary")
-GAMMAS = tuple(LOGISTIC_GAMMA)
 #: ``||X'||_2`` is recomputed only when that could tighten it by more than this fraction.
 SPECTRAL_GAIN = 0.01
-
-#: Settings of the engine alone (the others are the run configuration's certified group).
-_ENGINE_CONSTRAINTS = {
-    "max_rank": Interval(int, 1),
-    "step_threads": Interval(int, 0),
-    "spectral_every": Interval(int, 1),
-    "max_newton": Interval(int, 1),
-    "tol": Interval(float, 0, 1, closed="neither"),
-}
 
 #: The engine's state that a request moves, all or nothing (see the module docstring).
 _STATE = (
@@ -139,249 +115,6 @@ _STATE = (
     "_stale_since",
     "_bound_since",
 )
-
-
-class NotConvergedError(FedUnlearnError, RuntimeError):
-    """Newton's method did not reach the requested gradient tolerance."""
-
-
-class NonFiniteSumsError(FedUnlearnError, ArithmeticError):
-    """The data returned NaN or infinite sums: no certificate can be computed from them."""
-
-
-class ProgressCallbackError(FedUnlearnError, RuntimeError):
-    """The ``progress`` callback raised after a request was committed (certificate in the ledger).
-
-    ``certificate`` is the committed request's certificate: the request is done; do not retry it.
-    """
-
-    def __init__(self, certificate: Certificate) -> None:
-        self.certificate = certificate
-        super().__init__(
-            f"request {certificate.request} ({certificate.kind}) was committed and its certificate "
-            "recorded, but the progress callback failed (see the cause); do not retry the request"
-        )
-
-
-def gaussian_c(delta: float) -> float:
-    """``c = sqrt(2 log(1.5 / delta))`` of Theorem 3 (delta = 1.5 exp(-c^2 / 2))."""
-    return math.sqrt(2.0 * math.log(1.5 / delta))
-
-
-def removal_budget(noise: str, sigma: float, epsilon: float, delta: float) -> float:
-    """epsilon', the largest certified gradient residual: ``sigma epsilon / c`` (Gaussian b),
-    ``sigma epsilon`` (Gamma-norm b, epsilon-CR), 0 without perturbation."""
-    if noise == "gaussian":
-        return sigma * epsilon / gaussian_c(delta)
-    if noise == "gamma":
-        return sigma * epsilon
-    return 0.0
-
-
-def corollary_bound(
-    gamma: float, spectral_norm: float, step_norm: float, xv_norm: float, drift_norm: float = 0.0
-) -> float:
-    """``gamma ||X'||_2 (||w - w0|| + ||v||) ||X'v||`` (Guo et al. Corollary 1 when w0 = w)."""
-    return gamma * spectral_norm * (drift_norm + step_norm) * xv_norm
-
-
-def per_point_bound(gamma: float, spectral_norm: float, point_sum: float) -> float:
-    """``gamma ||X'||_2 sqrt(sum_i (|a_i| + |b_i|/2)^2 b_i^2)`` (module docstring)."""
-    return gamma * spectral_norm * math.sqrt(max(point_sum, 0.0))
-
-
-def worst_case_bound(lam: float, n_before: int, m: int, *, gamma: float, c: float = 1.0) -> float:
-    """Data-independent bound of one request removing m of n samples: ``4 gamma m^2 C^2 /
-    (lambda^2 (n - m))`` (Theorem 4; Theorem 1 for m = 1), with ``gamma`` the Lipschitz constant
-    of l'' in use and ``C`` the bound on ``||grad l||`` (1 for the logistic loss, ``||x|| <= 1``)."""
-    return 4.0 * gamma * m * m * c * c / (lam * lam * (n_before - m))
-
-
-def weights_sha256(weights: np.ndarray) -> str:
-    """SHA-256 (hex) of the weights' canonical bytes: float64, little-endian, C order, shape (K, d).
-
-    From a saved head (``server/certified/head.py``'s file):
-    ``weights_sha256(safetensors.numpy.load_file(path)["certified_head.weights"])``.
-    """
-    canonical = np.ascontiguousarray(np.asarray(weights, dtype="<f8"))
-    return hashlib.sha256(canonical.tobytes()).hexdigest()
-
-
-def utc_timestamp() -> str:
-    """Now, in UTC, ISO 8601 with a ``Z`` (microseconds)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _joint(per_head: np.ndarray) -> float:
-    return float(np.sqrt(np.sum(np.square(per_head))))
-
-
-def _finite(what: str, *arrays: np.ndarray | None) -> None:
-    for array in arrays:
-        if array is not None and not np.all(np.isfinite(array)):
-            raise NonFiniteSumsError(
-                f"{what} contain NaN or infinite values; no certificate can rest on them (check "
-                "the features, the targets' scale and the clients)"
-            )
-
-
-def cholesky_solve(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """``matrix^{-1} rhs`` for a symmetric positive definite matrix, by Cholesky (no inverse formed).
-
-    The factor comes from NumPy's LAPACK, the two triangular solves (O(d^2)) from SciPy: keeping the
-    O(d^3) work in the BLAS that also forms the Hessians avoids two BLAS thread pools fighting over
-    the cores (SciPy and NumPy each ship an OpenBLAS).
-    """
-    lower = np.linalg.cholesky(matrix)
-    return scipy.linalg.solve_triangular(
-        lower.T,
-        scipy.linalg.solve_triangular(lower, rhs, lower=True, check_finite=False),
-        lower=False,
-        check_finite=False,
-    )
-
-
-def _top_eigenvalue(matrix: np.ndarray) -> float:
-    return max(float(np.linalg.eigvalsh(matrix)[-1]), 0.0)
-
-
-@dataclass(frozen=True)
-class CertifiedRemovalParams:
-    """Settings of a certified head. ``sigma`` is b's standard deviation (Gaussian) or its norm's
-    Gamma scale epsilon'/epsilon; ``lam`` the lambda of ``(lambda n / 2) ||w||^2``.
-
-    ``refresh_ratio`` (fast mode): how stale the cached Hessian may get. With a data that measures
-    the stale vector (central), refresh when the stale parts of the bounds since the anchor exceed
-    ``ratio`` times the rest of those bounds; on MNIST 3 vs 8 the default 5 refreshes nothing in
-    100 removals and ends with beta 1.5x exact mode's. Otherwise (a federation), refresh when
-    ``||w - w0|| > ratio ||v||``: on MNIST 3 vs 8 (100 removals) ratio 2 refreshed 35 times and
-    ended with beta 1.3x exact mode's, ratio 5 refreshed 18 times at 1.6x, ratio 20 four times at
-    2.9x. ``max_rank``: the most removed samples the Woodbury downdate holds before a refresh.
-    ``step_threads`` (fast mode on central data): BLAS threads for a request's memory-bound
-    products (one read of X, a few with Q; refreshes keep the BLAS default); 0 keeps the default.
-    One thread: on 2 shared cores a second BLAS thread that waits for a core costs ten times what
-    it saves.
-    ``single_precision_hessian`` (exact mode): form the per-request Hessian in float32 (twice as
-    fast); the solve's residual is measured in float64 and added to beta, so the certificate holds.
-    Least squares always uses float64 (its step is exact).
-    """
-
-    loss: str = "logistic"
-    lam: float = 1e-3
-    sigma: float = 10.0
-    epsilon: float = 1.0
-    delta: float = 1e-4
-    noise: str = "gaussian"
-    mode: str = "exact"
-    bound: str = "per-point"
-    gamma: str = "exact"
-    refresh_ratio: float = 5.0
-    max_rank: int = 128
-    step_threads: int = 1
-    spectral_every: int = 100
-    tol: float = 1e-10
-    max_newton: int = 100
-    track_bounds: bool = False
-    single_precision_hessian: bool = True
-
-    @classmethod
-    def from_group(cls, certified: Mapping[str, Any]) -> CertifiedRemovalParams:
-        """The settings a run configuration's certified group holds (``config.certified``); the
-        engine's own (``max_rank``, ``tol``, ...) keep their defaults."""
-        names = {item.name for item in fields(cls)}
-        return cls(**{name: value for name, value in certified.items() if name in names})
-
-    def validate(self) -> None:
-        """The run configuration's certified-group constraints and rules on the settings shared with
-        it (:func:`fedunlearn.config.validate_group`, errors name these parameters), then the
-        engine's own."""
-        values = asdict(self)
-        validate_group(ConfigGroup("certified", values))
-        validate_parameter_constraints(values, _ENGINE_CONSTRAINTS)
-
-    @property
-    def budget(self) -> float:
-        return removal_budget(self.noise, self.sigma, self.epsilon, self.delta)
-
-    @property
-    def worst_case_applies(self) -> bool:
-        """Theorems 1/4 hold for the logistic loss with the Hessian at the current w (exact mode);
-        least squares needs no bound (its step is exact) and the fast mode's Hessian is stale."""
-        return self.loss == "logistic" and self.mode == "exact"
-
-
-@dataclass
-class Certificate:
-    """What one training or removal request certifies; one line of the ledger.
-
-    ``timestamp``: when it was issued (UTC, ISO 8601, ``Z``); ``weights_sha256``: the certified
-    weights (:func:`weights_sha256`) of shape ``weights_shape``; ``worst_case``: the accumulated
-    data-independent bound of Theorems 1/4 since the last training, ``None`` where they do not
-    apply (:attr:`CertifiedRemovalParams.worst_case_applies`).
-    """
-
-    request: int
-    kind: str  # "train" or "remove"
-    ids: list[Any]
-    removed: int
-    n_before: int
-    n_after: int
-    loss: str
-    lam: float
-    sigma: float
-    epsilon: float
-    delta: float
-    noise: str
-    mode: str
-    bound: str
-    gamma: float
-    budget: float
-    beta_before: float
-    beta_after: float
-    step_bound: float
-    solve_residual: float
-    spectral_norm: float
-    worst_case: float | None
-    retrained: bool
-    refreshed: bool
-    certified: bool
-    seconds: float
-    timestamp: str
-    weights_sha256: str
-    weights_shape: list[int]
-    dp_epsilon: float = 0.0
-    dp_delta: float = 0.0
-    total_epsilon: float = 0.0
-    total_delta: float = 0.0
-    tracked: dict[str, float] = field(default_factory=dict)
-
-    def to_record(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-#: The fast mode's factor (:mod:`fedunlearn.certified.fast_factor`), by its former name here.
-_FastFactor = FastFactor
-
-
-def _factorise(sums: HeadSums, mu: float) -> tuple[FastFactor, ...]:
-    return tuple(FastFactor.from_hessian(hessian, mu) for hessian in sums.hessian)
-
-
-_BLAS: list[ThreadpoolController] = []
-
-
-def _blas_threads(threads: int):
-    """A context limiting the BLAS to ``threads`` threads (0: no limit)."""
-    if not threads:
-        return contextlib.nullcontext()
-    if not _BLAS:  # inspecting the loaded libraries takes milliseconds: once per process
-        _BLAS.append(ThreadpoolController())
-    return _BLAS[0].limit(limits=threads, user_api="blas")
-
-
-def _fast_solve(factors, delta: np.ndarray, mu: float) -> tuple[np.ndarray, np.ndarray]:
-    solved = [factor.solve(delta[k], mu) for k, factor in enumerate(factors)]
-    return np.stack([v for v, _ in solved]), np.asarray([r for _, r in solved])
 
 
 class CertifiedHead:
@@ -546,7 +279,7 @@ class CertifiedHead:
         weights, sums = self._newton(b)
         beta = float(np.linalg.norm(self._gradient(sums, weights, b)))
         gram = self.data.gram()
-        _finite("the Gram matrix X'^T X'", gram)
+        check_finite("the Gram matrix X'^T X'", gram)
         state = {
             "weights": weights,
             "perturbation": b,
@@ -555,7 +288,7 @@ class CertifiedHead:
             "tracked": dict.fromkeys(tracked, beta),
             "trained": True,
             "_gram": gram,
-            "_spectral_sq": _top_eigenvalue(gram),
+            "_spectral_sq": top_eigenvalue(gram),
             "_since_spectral": 0,
         }
         if self.params.mode == "fast":
@@ -566,14 +299,14 @@ class CertifiedHead:
         """The fast mode's state anchored at ``weights``, whose sums (with Hessian) are ``sums``."""
         return {
             "_anchor": weights.copy(),
-            "_factors": _factorise(sums, self.params.lam * sums.count),
+            "_factors": factorise(sums, self.params.lam * sums.count),
             "_stale_since": 0.0,
             "_bound_since": 0.0,
         }
 
     def _sums(self, weights: np.ndarray, **options) -> HeadSums:
         sums = self.data.sums(weights, **options)
-        _finite("the loss/gradient/Hessian sums", sums.loss, sums.gradient, sums.hessian)
+        check_finite("the loss/gradient/Hessian sums", sums.loss, sums.gradient, sums.hessian)
         return sums
 
     def _newton(self, b: np.ndarray) -> tuple[np.ndarray, HeadSums]:
@@ -641,7 +374,7 @@ class CertifiedHead:
         n_before = self.data.count()
         # Only the fast mode downdates a cached factor; the exact mode needs no factor shipped.
         parts = self.data.removed(ids, weights, self._anchor if p.mode == "fast" else None)
-        _finite("the removed samples' parts", parts.gradient, parts.factor, parts.gram)
+        check_finite("the removed samples' parts", parts.gradient, parts.factor, parts.gram)
         m = parts.count
         if m != len(ids):
             raise FedUnlearnError(f"the data returned the parts of {m} samples for {len(ids)} ids")
@@ -671,7 +404,7 @@ class CertifiedHead:
         chosen = bounds[(p.bound, "chosen")]
         if p.mode == "fast":
             since = (0.0, 0.0) if refreshed else (self._stale_since, self._bound_since)
-            state["_stale_since"] = since[0] + _joint(stale)
+            state["_stale_since"] = since[0] + joint_norm(stale)
             state["_bound_since"] = since[1] + chosen
         tracked = dict(self.tracked)
         if p.track_bounds:
@@ -696,7 +429,7 @@ class CertifiedHead:
             "n_before": n_before,
             "beta_before": self.beta,
             "step_bound": chosen,
-            "solve_residual": _joint(solve + stale),
+            "solve_residual": joint_norm(solve + stale),
             "retrained": retrained,
             "refreshed": refreshed or retrained,
             "start": start,
@@ -718,8 +451,8 @@ class CertifiedHead:
         could_gain = floor < (1.0 - SPECTRAL_GAIN) ** 2 * self._spectral_sq
         if since >= self.params.spectral_every and could_gain:
             current = gram if gram is not None else self.data.gram()
-            _finite("the Gram matrix X'^T X'", current)
-            state["_spectral_sq"] = _top_eigenvalue(current)
+            check_finite("the Gram matrix X'^T X'", current)
+            state["_spectral_sq"] = top_eigenvalue(current)
             state["_since_spectral"] = 0
         return state
 
@@ -738,7 +471,7 @@ class CertifiedHead:
             ]
         )
         terms = self.data.step(weights, weights, step, hessian_vector=True)
-        _finite("the step's sums", terms.point, terms.xv_squared, terms.hessian_vector)
+        check_finite("the step's sums", terms.point, terms.xv_squared, terms.hessian_vector)
         solve = np.linalg.norm(terms.hessian_vector + mu * step - delta, axis=1)
         return step, solve, np.zeros(len(delta)), terms
 
@@ -749,7 +482,7 @@ class CertifiedHead:
         anchor = self._anchor
         try:
             factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(self._factors))
-            step, solve = _fast_solve(factors, delta, mu)
+            step, solve = fast_solve(factors, delta, mu)
             drift = np.linalg.norm(weights - anchor, axis=1)
             too_stale = np.any(drift > p.refresh_ratio * np.linalg.norm(step, axis=1))
             refreshed = bool(too_stale or factors[0].rank > p.max_rank)
@@ -759,13 +492,13 @@ class CertifiedHead:
             fresh = self._anchored(weights, self._sums(weights, hessian=True))
             state.update(fresh)
             factors, anchor = fresh["_factors"], fresh["_anchor"]
-            step, solve = _fast_solve(factors, delta, mu)
+            step, solve = fast_solve(factors, delta, mu)
             drift = np.zeros(len(delta))
         state["_factors"], state["_anchor"] = factors, anchor
         terms = None
         if p.bound == "per-point" or p.track_bounds or state["_gram"] is None:
             terms = self.data.step(weights, anchor, step, hessian_vector=False)
-            _finite("the step's sums", terms.point, terms.xv_squared)
+            check_finite("the step's sums", terms.point, terms.xv_squared)
         return step, solve, drift, terms, refreshed
 
     def _measured_step(self, weights, delta, mu: float, rows: np.ndarray, state: dict[str, Any]):
@@ -780,7 +513,7 @@ class CertifiedHead:
             self._stale_since > p.refresh_ratio * (self._bound_since - self._stale_since)
             or factors[0].rank + rows.shape[1] > p.max_rank
         )
-        with _blas_threads(p.step_threads):
+        with blas_threads(p.step_threads):
             if not refreshed:
                 try:
                     factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(factors))
@@ -791,11 +524,11 @@ class CertifiedHead:
             state.update(fresh)
             factors, anchor = fresh["_factors"], fresh["_anchor"]
         state["_factors"], state["_anchor"] = factors, anchor
-        with _blas_threads(p.step_threads):
-            step, solve = _fast_solve(factors, delta, mu)
+        with blas_threads(p.step_threads):
+            step, solve = fast_solve(factors, delta, mu)
             terms = self.data.step(weights, anchor, step, hessian_vector=False, stale=True)
-        _finite("the step's sums", terms.point, terms.xv_squared, terms.stale_vector)
-        _finite("the step's sums", terms.stale_error)
+        check_finite("the step's sums", terms.point, terms.xv_squared, terms.stale_vector)
+        check_finite("the step's sums", terms.stale_error)
         stale = np.linalg.norm(terms.stale_vector, axis=1) + terms.stale_error
         return step, solve, stale, terms, refreshed
 
@@ -820,7 +553,7 @@ class CertifiedHead:
                 per_head = [
                     per_point_bound(gamma, spectral, terms.point[k]) for k in range(len(step))
                 ]
-            return _joint(np.asarray(per_head) + solve)
+            return joint_norm(np.asarray(per_head) + solve)
 
         out: dict[Any, float] = {(p.bound, "chosen"): joint(p.bound, self.gamma)}
         if p.track_bounds:
@@ -838,7 +571,7 @@ class CertifiedHead:
         beta = state["beta"]
         return Certificate(
             request=state["requests"] + 1,
-            ids=[_jsonable(i) for i in record.pop("ids")],
+            ids=[jsonable(i) for i in record.pop("ids")],
             n_after=self.data.count(),
             loss=p.loss,
             lam=p.lam,
@@ -865,27 +598,3 @@ class CertifiedHead:
             tracked=dict(state["tracked"]),
             **record,
         )
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (tuple, list, np.ndarray)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def append_certificate(path: str | Path, certificate: Certificate) -> None:
-    """Append one certificate as a JSON line (file 0600) and make it durable (the ledger is
-    append-only; a torn last line left by a crash is cut off first, see
-    :func:`fedunlearn.store.durable_io.append_jsonl`)."""
-    append_jsonl(path, certificate.to_record())
-
-
-def read_ledger(path: str | Path) -> list[dict[str, Any]]:
-    """The ledger's certificates, in order ([] if absent); a torn last line is skipped with a
-    :class:`fedunlearn.store.durable_io.TornLineWarning`, a damaged earlier one raises
-    :class:`fedunlearn.store.durable_io.LogCorruptionError` naming the file and line."""
-    return read_jsonl(path)

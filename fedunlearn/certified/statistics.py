@@ -35,10 +35,6 @@ from fedunlearn.errors import ConfigError
 #: Rows per block when forming Hessians: keeps the scaled copy of X in cache-sized pieces.
 _BLOCK = 2048
 
-#: The message type of the clients' certified-head statistics (``server/certified/head.py``).
-HEAD_QUERY = "query.certified_head"
-
-
 def pack_symmetric(matrices: np.ndarray) -> np.ndarray:
     """The upper triangles of symmetric matrices ``(..., d, d)`` as ``(..., d(d+1)/2)``: half the bytes
     on the wire."""

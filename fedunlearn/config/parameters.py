@@ -394,17 +394,17 @@ class RunParameters:
     )
     certified_mode: str = certified(
         "fast",
-        Options(_lazy("fedunlearn.certified.removal", "MODES")),
+        Options(_lazy("fedunlearn.certified.certificate", "MODES")),
         "exact: Hessian at the current w per request; fast: cached factor",
     )
     certified_bound: str = certified(
         "per-point",
-        Options(_lazy("fedunlearn.certified.removal", "BOUNDS")),
+        Options(_lazy("fedunlearn.certified.certificate", "BOUNDS")),
         "per-point (tighter) or corollary (Guo et al. Corollary 1)",
     )
     certified_gamma: str = certified(
         "exact",
-        Options(_lazy("fedunlearn.certified.removal", "GAMMAS")),
+        Options(_lazy("fedunlearn.certified.certificate", "GAMMAS")),
         "Lipschitz constant of the logistic l'': exact 1/(6 sqrt 3) or paper 1/4",
     )
     certified_refresh_ratio: float = certified(

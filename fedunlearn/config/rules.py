@@ -2,7 +2,7 @@
 own check (:mod:`fedunlearn.config.constraints`), so each may assume its keys are valid alone.
 
 A rule of one group takes that group's view (:class:`ConfigGroup`), so a direct user of the group's
-parameters (:class:`fedunlearn.certified.removal.CertifiedRemovalParams`) runs the same rule
+parameters (:class:`fedunlearn.certified.certificate.CertifiedRemovalParams`) runs the same rule
 through :func:`validate_group`; every other rule takes the whole configuration (an
 :class:`fedunlearn.config.ExperimentConfig`, annotated by its base :class:`RunParameters`: the
 configuration imports the rules, never the reverse).

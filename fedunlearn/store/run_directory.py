@@ -64,7 +64,7 @@ RECOVERY_LOG = "recovery_log.jsonl"
 #: Each refused reply and dropped client (:mod:`server.federation.reply_screening`).
 REFUSALS_LOG = "refused_replies.jsonl"
 #: The certified-removal ledger: one certificate per line, written by
-#: :func:`fedunlearn.certified.removal.append_certificate` (and SIFU's), not by ``append_log``.
+#: :func:`fedunlearn.certified.certificate.append_certificate` (and SIFU's), not by ``append_log``.
 CERTIFIED_LEDGER = "certified_removal.jsonl"
 #: The history rewrite's journal (:mod:`server.unlearning.adoption`): while it exists, or the history log has
 #: fewer entries than the unlearning log, an adoption is pending.

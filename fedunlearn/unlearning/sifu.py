@@ -89,7 +89,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fedunlearn.certified.removal import utc_timestamp
+from fedunlearn.certified.certificate import utc_timestamp
 from fedunlearn.config import coerce
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.retention import RetentionPolicy, Selection

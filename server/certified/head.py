@@ -30,9 +30,10 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from fedunlearn.certified.certificate import CertifiedRemovalParams
 from fedunlearn.certified.features import head_features
 from fedunlearn.certified.losses import one_vs_rest_targets, predict_labels
-from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
+from fedunlearn.certified.removal import CertifiedHead
 from fedunlearn.certified.statistics import (
     CentralHeadData,
     HeadSums,

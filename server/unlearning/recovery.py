@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from fedunlearn.certified.removal import utc_timestamp
+from fedunlearn.certified.certificate import utc_timestamp
 from fedunlearn.errors import ConfigError
 from fedunlearn.messages import TRAIN
 from fedunlearn.store.durable_io import append_jsonl

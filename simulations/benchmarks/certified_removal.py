@@ -50,9 +50,10 @@ import numpy as np
 import pandas as pd
 from scipy.special import expit
 
+from fedunlearn.certified.certificate import CertifiedRemovalParams, removal_budget
 from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets, predict_labels
 from fedunlearn.certified.perturbation import sample_perturbation
-from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams, removal_budget
+from fedunlearn.certified.removal import CertifiedHead
 from fedunlearn.certified.statistics import CentralHeadData
 from fedunlearn.plots import plt, save_figure
 from simulations.benchmarks import default_data_root

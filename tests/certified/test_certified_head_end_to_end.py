@@ -16,7 +16,8 @@ import pytest
 from safetensors import safe_open
 
 import fedunlearn.certified.removal as engine
-from fedunlearn.certified.removal import CertifiedHead, read_ledger, weights_sha256
+from fedunlearn.certified.certificate import read_ledger, weights_sha256
+from fedunlearn.certified.removal import CertifiedHead
 
 pytestmark = pytest.mark.slow
 

@@ -9,6 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedunlearn.certified.certificate import (
+    CertifiedRemovalParams,
+    gaussian_c,
+    read_ledger,
+    removal_budget,
+    worst_case_bound,
+)
+from fedunlearn.certified.fast_factor import FastFactor
 from fedunlearn.certified.losses import (
     LOGISTIC_GAMMA,
     FeatureNormError,
@@ -16,17 +24,9 @@ from fedunlearn.certified.losses import (
     one_vs_rest_targets,
     second_derivative,
 )
-from fedunlearn.certified.removal import (
-    CertifiedHead,
-    CertifiedRemovalParams,
-    _FastFactor,
-    cholesky_solve,
-    gaussian_c,
-    read_ledger,
-    removal_budget,
-    sample_perturbation,
-    worst_case_bound,
-)
+from fedunlearn.certified.perturbation import sample_perturbation
+from fedunlearn.certified.removal import CertifiedHead
+from fedunlearn.certified.solvers import cholesky_solve
 from fedunlearn.certified.statistics import CentralHeadData, head_sums, removed_parts, step_sums
 from fedunlearn.errors import ConfigError
 
@@ -220,7 +220,7 @@ def test_fast_factor_solves_the_downdated_shifted_system(shift):
     u = rng.normal(size=(d, 5)) * 0.3
     mu0 = 2.5
     mu = mu0 * (1 - shift)
-    factor = _FastFactor.from_hessian(matrix, mu0)
+    factor = FastFactor.from_hessian(matrix, mu0)
     for batch in (u[:, :2], u[:, 2:3], u[:, 3:]):
         factor = factor.with_rows(batch.T, mu)
     assert factor.rank == 5
@@ -631,7 +631,7 @@ def test_a_failed_first_append_leaves_no_ledger_and_no_trained_head(tmp_path, mo
 
 
 def test_a_failing_progress_callback_reports_the_committed_request():
-    from fedunlearn.certified.removal import ProgressCallbackError
+    from fedunlearn.certified.certificate import ProgressCallbackError
 
     x, labels, cls = _problem(3, 40, 3)
     seen = []
@@ -728,7 +728,7 @@ def test_certificates_name_their_time_and_the_weights_they_certify(tmp_path):
 
     from safetensors.numpy import load_file, save_file
 
-    from fedunlearn.certified.removal import weights_sha256
+    from fedunlearn.certified.certificate import weights_sha256
 
     x, labels, cls = _problem(12, 60, 4, classes=3)
     head = CertifiedHead(
@@ -736,7 +736,7 @@ def test_certificates_name_their_time_and_the_weights_they_certify(tmp_path):
         CertifiedRemovalParams(sigma=1.0, lam=1e-2),
         ledger=tmp_path / "ledger.jsonl",
     )
-    started = datetime.datetime.now(datetime.timezone.utc)
+    started = datetime.datetime.now(datetime.UTC)
     head.fit()
     trained = head.weights.copy()
     head.remove([1, 2])
@@ -744,8 +744,8 @@ def test_certificates_name_their_time_and_the_weights_they_certify(tmp_path):
     for record in records:
         assert record["timestamp"].endswith("Z")
         issued = datetime.datetime.strptime(record["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
-        issued = issued.replace(tzinfo=datetime.timezone.utc)
-        assert started <= issued <= datetime.datetime.now(datetime.timezone.utc)
+        issued = issued.replace(tzinfo=datetime.UTC)
+        assert started <= issued <= datetime.datetime.now(datetime.UTC)
         assert record["weights_shape"] == [3, 4]
     assert records[0]["weights_sha256"] == weights_sha256(trained)
     # Canonical bytes: float64 little-endian C order; recomputable from the saved head.

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from fedunlearn import cli
+from fedunlearn.certified.certificate import CertifiedRemovalParams
 from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
-from fedunlearn.certified.removal import CertifiedHead, CertifiedRemovalParams
+from fedunlearn.certified.removal import CertifiedHead
 from fedunlearn.certified.statistics import CentralHeadData
 from fedunlearn.store.update_store import UpdateStore
 
