@@ -31,7 +31,7 @@ from fedunlearn.plots import (  # noqa: E402
     unlearning_figure,
 )
 from fedunlearn.registry import AUDITED, SCRUBBING, UNLEARNING  # noqa: E402
-from fedunlearn.scrubbing.readouts import (  # noqa: E402
+from fedunlearn.scrubbing.readout_figures import (  # noqa: E402
     entropy_figure,
     information_tradeoff_figure,
     relearn_figure,

@@ -24,17 +24,19 @@ from fedunlearn.scrubbing.pruning import (
     select_channels,
     tf_idf,
 )
-from fedunlearn.scrubbing.readouts import (
+from fedunlearn.scrubbing.readout_figures import (
     ENTROPY_FLOOR,
-    RelearnResult,
     entropy_figure,
-    error_rate,
     information_tradeoff_figure,
-    output_entropy,
     plot_entropy_histograms,
     plot_information_tradeoff,
     plot_relearn_times,
     relearn_figure,
+)
+from fedunlearn.scrubbing.readouts import (
+    RelearnResult,
+    error_rate,
+    output_entropy,
     relearn_time,
 )
 from fedunlearn.scrubbing.scrubbers import (

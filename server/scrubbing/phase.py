@@ -42,7 +42,7 @@ from fedunlearn.reply_checks import (
     check_partition,
     decoded_arrays,
 )
-from fedunlearn.scrubbing.readouts import (
+from fedunlearn.scrubbing.readout_figures import (
     plot_entropy_histograms,
     plot_information_tradeoff,
     plot_relearn_times,

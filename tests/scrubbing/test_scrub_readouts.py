@@ -12,13 +12,15 @@ from torch import nn
 
 from fedunlearn.data.datasets import load_dataset
 from fedunlearn.errors import ConfigError
+from fedunlearn.scrubbing.readout_figures import (
+    plot_entropy_histograms,
+    plot_information_tradeoff,
+    plot_relearn_times,
+)
 from fedunlearn.scrubbing.readouts import (
     RelearnResult,
     error_rate,
     output_entropy,
-    plot_entropy_histograms,
-    plot_information_tradeoff,
-    plot_relearn_times,
     relearn_time,
 )
 from fedunlearn.training.local import evaluate, train_epochs

@@ -1,0 +1,193 @@
+"""The house rules every figure of :mod:`fedunlearn.plots` follows, kept here once as small
+helpers, and the method colours and names.
+
+Saving (:func:`save_figure`: laid out, rendered to memory, written atomically); one colour per
+method in every figure (:func:`method_colour`) and the name shown for it (:func:`display_name`);
+rounds and counts get integer ticks (:func:`integer_ticks`), bars carry their values and a bar of
+height zero stays visible as an outline with its "0" (:func:`labelled_bars`), legends sit outside
+the axes (:func:`legend_outside`), a figure about a forgetting request names every target forgotten
+so far (:func:`forgetting_title`), and flagged rows are marked in red (:func:`mark_flagged_ticks`).
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.ticker import MaxNLocator
+
+from fedunlearn.store.durable_io import atomic_write_bytes
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, save (120 dpi, the format of ``path``'s suffix, PNG without one) and close ``fig``.
+
+    Rendered to memory first, then written atomically with mode 0600 like every file of a run. The
+    saved area is the figure's tight bounding box, so a legend outside the axes is never cut off.
+    """
+    path = Path(path)
+    buffer = io.BytesIO()
+    try:
+        fig.tight_layout()
+        fig.savefig(
+            buffer,
+            dpi=120,
+            format=path.suffix.lstrip(".").lower() or "png",
+            bbox_inches="tight",
+        )
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+# -------------------------------------------------------------------- method colours, names
+#: The colour of every registered method, the same in every figure (``fedunlearn.registry``'s
+#: names, the scrubbing and judge baselines, the audited models). The references are black (the
+#: retrained model) and grey (the original, trained model); tab:red is kept for FLAGGED marks.
+METHOD_COLOURS: dict[str, str] = {
+    # references
+    "original": "#7f7f7f",
+    "fedretrain": "#000000",
+    "retrain": "#000000",
+    "retrain-independent": "#b8b8b8",
+    # client removal (fedunlearn.registry.UNLEARNING)
+    "federaser": "#1f77b4",
+    "fedaccum": "#ff7f0e",
+    "fedrecover": "#2ca02c",
+    "crab": "#9467bd",
+    "sifu": "#8c564b",
+    # scrubbing (fedunlearn.registry.SCRUBBING)
+    "newton": "#17becf",
+    "newton-forget-only": "#0b6e78",
+    "newton-finite": "#7fd3dc",
+    "fisher": "#e377c2",
+    "fisher-sqrt": "#9c2f7f",
+    "fisher-reference": "#f2a9d7",
+    "finetune": "#bcbd22",
+    "negative-gradient": "#d9a400",
+    "random-labels": "#6b6ecf",
+    "hiding": "#5fb85f",
+    "class-pruning": "#c49c94",
+    # audited certified heads (fedunlearn.registry.AUDITED)
+    "certified-head-trained": "#aec7e8",
+    "certified-head": "#393b79",
+}
+
+#: Names shown instead of a method's internal name: the run's trained model is "original".
+DISPLAY_NAMES: dict[str, str] = {"fedavg": "original"}
+
+#: Colours for names the map does not know (a method registered later), picked by a stable hash.
+FALLBACK_COLOURS = (
+    "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1",
+    "#636363", "#969696", "#bd9e39", "#ad494a", "#a55194", "#6baed6", "#fd8d3c", "#74c476",
+)  # fmt: skip
+
+
+def display_name(method: str) -> str:
+    """The name a figure shows for ``method``: ``fedavg`` (the trained model) reads "original"."""
+    return DISPLAY_NAMES.get(str(method), str(method))
+
+
+def method_colour(method: str) -> str:
+    """The fixed colour of ``method`` (``fedavg`` and "original" share one). A name the map does
+    not know gets one of :data:`FALLBACK_COLOURS` chosen by a CRC-32 of the name: the same in every
+    figure and every process."""
+    name = display_name(method)
+    if name in METHOD_COLOURS:
+        return METHOD_COLOURS[name]
+    return FALLBACK_COLOURS[zlib.crc32(name.encode()) % len(FALLBACK_COLOURS)]
+
+
+def caption(fig, text: str, *, y: float = -0.01) -> None:
+    """One line of ``text`` under the figure's axes (kept by :func:`save_figure`'s tight box)."""
+    fig.text(0.5, y, text, ha="center", va="top", fontsize=8, gid="caption")
+
+
+def spread_labels(ax, texts, *, step: float = 2.0, rounds: int = 300) -> None:
+    """Nudge annotations of ``ax`` (placed with ``textcoords="offset points"``) apart vertically,
+    ``step`` points at a time, until no two bounding boxes overlap: the labels of nearby points stay
+    readable. Draws the figure's canvas to measure them."""
+    texts = [t for t in texts if t.get_text()]
+    if len(texts) < 2:
+        return
+    renderer = ax.figure.canvas.get_renderer()
+    pixels = step * ax.figure.dpi / 72.0
+    for _ in range(rounds):
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        moved = False
+        for i in range(len(texts)):
+            for j in range(i + 1, len(texts)):
+                if not boxes[i].overlaps(boxes[j]):
+                    continue
+                upper, lower = (i, j) if boxes[i].y0 >= boxes[j].y0 else (j, i)
+                for k, sign in ((upper, 1), (lower, -1)):
+                    x, y = texts[k].xyann
+                    texts[k].xyann = (x, y + sign * step)
+                    boxes[k] = boxes[k].translated(0, sign * pixels)
+                moved = True
+        if not moved:
+            return
+
+
+# ------------------------------------------------------------------------- shared helpers
+def integer_ticks(ax, *axes: str) -> None:
+    """Ticks only at whole numbers on ``axes`` (``"x"``, ``"y"``): rounds, requests and counts have
+    no half values."""
+    for name in axes or ("x",):
+        getattr(ax, f"{name}axis").set_major_locator(MaxNLocator(integer=True))
+
+
+def labelled_bars(ax, positions, heights, width=0.8, *, fmt: str = "{:.3g}", **style):
+    """Vertical bars with their values written above them. A bar of height zero (or NaN, drawn
+    as zero) would vanish: every bar gets an outline in its colour, so a zero bar shows as a line
+    on the axis, labelled "0"."""
+    heights = [0.0 if h != h else float(h) for h in heights]  # NaN != NaN
+    bars = ax.bar(positions, heights, width, **style)
+    for bar in bars:
+        bar.set_edgecolor(bar.get_facecolor())
+        bar.set_linewidth(1.5)
+    ax.bar_label(bars, labels=[fmt.format(h) for h in heights], padding=2, fontsize=8)
+    return bars
+
+
+def legend_outside(ax, **options):
+    """The axes' legend to the right of the axes, where it cannot cover the data."""
+    if not ax.get_legend_handles_labels()[0] and "handles" not in options:
+        return None
+    options = {"fontsize": 8, **options}
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **options)
+
+
+def forgetting_title(
+    dataset: str, num_clients: int, targets: Sequence[int], earlier: Sequence[int] = ()
+) -> str:
+    """The title of a forgetting request's figures: the new targets and, after earlier requests,
+    every client forgotten so far (the model also lacks those)."""
+    title = f"{dataset}, K={num_clients}, forget {sorted(targets)}"
+    if earlier:
+        title += f" (forgotten so far: {sorted(set(targets) | set(earlier))})"
+    return title
+
+
+def flagged(table: pd.DataFrame) -> set[str]:
+    """The methods whose row is flagged (a non-empty ``flag`` column entry): not a result."""
+    if "flag" not in table:
+        return set()
+    return {m for m, f in zip(table["method"], table["flag"]) if isinstance(f, str) and f}
+
+
+def mark_flagged_ticks(ax, table: pd.DataFrame) -> None:
+    """Method tick labels of flagged rows in red with "FLAGGED" under the name."""
+    marked = {display_name(m) for m in flagged(table)}
+    labels = ax.get_xticklabels()
+    for label in labels:
+        if label.get_text() in marked:
+            label.set_text(f"{label.get_text()}\nFLAGGED")
+            label.set_color("tab:red")
+            label.set_fontweight("bold")
+    ax.set_xticks(ax.get_xticks(), labels)
