@@ -16,7 +16,6 @@ rules:
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from fedunlearn.plots import (
     save_figure,
     spread_labels,
 )
+from fedunlearn.scrubbing.readouts import is_integer, is_real
 
 #: The lowest entropy (nats) the log axis may reach; lower ones (and 0) are drawn at the axis'
 #: floor, and a method whose median is there is labelled so.
@@ -43,14 +43,6 @@ ENTROPY_FLOOR = 1e-6
 LABEL_BOX = {"boxstyle": "round,pad=0.05", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
 #: The splits' colours (D_r, D_f, D_test in that order): not any method's colour.
 SPLIT_COLOURS = ("#9ecae1", "#fdae6b", "#a1d99b", "#dadaeb", "#fdd0a2")
-
-
-def _is_integer(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def d_f_caption(forget: str | None = None) -> str:
@@ -85,7 +77,7 @@ def entropy_figure(
     """
     if not entropies:
         raise ConfigError("entropies", dict(entropies), "at least one method's entropies")
-    if num_classes is not None and not (_is_integer(num_classes) and num_classes >= 2):
+    if num_classes is not None and not (is_integer(num_classes) and num_classes >= 2):
         raise ConfigError("num_classes", num_classes, "an integer >= 2, or None")
     cleaned = _finite_entropies(entropies)
     split_names = list(dict.fromkeys(s for splits in entropies.values() for s in splits))
@@ -370,7 +362,7 @@ def _tradeoff_line(ax, method: str, rows: pd.DataFrame, column: str) -> list:
     text = tuple(0.7 * c for c in to_rgb(colour))  # darker: a light line colour reads as text too
     return [
         ax.annotate(
-            f"{lam:.0e}".replace("e-0", "e-") if _is_real(lam) else str(lam),
+            f"{lam:.0e}".replace("e-0", "e-") if is_real(lam) else str(lam),
             (x, y),
             textcoords="offset points",
             xytext=(0, 5),

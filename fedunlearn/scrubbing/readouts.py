@@ -37,16 +37,18 @@ from fedunlearn.errors import ConfigError
 # --------------------------------------------------------------------------- readouts on outputs
 
 
-def _is_integer(value: object) -> bool:
+def is_integer(value: object) -> bool:
+    """A whole number, not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_real(value: object) -> bool:
+def is_real(value: object) -> bool:
+    """A real number, not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _check_batch_size(batch_size: int) -> None:
-    if not (_is_integer(batch_size) and batch_size >= 1):
+    if not (is_integer(batch_size) and batch_size >= 1):
         raise ConfigError("batch_size", batch_size, "an integer >= 1")
 
 
@@ -273,15 +275,15 @@ def _check_relearn_inputs(
 ) -> None:
     """:class:`ConfigError` naming the first argument of :func:`relearn_time` that is not allowed."""
     (x_train, y_train), (x_forget, y_forget) = train, forget
-    if not (_is_real(threshold) and threshold > 0 and math.isfinite(threshold)):
+    if not (is_real(threshold) and threshold > 0 and math.isfinite(threshold)):
         raise ConfigError("threshold", threshold, "a finite loss level > 0 (nats)")
-    if not (_is_integer(check_every) and check_every >= 1):
+    if not (is_integer(check_every) and check_every >= 1):
         raise ConfigError("check_every", check_every, "an integer >= 1 (SGD steps)")
-    if not (_is_real(max_epochs) and max_epochs > 0 and math.isfinite(max_epochs)):
+    if not (is_real(max_epochs) and max_epochs > 0 and math.isfinite(max_epochs)):
         raise ConfigError("max_epochs", max_epochs, "a finite number of epochs > 0")
-    if not (_is_real(lr) and lr > 0):
+    if not (is_real(lr) and lr > 0):
         raise ConfigError("lr", lr, "a learning rate > 0")
-    if not (_is_real(momentum) and 0 <= momentum < 1):
+    if not (is_real(momentum) and 0 <= momentum < 1):
         raise ConfigError("momentum", momentum, "a number in [0, 1)")
     _check_batch_size(batch_size)
     if len(x_forget) == 0:
