@@ -18,8 +18,10 @@ models M^t of those rounds. This store is the server's only durable memory of th
   migration; SQLite opened ``mode=ro``), so it can inspect a store on a read-only file system;
 * folders are 0700 and files 0600, whatever the umask: the updates reveal the clients' data.
 
-Formats: 2 (this version) checksums index rows; a format-1 store (no row checksums) is migrated
-by the first writable open, and read as it is, with a note, by a read-only one.
+Formats: 3 (this version) checksums every field of the header's metadata, 2 the index rows; an
+older store is migrated by the first writable open, and read as it is, with a note, by a read-only
+one. The header and lock are :mod:`fedunlearn.store.header`, a blob :mod:`fedunlearn.store.blobs`,
+a round's writing :mod:`fedunlearn.store.round_writer`.
 
 Layout::
 
