@@ -5,7 +5,8 @@ The core never imports the server layer (nor Flower): an entry names its impleme
 ``"module:function"`` string, imported when the method runs (:meth:`MethodSpec.resolve`), or holds
 the callable itself (a test's toy method). The run config's method lists and their validation,
 the unlearning/scrubbing runner and the membership audit all read these registries, so adding a
-method is one module plus one :meth:`Registry.register` line (``docs/adding-a-method.md``)::
+method is one module plus one :meth:`Registry.register` line (``docs/adding-a-method.md``; a method
+that keeps its own history during training names its retention policy class, ``retention=``)::
 
     from fedunlearn.registry import SCRUBBING
     SCRUBBING.register("zero-head", "my_methods:zero_head", needs=("trained-model",))
@@ -30,16 +31,15 @@ from fedunlearn.errors import ConfigError, did_you_mean
 from fedunlearn.messages import PRUNE_QUERY, SCRUB_QUERY, TRAIN
 from fedunlearn.store.retention import RetentionPolicy
 
-#: What a method may need from the run (``MethodSpec.needs``): the retained updates of the update
-#: store (FedEraser, FedAccum), the trained model only, or statistics the clients compute at the
-#: server's request (the head's sums, the diagonal Fisher of D_r). Shared statistics are collected
-#: once per run and their cost is added to every method that needs them.
 #: A method's name: it selects the method in the run config (a comma-separated list) and names its
 #: model file in the run directory, so nothing that could split a list or leave the directory.
 METHOD_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
 #: What an adoptable method's trajectory keeps (``MethodSpec.trajectory_keeps``).
 TRAJECTORY_KEEPS = (None, "own", "every")
-#: What a method may read of the run besides its retention (its policy, ``MethodSpec.retention``).
+#: What a method may need from the run besides its retention (its policy,
+#: ``MethodSpec.retention``): the trained or initial model, or statistics the clients compute at
+#: the server's request (the head's sums, the diagonal Fisher of D_r). Shared statistics are
+#: collected once per run and their cost is added to every method that needs them.
 STORE_CONTENTS = ("trained-model", "initial-model")
 STATISTICS = ("head-statistics", "fisher-statistics")
 NEEDS = STORE_CONTENTS + STATISTICS
