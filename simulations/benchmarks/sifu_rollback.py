@@ -42,10 +42,11 @@ from pathlib import Path
 import pandas as pd
 from safetensors.torch import load_file
 
+from fedunlearn.store.history import load_policy
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.unlearning.gaussian_mechanism import noise_sigma, unlearning_budget
 from fedunlearn.unlearning.sensitivity import EXPANSIONS, SensitivityAccumulator
-from fedunlearn.unlearning.sifu import rollback_round
+from fedunlearn.unlearning.sifu import SensitivityRetention, rollback_round
 from simulations.benchmarks._args import common_args
 
 SIMULATIONS = Path(__file__).resolve().parents[1]
@@ -91,9 +92,8 @@ def train(name: str, seed: int, args) -> int:
 
 def kept_accumulator(run: Path) -> SensitivityAccumulator:
     """The SIFU accumulator the training kept (its state after the last round)."""
-    metadata = json.loads((run / "original-1" / "store" / "store.json").read_text())["metadata"]
-    states = metadata["retention-state"]
-    return SensitivityAccumulator.from_json(states[max(states, key=int)]["sensitivity-bounds"])
+    with UpdateStore(run / "original-1" / "store", readonly=True) as store:
+        return load_policy(store, SensitivityRetention, method="sifu").accumulator
 
 
 def _distance(a, b) -> float:
