@@ -247,10 +247,10 @@ def retention_policies(methods: Iterable[str] | None = None) -> dict[str, type[R
     """The policy class of each retention need, by its name, in registration order: of
     ``methods`` (registered unlearning methods), or of every registered one. Two policy classes
     under one name are refused (their selections would share one record)."""
-    specs = UNLEARNING if methods is None else [UNLEARNING[name] for name in methods]
+    wanted = None if methods is None else {UNLEARNING[name].name for name in methods}
     found: dict[str, type[RetentionPolicy]] = {}
-    for spec in sorted(specs, key=lambda s: UNLEARNING.names().index(s.name)):
-        policy = spec.policy()
+    for spec in UNLEARNING:
+        policy = spec.policy() if wanted is None or spec.name in wanted else None
         if policy is None:
             continue
         if found.setdefault(policy.name, policy) is not policy:

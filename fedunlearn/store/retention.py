@@ -45,6 +45,13 @@ class Selection:
     clients: frozenset[int]
     norms: frozenset[int] = frozenset()
 
+    def __post_init__(self) -> None:
+        clients = frozenset(int(c) for c in self.clients)
+        object.__setattr__(self, "clients", clients)
+        object.__setattr__(self, "norms", frozenset(int(c) for c in self.norms))
+        # An update means nothing without the model it was computed from (norms alone need none).
+        object.__setattr__(self, "keep_global", bool(self.keep_global) or bool(clients))
+
     @property
     def kept(self) -> frozenset[int]:
         """Every client kept in some form."""
@@ -63,16 +70,6 @@ class Selection:
         clients = frozenset().union(*(s.clients for s in chosen))
         norms = frozenset().union(*(s.norms for s in chosen)) - clients
         return cls(any(s.keep_global for s in chosen), clients, norms)
-
-    @classmethod
-    def of(cls, value: Selection | tuple[bool, Collection[int]]) -> Selection:
-        """A policy's answer as a :class:`Selection` (a ``(keep_global, clients)`` pair too)."""
-        if isinstance(value, Selection):
-            return value
-        keep_global, clients = value
-        clients = frozenset(int(c) for c in clients)
-        # An update means nothing without the model it was computed from.
-        return cls(bool(keep_global) or bool(clients), clients)
 
 
 class RetentionPolicy(ABC):

@@ -41,8 +41,9 @@ def test_models_only_policy_keeps_no_update():
 
 
 def test_an_update_is_never_kept_without_its_global_model():
-    assert Selection.of((False, [2])) == Selection(True, frozenset({2}))
-    assert Selection.of((False, [])) == Selection(False, frozenset())
+    assert Selection(False, frozenset({2})) == Selection(True, frozenset({2}))
+    assert Selection(False, frozenset()) == Selection(False, frozenset())
+    assert Selection(False, frozenset(), frozenset({3})).keep_global is False  # norms alone
 
 
 def test_the_store_keeps_the_union_and_each_policy_its_own_selection():
