@@ -161,7 +161,7 @@ def load_policy(store, policy: type[RetentionPolicy], *, method: str = ""):
         raise ConfigError(
             "unlearn-methods",
             method or policy.name,
-            f"a run trained with {method} among its methods",
+            f"a run trained with {method or policy.name} among its methods",
         )
     return policy.from_state(state)
 
