@@ -125,7 +125,8 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
         model_seed = int(config.get("model-seed", setup.config.training_seed))
         settings["seed"] = derive_seed(model_seed, "train", server_round, setup.partition_id)
         if objective == "train":
-            loss = train_epochs(model, x, y, weight_decay=weight_decay, **settings)
+            mu = float(config.get("proximal-mu", 0.0))  # FedProx's (strategy = fedprox)
+            loss = train_epochs(model, x, y, weight_decay=weight_decay, proximal_mu=mu, **settings)
         else:
             baseline = (
                 negative_gradient_epochs
@@ -173,6 +174,8 @@ def _train_stack(model, x, y, config, setup: ClientSetup, objective, weight_deca
     sees the batches a single run with ``model-seed`` = ``stack-seeds[i]`` would see."""
     if objective != "train":
         raise ConfigError("objective", objective, "train for a stack of models")
+    if float(config.get("proximal-mu", 0.0)) > 0:
+        raise ConfigError("proximal-mu", config["proximal-mu"], "0 for a stack of models")
     seeds = [int(s) for s in config.get("stack-seeds", [])]
     if len(seeds) != model.num_members:
         raise ConfigError("stack-seeds", seeds, f"{model.num_members} seeds, one per model")

@@ -41,6 +41,12 @@ TRAJECTORY_KEEPS = (None, "own", "every")
 #: the server's request (the head's sums, the diagonal Fisher of D_r). Shared statistics are
 #: collected once per run and their cost is added to every method that needs them.
 STORE_CONTENTS = ("trained-model", "initial-model")
+#: The Flower strategies a run may aggregate with (the config's ``strategy``,
+#: ``strategies.aggregation``), and those whose result is the sample-weighted mean of the updates
+#: (FedProx changes the clients' objective, not the server's mean): what FedEraser's eq. 2,
+#: FedRecover's estimates, Crab's calibration and SIFU's bound assume.
+AGGREGATIONS = ("fedavg", "fedprox", "fedmedian", "fedtrimmedavg", "krum")
+WEIGHTED_MEAN = ("fedavg", "fedprox")
 STATISTICS = ("head-statistics", "fisher-statistics")
 NEEDS = STORE_CONTENTS + STATISTICS
 
@@ -79,6 +85,14 @@ class MethodSpec:
     norms_suffice : bool
         Unlearning only: of the updates retained after round t_1 it reads only their norms per
         tensor, so it runs on a ``retain-mode = norms`` history (FedEraser's eq. 2).
+    aggregations : tuple of str or None
+        Unlearning only: the aggregations (:data:`AGGREGATIONS`) its math assumes; a run with
+        another ``strategy`` is refused before training, naming both. None: any (a method that only
+        retrains, with the run's own aggregation).
+    target_participates : bool
+        Unlearning only: the leaving client works for it during the request (PGA, FedOSD, FedQUIT),
+        a different promise from the others' (the target receives no message after the request):
+        the run config must opt in (``allow-target-participation``).
     default : bool
         Whether the config's method list includes it by default (``unlearn-methods``,
         ``scrub-methods``); a method that needs more retained than the default run keeps is
@@ -101,6 +115,8 @@ class MethodSpec:
     adoptable: bool = False
     trajectory_keeps: str | None = None
     norms_suffice: bool = False
+    aggregations: tuple[str, ...] | None = None
+    target_participates: bool = False
     default: bool = True
     model_file: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -117,6 +133,11 @@ class MethodSpec:
             value = getattr(self, key)
             if isinstance(value, str) and ":" not in value:
                 raise ConfigError(key, value, "'module:name'")
+        if self.aggregations is not None:
+            object.__setattr__(self, "aggregations", tuple(self.aggregations))
+            wrong = [a for a in self.aggregations if a not in AGGREGATIONS]
+            if wrong or not self.aggregations:
+                raise ConfigError("aggregations", wrong, f"entries of {', '.join(AGGREGATIONS)}")
         if self.trajectory_keeps not in TRAJECTORY_KEEPS:
             raise ConfigError("trajectory_keeps", self.trajectory_keeps, "None, 'own' or 'every'")
 
@@ -134,6 +155,12 @@ class MethodSpec:
         if not (isinstance(policy, type) and issubclass(policy, RetentionPolicy)):
             raise ConfigError("retention", self.retention, "a RetentionPolicy subclass")
         return policy
+
+    def aggregation_problem(self, strategy: str) -> str | None:
+        """Why it cannot run on a run aggregated by ``strategy`` (None when it can)."""
+        if self.aggregations is None or strategy in self.aggregations:
+            return None
+        return f"{self.name} assumes {' or '.join(self.aggregations)}, not {strategy}"
 
     def trajectory_serves(self) -> tuple[str, ...]:
         """The policies whose history its adopted trajectory keeps (:attr:`trajectory_keeps`)."""
@@ -299,12 +326,14 @@ UNLEARNING.register(
     adoptable=True,
     trajectory_keeps="own",  # M̃^{t_j} and each applied Ũ_k, at Δt
     norms_suffice=True,
+    aggregations=WEIGHTED_MEAN,  # eq. 2-3 rebuild a weighted mean of the calibrated updates
     description="calibrated reconstruction from retained updates (Algorithm 1)",
 )
 UNLEARNING.register(
     "fedaccum",
     f"{_UNLEARNING}:fedaccum",
     retention=_INTERVAL,
+    aggregations=WEIGHTED_MEAN,  # eq. 5 sums the weighted mean's terms
     description="the remaining clients' retained updates, accumulated uncalibrated (eq. 5)",
 )
 UNLEARNING.register(
@@ -322,6 +351,7 @@ UNLEARNING.register(
     retention="fedunlearn.unlearning.fedrecover:EveryRound",
     messages=_TRAIN,
     default=False,
+    aggregations=WEIGHTED_MEAN,  # Algorithm 2 aggregates estimated updates by their mean
     description="retraining with L-BFGS-estimated client updates (Cao et al. 2023, Algorithm 2)",
 )
 UNLEARNING.register(
@@ -330,6 +360,7 @@ UNLEARNING.register(
     retention="fedunlearn.unlearning.crab:CrabSelector",
     messages=_TRAIN,
     default=False,
+    aggregations=WEIGHTED_MEAN,  # renewal calibrates to the weighted mean's step sizes
     description="selective storage, adaptive rollback, calibrated renewal (Jiang et al. 2025)",
 )
 UNLEARNING.register(
@@ -339,6 +370,7 @@ UNLEARNING.register(
     messages=_TRAIN,
     certifies=True,
     default=False,
+    aggregations=WEIGHTED_MEAN,  # the sensitivity bound is a client's share of the mean
     description="rollback within a sensitivity budget, noise, retraining (Fraboni et al. 2024)",
 )
 

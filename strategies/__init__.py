@@ -1,5 +1,6 @@
-"""Flower (Message API) strategies: retaining FedAvg now; FedEraser reconstruction builds on it."""
+"""Flower (Message API) strategies: retention around any Flower aggregation, FedEraser's
+reconstruction on top of it."""
 
-from strategies.retaining_fedavg import RetainingFedAvg
+from strategies.retaining import Retaining, RetainingFedAvg
 
-__all__ = ["RetainingFedAvg"]
+__all__ = ["Retaining", "RetainingFedAvg"]

@@ -7,8 +7,8 @@ may be derived from elsewhere, e.g. method registries, without touching the tabl
 
 from __future__ import annotations
 
+from fedunlearn.registry import AGGREGATIONS, SCRUBBING, UNLEARNING
 from fedunlearn.registry import JUDGE_METRICS as _JUDGE_REGISTRY
-from fedunlearn.registry import SCRUBBING, UNLEARNING
 from fedunlearn.store.retention import RETAIN_MODES
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
@@ -18,6 +18,7 @@ RETAIN_MODES = RETAIN_MODES  # full | norms (fedunlearn.store.retention)
 DEVICES = ("auto", "cpu", "cuda")
 MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
 CALIBRATION_ORDERS = ("client", "average")
+AGGREGATIONS = AGGREGATIONS  # the Flower strategies of ``strategy`` (fedunlearn.registry)
 #: What the malicious clients of a poisoning run do (``attack``): plant a backdoor or flip labels in
 #: their data (data poisoning), or boost their updates (model poisoning); "none": no attack.
 ATTACKS = ("none", "backdoor", "label-flip", "scaled-update")

@@ -18,6 +18,7 @@ from typing import Any
 from fedunlearn.config import choices
 from fedunlearn.config.choices import (
     ADOPT_FEDERATION_SIZE,
+    AGGREGATIONS,
     ATTACKS,
     CALIBRATION_ORDERS,
     DATASETS,
@@ -142,6 +143,21 @@ class RunParameters:
     fraction_evaluate: float = training(
         0.0, Interval(NUMBER, 0.0, 1.0), "fraction of clients evaluating the global model per round"
     )
+    strategy: str = training(
+        "fedavg",
+        Options(AGGREGATIONS),
+        "the Flower strategy aggregating each round (and each retraining); robust ones "
+        "(fedmedian, fedtrimmedavg, krum) run only the methods that support them",
+    )
+    proximal_mu: float = training(0.01, NON_NEGATIVE, "FedProx's mu (strategy = fedprox)")
+    trimmed_beta: float = training(
+        0.2,
+        Interval(NUMBER, 0.0, 0.5, closed="left"),
+        "fraction trimmed from each tail (strategy = fedtrimmedavg)",
+    )
+    krum_malicious: int = training(
+        0, Interval(WHOLE, 0), "Krum's f: malicious clients tolerated, K > 2f + 2 (strategy = krum)"
+    )
     retain: bool = training(True, Flag(), "keep client updates for unlearning (FedEraser)")
     retain_interval: int = training(2, AT_LEAST_1, "Δt: retain at rounds 1, 1+Δt, 1+2Δt, ...")
     retain_mode: str = training(
@@ -227,6 +243,12 @@ class RunParameters:
         ",".join(choices.DEFAULT_UNLEARNING_METHODS),
         NameList(lambda: choices.UNLEARNING_METHODS, required=True),
         "the unlearning methods, compared side by side",
+    )
+    allow_target_participation: bool = unlearning(
+        False,
+        Flag(),
+        "let methods whose leaving client works during the request run (pga, fedosd, fedquit); "
+        "it still receives nothing after the request",
     )
     calibration_ratio: float = unlearning(
         0.5,

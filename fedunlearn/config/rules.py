@@ -202,6 +202,51 @@ def check_retain_mode(config: RunParameters) -> None:
         )
 
 
+def _specs(config: RunParameters) -> list:
+    """The registry entries of the run's unlearning methods (a name the choices list but no entry
+    holds is the constraint's to report)."""
+    return [UNLEARNING[name] for name in config.methods if name in UNLEARNING]
+
+
+def check_aggregation(config: RunParameters) -> None:
+    """Every unlearning method of the run supports its ``strategy``
+    (:meth:`fedunlearn.registry.MethodSpec.aggregation_problem`); Krum has K > 2f + 2; FedProx's
+    proximal term is not in a judge run's stacked training."""
+    problems = [spec.aggregation_problem(config.strategy) for spec in _specs(config)]
+    problems = [problem for problem in problems if problem]
+    if problems:
+        keep = [s.name for s in _specs(config) if not s.aggregation_problem(config.strategy)]
+        raise ConfigError(
+            "strategy",
+            config.strategy,
+            f"an aggregation every unlearning method supports ({'; '.join(problems)}), or "
+            f"unlearn-methods without them (e.g. '{','.join(keep) or 'fedretrain'}')",
+        )
+    if config.strategy == "krum" and _size_known(config):
+        if config.num_clients <= 2 * config.krum_malicious + 2:
+            raise ConfigError(
+                "krum-malicious",
+                config.krum_malicious,
+                f"f with num-clients > 2f + 2 (Krum's condition; num-clients = {config.num_clients})",
+            )
+    if config.strategy == "fedprox" and config.judge_models:
+        raise ConfigError(
+            "strategy", config.strategy, "fedavg for a judge run (its stack has no proximal term)"
+        )
+
+
+def check_target_participation(config: RunParameters) -> None:
+    """Methods whose leaving client works during the request run only when the config opts in."""
+    participating = [spec.name for spec in _specs(config) if spec.target_participates]
+    if participating and not config.allow_target_participation:
+        raise ConfigError(
+            "allow-target-participation",
+            config.allow_target_participation,
+            f"true to run {', '.join(participating)} (the leaving client trains during the "
+            "request; it receives nothing after it), or unlearn-methods without them",
+        )
+
+
 def check_adoptable_method(config: RunParameters) -> None:
     """A request runs a method whose trajectory can become the retained history
     (:attr:`fedunlearn.config.ExperimentConfig.adoption_candidates`)."""
@@ -447,6 +492,8 @@ RULES: tuple[tuple[str | None, Rule], ...] = (
     (None, check_someone_remains),
     (None, check_retention_for_methods),
     (None, check_retain_mode),
+    (None, check_aggregation),
+    (None, check_target_participation),
     (None, check_adoptable_method),
     (None, check_recipes),
     ("certified", check_perturbation),

@@ -6,6 +6,7 @@ permutation drawn from a seeded generator: the same seed gives the same batches 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,13 +50,16 @@ def train_epochs(
     device: torch.device | str = "cpu",
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     relabel: Callable[[torch.Generator], torch.Tensor] | None = None,
+    proximal_mu: float = 0.0,
 ) -> float:
     """Train ``model`` in place with SGD for ``epochs`` passes over ``(x, y)``.
 
     Returns the mean training loss over the last epoch. The optimizer (and its momentum) starts
     fresh on every call, as a federated client's does each round. ``loss_fn(logits, targets)`` is
     the batch loss minimised (default: mean cross-entropy); ``relabel(generator)``, when given,
-    draws each epoch's labels (before that epoch's shuffle) in place of ``y``.
+    draws each epoch's labels (before that epoch's shuffle) in place of ``y``. ``proximal_mu`` > 0
+    adds FedProx's proximal term (mu/2)||w - w^t||^2 to every batch's loss (Li et al. 2020, eq. 2),
+    w^t being the weights the call started from (the global model received).
     """
     if len(x) == 0:
         raise ConfigError("x", "an empty dataset", "at least one training sample")
@@ -65,6 +69,9 @@ def train_epochs(
         model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
     )
     loss_fn = loss_fn or nn.CrossEntropyLoss()
+    if proximal_mu < 0 or not math.isfinite(proximal_mu):
+        raise ConfigError("proximal_mu", proximal_mu, "a finite number >= 0")
+    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
     generator = torch.Generator().manual_seed(seed)
     last_epoch_loss = float("nan")
     for _ in range(epochs):
@@ -76,6 +83,9 @@ def train_epochs(
             inputs, targets = x[index].to(device), labels[index].to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(inputs), targets)
+            if anchor is not None:
+                distance = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
+                loss = loss + 0.5 * proximal_mu * distance
             loss.backward()
             optimizer.step()
             total += loss.item() * len(index)

@@ -116,7 +116,7 @@ def independent_retrain(
 
     return fedavg_rounds(
         grid,
-        participant_strategy(remaining_nodes),
+        participant_strategy(config, remaining_nodes),
         model,
         config,
         on_round=progress,

@@ -58,7 +58,8 @@ from server.training.resume import (
 )
 from server.unlearning import journal as request_journal
 from server.unlearning.adoption import finish_pending
-from strategies.retaining_fedavg import RetainingFedAvg
+from strategies.aggregation import aggregation_strategy
+from strategies.retaining import Retaining
 
 
 @dataclass
@@ -254,20 +255,16 @@ def _round_label(phase: str, server_round: int) -> str:
 
 
 def participant_strategy(
+    config: ExperimentConfig,
     nodes: list[int],
     store: UpdateStore | None = None,
     policies: Iterable[RetentionPolicy] = (),
-) -> RetainingFedAvg:
-    """FedAvg over the nodes ``nodes`` only: each round samples, configures and messages exactly
-    them (FedRetrain without the forgotten clients, a baseline's rounds); with ``store`` it retains
-    what ``policies`` select."""
-    return RetainingFedAvg(
-        store,
-        policies=policies,
-        participants=nodes,
-        fraction_train=1.0,
-        fraction_evaluate=0.0,
-    )
+) -> Retaining:
+    """The run's aggregation (``strategy``) over the nodes ``nodes`` only: each round samples,
+    configures and messages exactly them (FedRetrain without the forgotten clients, a baseline's
+    rounds); with ``store`` it retains what ``policies`` select."""
+    inner = aggregation_strategy(config, participants=len(set(nodes)))
+    return Retaining(inner, store, policies=policies, participants=nodes)
 
 
 def participant_rounds(
@@ -297,7 +294,7 @@ def participant_rounds(
 
     return fedavg_rounds(
         grid,
-        participant_strategy(nodes),
+        participant_strategy(config, nodes),
         model,
         config,
         on_round=progress,
@@ -409,7 +406,9 @@ def _run_description(config: ExperimentConfig, data: FederatedData, members) -> 
 
 
 def _training_strategy(config: ExperimentConfig, store: UpdateStore | None, log: Log):
-    """(the retaining FedAvg, the strategy the rounds run): the same, or DP-FedAvg around it."""
+    """(the retaining strategy, the strategy the rounds run): the same, or DP around it. The
+    retaining strategy wraps the run's aggregation (``strategy``: FedAvg, FedProx, FedMedian,
+    FedTrimmedAvg or Krum, :mod:`strategies.aggregation`)."""
     if store is not None:
         store.set_metadata(
             dataset=config.dataset,
@@ -418,14 +417,9 @@ def _training_strategy(config: ExperimentConfig, store: UpdateStore | None, log:
             seed=config.seed,
             model=resolve_model_name(config.model, config.dataset),
         )
-    retaining = RetainingFedAvg(
-        store,
-        policies=run_retention(config) if store is not None else (),
-        fraction_train=1.0,
-        fraction_evaluate=config.fraction_evaluate,
-        min_train_nodes=config.num_clients,
-        min_evaluate_nodes=1,
-        min_available_nodes=config.num_clients,
+    aggregation = aggregation_strategy(config, fraction_evaluate=config.fraction_evaluate)
+    retaining = Retaining(
+        aggregation, store, policies=run_retention(config) if store is not None else ()
     )
     if config.dp_noise_multiplier <= 0:
         return retaining, retaining

@@ -46,7 +46,7 @@ from fedunlearn.store.run_directory import (
 )
 from fedunlearn.store.update_store import UpdateStore
 from server.progress import Log
-from strategies.retaining_fedavg import RECORD_KEY, STATE_KEY
+from strategies.retaining import RECORD_KEY, STATE_KEY
 
 JOURNAL = HISTORY_JOURNAL  # named once, in fedunlearn.store.run_directory
 

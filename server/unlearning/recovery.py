@@ -245,7 +245,7 @@ def sifu(context, name: str):
     model.load_state_dict(noisy)
     state = fedavg_rounds(
         context.grid,
-        participant_strategy(context.remaining_nodes),
+        participant_strategy(config, context.remaining_nodes),
         model,
         config,
         first_round=rollback,

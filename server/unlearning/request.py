@@ -337,7 +337,7 @@ def _fedretrain(
     # An adopted retraining keeps what the training run kept (every method's retention), so
     # that a later request can run any of the run's methods on the new history.
     policies = run_retention(config) if trajectory is not None else ()
-    strategy = participant_strategy(remaining_nodes, trajectory, policies)
+    strategy = participant_strategy(config, remaining_nodes, trajectory, policies)
     model = outcome.new_model()
     model.load_state_dict(outcome.initial_state)
 

@@ -22,7 +22,7 @@ from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.unlearning.federaser import IntervalRetention
 from server.federation.members import FederationMembers
 from server.federation.reply_screening import ReplyScreen
-from strategies.retaining_fedavg import RetainingFedAvg
+from strategies.retaining import RetainingFedAvg
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 

@@ -10,7 +10,7 @@ from fedunlearn.registry import run_retention
 from fedunlearn.store.retention import INTERVAL
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.unlearning.federaser import IntervalRetention, is_retained_round
-from strategies.retaining_fedavg import RetainingFedAvg
+from strategies.retaining import RetainingFedAvg
 
 
 @pytest.mark.parametrize(

@@ -9,12 +9,14 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.registry import AGGREGATIONS
 from fedunlearn.store.history import history
 from fedunlearn.store.retention import INTERVAL, RECORD_KEY, STATE_KEY, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.unlearning.federaser import IntervalRetention
 from server.training.rounds import participant_strategy
-from strategies.retaining_fedavg import RetainingFedAvg
+from strategies.retaining import RetainingFedAvg
 
 FLOWER_LOGGER = "flwr"
 
@@ -161,12 +163,17 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_fedretrain_samples_and_configures_only_its_participants():
-    """FedRetrain's strategy: the forgotten client (node 101) is neither sampled nor messaged, and
-    Flower's log counts the participants, not the federation."""
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_fedretrain_samples_and_configures_only_its_participants(aggregation):
+    """FedRetrain's strategy, under every aggregation: the forgotten client (node 101) is neither
+    sampled nor messaged, and Flower's log counts the participants, not the federation."""
     connected = [101, 202, 303, 404]
     participants = [202, 303, 404]
-    strategy = participant_strategy(participants)
+    config = ExperimentConfig.from_run_config(
+        {"strategy": aggregation, "unlearn-methods": "fedretrain"}
+    )
+    strategy = participant_strategy(config, participants)
+    assert type(strategy.strategy).__name__.lower() == aggregation
     flower_lines = _Lines()
     logging.getLogger(FLOWER_LOGGER).addHandler(flower_lines)
     try:
@@ -351,7 +358,7 @@ def test_crab_keeps_rounds_whole_until_its_window_closes_then_only_what_it_chose
 
 
 def test_a_crash_between_crabs_record_and_its_deletions_is_finished_on_resume(tmp_path):
-    from strategies.retaining_fedavg import STATE_KEY
+    from strategies.retaining import STATE_KEY
 
     store = UpdateStore(tmp_path / "store")
     strategy, global_state = _crab_strategy(store, 6), _state(0)

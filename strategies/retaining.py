@@ -1,4 +1,4 @@
-"""FedAvg that retains what the run's unlearning methods need of each round, on disk.
+"""Retention around any Flower strategy: what the run's unlearning methods need of each round, on disk.
 
 Liu et al., *FedEraser: Enabling Efficient Client-Level Data Removal from Federated Learning Models*
 (IWQoS 2021), Section IV: at rounds t_1 = 1, t_{j+1} = t_j + Δt the server keeps each client's update
@@ -7,6 +7,12 @@ the server needs later to reconstruct the model without a client (Algorithm 1). 
 other rounds (:mod:`fedunlearn.store.retention`): each is a retention policy asked after every
 round; the store keeps the union once, and its metadata records each policy's own selection
 (``retention``) and state (``retention-state``, e.g. SIFU's sensitivity bounds).
+
+:class:`Retaining` wraps a Flower Message API strategy the way Flower's DP wrappers do
+(``DifferentialPrivacyServerSideFixedClipping(strategy)``): the wrapped strategy samples, configures
+and aggregates (FedAvg, FedProx, FedMedian, FedTrimmedAvg, Krum: :mod:`strategies.aggregation`); the
+wrapper remembers the model it sent, keeps what the policies select of the replies and hands the
+replies on in partition order. :class:`RetainingFedAvg` is the wrapper around Flower's own FedAvg.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.retention import (
@@ -109,25 +115,26 @@ class _Updates(Mapping):
         return len(self._arrays)
 
 
-class RetainingFedAvg(FedAvg):
-    """FedAvg (weighted by ``num-examples``) that retains client updates for unlearning.
+class Retaining(Strategy):
+    """A Flower strategy that also retains client updates for unlearning.
 
     Parameters
     ----------
+    strategy : flwr.serverapp.strategy.Strategy
+        The strategy that samples, configures and aggregates (a FedAvg subclass: it must have
+        ``weighted_by_key`` and ``arrayrecord_key``, as every Flower strategy in
+        :mod:`strategies.aggregation` has).
     store : UpdateStore or None
-        Where retained rounds go; ``None`` turns retention off (plain FedAvg).
+        Where retained rounds go; ``None`` turns retention off (the wrapped strategy alone).
     policies : iterable of RetentionPolicy
         What to keep (``[IntervalRetention(2), ...]``, :func:`fedunlearn.registry.run_retention`
         for a run's); at least one when ``store`` is given, each under its own ``name``.
     participants : collection of int, optional
-        Node ids taking part: FedAvg samples and configures these nodes only, as if the others were
-        not connected (FedRetrain trains without the forgotten clients this way, and no line says
-        they were sampled). ``min_train_nodes`` and ``min_available_nodes`` default to their
-        number and may not exceed it. Default: every node.
+        Node ids taking part: the strategy samples and configures these nodes only, as if the
+        others were not connected (FedRetrain trains without the forgotten clients this way, and no
+        line says they were sampled). Default: every node.
     on_retained : callable, optional
         Called with ``(server_round, partition_ids)`` after a round was committed to the store.
-    **fedavg_kwargs
-        Passed to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``, ``min_train_nodes`` ...).
 
     Notes
     -----
@@ -139,32 +146,27 @@ class RetainingFedAvg(FedAvg):
 
     def __init__(
         self,
+        strategy: Strategy,
         store: UpdateStore | None,
         policies: Iterable[RetentionPolicy] = (),
         participants: Collection[int] | None = None,
         on_retained: Callable[[int, list[int]], None] | None = None,
-        **fedavg_kwargs,
     ) -> None:
-        fedavg_kwargs.setdefault("train_metrics_aggr_fn", aggregate_train_metrics)
-        if participants is not None:
-            participants = frozenset(participants)
-            for key in ("min_train_nodes", "min_available_nodes"):
-                fedavg_kwargs.setdefault(key, len(participants))
-                if fedavg_kwargs[key] > len(participants):
-                    raise ValueError(
-                        f"{key}={fedavg_kwargs[key]} exceeds the {len(participants)} participants; "
-                        "only they are sampled, so at most that many can be"
-                    )
-        super().__init__(**fedavg_kwargs)
+        for key in ("weighted_by_key", "arrayrecord_key"):
+            if not hasattr(strategy, key):
+                raise ConfigError("strategy", type(strategy).__name__, f"a strategy with {key}")
+        self.strategy = strategy
+        self.weighted_by_key = strategy.weighted_by_key
+        self.arrayrecord_key = strategy.arrayrecord_key
         self.store = store
         self.on_retained = on_retained
-        self.participants = participants
+        self.participants = None if participants is None else frozenset(participants)
         self.policies = _by_name(policies, store)
         self.record = RetentionRecord.empty(self.policies)
         self._sent_arrays: dict[int, ArrayRecord] = {}
 
     def summary(self) -> None:
-        super().summary()
+        self.strategy.summary()
         if self.store is None:
             logger.info("Retention: off")
         else:
@@ -198,12 +200,17 @@ class RetainingFedAvg(FedAvg):
             self._sent_arrays = {server_round: arrays}
             if any(p.wants_start_loss for p in self.policies.values()):
                 config = ConfigRecord({**dict(config), START_LOSS_REQUEST: 1})
-        return super().configure_train(server_round, arrays, config, self._sampled_from(grid))
+        return self.strategy.configure_train(server_round, arrays, config, self._sampled_from(grid))
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return super().configure_evaluate(server_round, arrays, config, self._sampled_from(grid))
+        return self.strategy.configure_evaluate(
+            server_round, arrays, config, self._sampled_from(grid)
+        )
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        return self.strategy.aggregate_evaluate(server_round, replies)
 
     def _sampled_from(self, grid: Grid) -> Grid:
         """The grid FedAvg samples from: ``grid`` itself, or its participating nodes only."""
@@ -212,26 +219,32 @@ class RetainingFedAvg(FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """FedAvg's aggregation, then (in a retained round) U_k^t = M_k^t - M^t for every client."""
+        """The wrapped strategy's aggregation, then (in a retained round) U_k^t = M_k^t - M^t for
+        every client."""
         # Sum in partition order, not arrival order: floating-point addition is not associative,
         # and a rerun with the same seed must give the same model bit for bit.
         replies = sorted(replies, key=_partition_order)
-        arrays, metrics = super().aggregate_train(server_round, replies)
+        valid = [m for m in replies if not m.has_error()]
+        # What each client sent, held apart: a robust aggregation (FedMedian) pops the arrays it
+        # has read from the replies. The copies share the arrays themselves (no extra memory).
+        retaining = self.store is not None
+        sent = [_shallow_arrays(m, self.arrayrecord_key) for m in valid] if retaining else []
+        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         if self.store is not None and arrays is not None:
-            self._retain(server_round, [m for m in replies if not m.has_error()])
+            self._retain(server_round, valid, sent)
         return arrays, metrics
 
-    def _retain(self, server_round: int, replies: list[Message]) -> None:
+    def _retain(self, server_round: int, replies: list[Message], sent: list) -> None:
         """Ask every policy what it keeps of this round (and, of one that settles, what it finally
         keeps of earlier ones); write the union and the record, then delete what is left unkept."""
-        sent = self._sent_arrays.pop(server_round, None)
-        if sent is None:
+        started_from = self._sent_arrays.pop(server_round, None)
+        if started_from is None:
             raise RuntimeError(
                 f"round {server_round} is a retained round but configure_train was not called for it; "
                 "the global model M^t it started from is unknown"
             )
-        global_state = sent.to_torch_state_dict()
-        updates, counts = self._updates(server_round, replies, global_state)
+        global_state = started_from.to_torch_state_dict()
+        updates, counts = self._updates(server_round, replies, sent, global_state)
         loss = _start_loss(replies, self.weighted_by_key)
         chosen, settled = {}, set()
         for name, policy in self.policies.items():
@@ -287,11 +300,11 @@ class RetainingFedAvg(FedAvg):
             if unkept:
                 self.store.delete_from_round(server_round, unkept)
 
-    def _updates(self, server_round: int, replies: list[Message], global_state):
+    def _updates(self, server_round: int, replies: list[Message], sent: list, global_state):
         """U_k^t = M_k^t - M^t (computed when read, never all held at once) and N_k of every
-        reply, by partition id."""
+        reply (``sent``: the arrays of each), by partition id."""
         arrays, counts = {}, {}
-        for reply in replies:
+        for reply, record in zip(replies, sent, strict=True):
             metrics = next(iter(reply.content.metric_records.values()))
             if PARTITION_ID_KEY not in metrics:
                 raise ValueError(
@@ -300,7 +313,7 @@ class RetainingFedAvg(FedAvg):
                     "ClientApp must report it"
                 )
             partition_id = int(metrics[PARTITION_ID_KEY])
-            arrays[partition_id] = reply.content[self.arrayrecord_key]
+            arrays[partition_id] = record
             counts[partition_id] = int(metrics[self.weighted_by_key])
         return _Updates(arrays, global_state), counts
 
@@ -320,6 +333,11 @@ class RetainingFedAvg(FedAvg):
         return {name: state for name, state in states.items() if state is not None}
 
 
+def _shallow_arrays(reply: Message, key: str) -> ArrayRecord:
+    """A new ArrayRecord holding the same arrays as the reply's ``key`` record."""
+    return ArrayRecord(dict(reply.content[key].items()))
+
+
 def _by_name(policies: Iterable[RetentionPolicy], store) -> dict[str, RetentionPolicy]:
     """``policies`` by name; a store without a policy, a non-policy or a name twice is refused."""
     by_name: dict[str, RetentionPolicy] = {}
@@ -331,3 +349,39 @@ def _by_name(policies: Iterable[RetentionPolicy], store) -> dict[str, RetentionP
     if store is not None and not by_name:
         raise ConfigError("policies", "none", "at least one policy when a store is given")
     return by_name
+
+
+class RetainingFedAvg(Retaining):
+    """:class:`Retaining` around Flower's FedAvg (weighted by ``num-examples``).
+
+    ``**fedavg_kwargs`` go to :class:`flwr.serverapp.strategy.FedAvg` (``fraction_train``,
+    ``min_train_nodes`` ...); with ``participants``, ``min_train_nodes`` and ``min_available_nodes``
+    default to their number and may not exceed it.
+    """
+
+    def __init__(
+        self,
+        store: UpdateStore | None,
+        policies: Iterable[RetentionPolicy] = (),
+        participants: Collection[int] | None = None,
+        on_retained: Callable[[int, list[int]], None] | None = None,
+        **fedavg_kwargs,
+    ) -> None:
+        fedavg_kwargs.setdefault("train_metrics_aggr_fn", aggregate_train_metrics)
+        if participants is not None:
+            fedavg_kwargs = participant_minimums(fedavg_kwargs, len(frozenset(participants)))
+        super().__init__(FedAvg(**fedavg_kwargs), store, policies, participants, on_retained)
+
+
+def participant_minimums(kwargs: dict, participants: int) -> dict:
+    """``kwargs`` with ``min_train_nodes`` and ``min_available_nodes`` defaulting to the number of
+    participants; a larger one is refused (only they are sampled)."""
+    kwargs = dict(kwargs)
+    for key in ("min_train_nodes", "min_available_nodes"):
+        kwargs.setdefault(key, participants)
+        if kwargs[key] > participants:
+            raise ValueError(
+                f"{key}={kwargs[key]} exceeds the {participants} participants; "
+                "only they are sampled, so at most that many can be"
+            )
+    return kwargs
