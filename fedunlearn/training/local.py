@@ -68,10 +68,7 @@ def train_epochs(
     optimizer = torch.optim.SGD(
         model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
     )
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
-    if proximal_mu < 0 or not math.isfinite(proximal_mu):
-        raise ConfigError("proximal_mu", proximal_mu, "a finite number >= 0")
-    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
+    loss_fn = proximal(loss_fn or nn.CrossEntropyLoss(), model, proximal_mu)
     generator = torch.Generator().manual_seed(seed)
     last_epoch_loss = float("nan")
     for _ in range(epochs):
@@ -83,15 +80,28 @@ def train_epochs(
             inputs, targets = x[index].to(device), labels[index].to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(inputs), targets)
-            if anchor is not None:
-                distance = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
-                loss = loss + 0.5 * proximal_mu * distance
             loss.backward()
             optimizer.step()
             total += loss.item() * len(index)
             count += len(index)
         last_epoch_loss = total / count
     return last_epoch_loss
+
+
+def proximal(loss_fn: Callable, model: nn.Module, mu: float) -> Callable:
+    """``loss_fn`` plus FedProx's (mu/2)||w - w^t||^2 (Li et al. 2020, eq. 2), w^t = ``model``'s
+    weights now; ``loss_fn`` itself when mu = 0."""
+    if mu < 0 or not math.isfinite(mu):
+        raise ConfigError("proximal_mu", mu, "a finite number >= 0")
+    if mu == 0:
+        return loss_fn
+    anchor = [p.detach().clone() for p in model.parameters()]
+
+    def with_term(logits, targets):
+        distance = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
+        return loss_fn(logits, targets) + 0.5 * mu * distance
+
+    return with_term
 
 
 @torch.no_grad()
