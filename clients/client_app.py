@@ -17,16 +17,15 @@ from flwr.clientapp.typing import Mod
 
 from clients.client_state import ClientSetup, client_config, client_setup, node_partition
 from clients.head_queries import answer_head_query
+from clients.objectives import OBJECTIVES, ON_FORGOTTEN, objective_of
 from clients.prune_queries import answer_prune_query
 from clients.scrub_queries import answer_scrub_query, forget_mask
 from fedunlearn.data.federated_data import settings_in
 from fedunlearn.data.poisoning import scaled_update
 from fedunlearn.errors import ConfigError
 from fedunlearn.messages import CALIBRATE, DESCRIBE, HEAD_QUERY, PRUNE_QUERY, SCRUB_QUERY, action
-from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_label_epochs
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import evaluate as evaluate_model
-from fedunlearn.training.local import train_epochs
 from fedunlearn.training.stacked import (
     ModelStack,
     evaluate_stack,
@@ -91,22 +90,15 @@ def create_client_app(
     return app
 
 
-#: What a training message may ask for (``objective``): ordinary SGD on the client's data (minus D_f
-#: when ``forget`` names a cohort), or a forgetting baseline on the client's share of D_f.
-OBJECTIVES = ("train", "negative-gradient", "random-labels")
-
-
 def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
     model = _received_model(msg, setup)
     config = msg.content["config"]
     server_round = int(config.get("server-round", 0))
-    objective = str(config.get("objective", "train"))
-    if objective not in OBJECTIVES:
-        raise ConfigError("objective", objective, f"one of {', '.join(OBJECTIVES)}")
+    objective = objective_of(config)
     x, y = setup.data.x, setup.data.y
     if "forget" in config:
         forgotten = torch.as_tensor(forget_mask(setup, str(config["forget"])))
-        keep = forgotten if objective != "train" else ~forgotten
+        keep = forgotten if objective in ON_FORGOTTEN else ~forgotten
         x, y = x[keep], y[keep]
     settings = dict(
         epochs=int(config.get("local-epochs", setup.config.local_epochs)),
@@ -124,16 +116,7 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
     else:
         model_seed = int(config.get("model-seed", setup.config.training_seed))
         settings["seed"] = derive_seed(model_seed, "train", server_round, setup.partition_id)
-        if objective == "train":
-            mu = float(config.get("proximal-mu", 0.0))  # FedProx's (strategy = fedprox)
-            loss = train_epochs(model, x, y, weight_decay=weight_decay, proximal_mu=mu, **settings)
-        else:
-            baseline = (
-                negative_gradient_epochs
-                if objective == "negative-gradient"
-                else random_label_epochs
-            )
-            loss = baseline(model, x, y, num_classes=setup.num_classes, **settings)
+        loss = OBJECTIVES[objective](model, x, y, config, setup, settings)
     metrics = MetricRecord(
         {
             "num-examples": len(x),

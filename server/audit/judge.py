@@ -71,7 +71,9 @@ def run_judge(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> Judg
         f"judge: forgetting client {target} in {config.judge_models} federations with "
         f"{', '.join(config.methods)}"
     )
-    context = UnlearningContext(grid, outcome, [target], remaining, log, candidates=[])
+    context = UnlearningContext(
+        grid, outcome, [target], remaining, log, candidates=[], targets=[target]
+    )
     runner = MethodRunner(outcome.run, log=log, label="judge ")
     runner.add(ORIGINAL, outcome.final_state)
     runner.seconds[ORIGINAL] = training_seconds

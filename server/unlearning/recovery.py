@@ -10,11 +10,8 @@ at the grid (:mod:`server.federation.metering`).
 
 from __future__ import annotations
 
-from functools import partial
-
 from fedunlearn.certified.certificate import utc_timestamp
 from fedunlearn.errors import ConfigError
-from fedunlearn.messages import TRAIN
 from fedunlearn.store.durable_io import append_jsonl
 from fedunlearn.store.history import load_policy
 from fedunlearn.store.run_directory import CERTIFIED_LEDGER, UNLEARNING_LOG
@@ -28,27 +25,15 @@ from fedunlearn.unlearning.fedrecover import GUARDED, FedRecoverSchedule
 from fedunlearn.unlearning.fedrecover import fedrecover as recover
 from fedunlearn.unlearning.gaussian_mechanism import add_noise, entropy_generator
 from fedunlearn.unlearning.sifu import SensitivityRetention, SifuCertificate
-from server.federation.queries import collect_replies
-from server.training.rounds import fedavg_rounds, participant_strategy, train_config_record
+from server.training.rounds import fedavg_rounds, participant_strategy
+from server.unlearning.participation import client_requests
 from strategies.client_updates import ClientUpdates
 
 
 def exact_updates(context, phase: str) -> ClientUpdates:
     """The run's exact-update request (E_loc epochs from the model sent, ``train`` messages),
     forbidden to address the context's excluded clients."""
-    outcome, config = context.outcome, context.outcome.config
-    requests = ClientUpdates(
-        partial(collect_replies, context.grid, timeout=config.reply_timeout, log=context.log),
-        outcome.members.node_of_partition,
-        message_type=TRAIN,
-        epochs=config.local_epochs,
-        train_config={k: v for k, v in train_config_record(config).items() if k != "local-epochs"},
-        phase=phase,
-        screen=outcome.screen.training if outcome.screen is not None else None,
-        is_dropped=lambda partition: partition in outcome.members.dropped,
-    )
-    requests.forbid(context.excluded)
-    return requests
+    return client_requests(context, phase)
 
 
 def fedrecover_schedule(config) -> FedRecoverSchedule:

@@ -79,8 +79,10 @@ def unlearning_done(run, targets: list[int]) -> bool:
 @dataclass
 class UnlearningContext:
     """What an unlearning method gets (``implementation(context, name)``): the trained run, whom to
-    leave out (this request's targets and every earlier one's), who remains, and the stores the
-    methods the request may adopt (``candidates``) write their trajectories to."""
+    leave out (``excluded``: this request's ``targets`` and every earlier one's), who remains, and
+    the stores the methods the request may adopt (``candidates``) write their trajectories to.
+    Only a method registered with ``target_participates`` addresses ``targets``
+    (:mod:`server.unlearning.participation`)."""
 
     grid: Grid
     outcome: TrainingOutcome
@@ -89,6 +91,7 @@ class UnlearningContext:
     log: Log
     candidates: list[str]
     staging: dict = field(default_factory=dict)
+    targets: list[int] = field(default_factory=list)
 
     def trajectory(self, name: str):
         """The store for ``name``'s trajectory when the request may adopt it, else None."""
@@ -125,6 +128,7 @@ def run_unlearning(
         outcome.members.nodes(exclude=excluded),
         log,
         config.adoption_candidates,
+        targets=sorted(targets),
     )
     request_journal.begin(outcome.run, request, targets)  # before the request's first file
     if outcome.store is not None:

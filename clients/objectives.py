@@ -1,0 +1,55 @@
+"""What a client's training message may ask it to run (``objective`` in the message's config), one
+function each, called as ``objective(model, x, y, config, setup, settings)`` on a single network
+with the message's SGD ``settings`` (``epochs``, ``lr``, ``batch_size``, ``momentum``, ``seed``,
+``device``); each trains ``model`` in place and returns its loss.
+
+* ``train``: ordinary SGD (FedProx's proximal term when the message carries ``proximal-mu``);
+* ``negative-gradient``, ``random-labels``: Golatkar et al.'s forgetting baselines on D_f;
+* the unlearning methods' client steps, each reading its settings from the config: PGA's projected
+  ascent, FedQUIT's distillation, FedOSD's gradients, rapid retraining's Fisher steps
+  (:data:`OBJECTIVES`, added beside their cores in :mod:`fedunlearn.unlearning`).
+
+A value the method's server side sends is still checked here: the core functions refuse a bad
+one with a :class:`~fedunlearn.errors.ConfigError` that names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fedunlearn.errors import ConfigError
+from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_label_epochs
+from fedunlearn.training.local import train_epochs
+
+
+def _train(model, x, y, config, setup, settings) -> float:
+    weight_decay = float(config.get("weight-decay", setup.config.weight_decay))
+    mu = float(config.get("proximal-mu", 0.0))  # FedProx's (strategy = fedprox)
+    return train_epochs(model, x, y, weight_decay=weight_decay, proximal_mu=mu, **settings)
+
+
+def _negative_gradient(model, x, y, config, setup, settings) -> float:
+    return negative_gradient_epochs(model, x, y, num_classes=setup.num_classes, **settings)
+
+
+def _random_labels(model, x, y, config, setup, settings) -> float:
+    return random_label_epochs(model, x, y, num_classes=setup.num_classes, **settings)
+
+
+#: objective -> its client function. The first is the default; all but it train on D_f when the
+#: message names a ``forget`` cohort (the Golatkar baselines).
+OBJECTIVES: dict[str, Callable[..., float]] = {
+    "train": _train,
+    "negative-gradient": _negative_gradient,
+    "random-labels": _random_labels,
+}
+#: Objectives that run on the forgotten cohort D_f when the message names one.
+ON_FORGOTTEN = ("negative-gradient", "random-labels")
+
+
+def objective_of(config) -> str:
+    """The message's ``objective`` (default ``train``), one of :data:`OBJECTIVES`."""
+    objective = str(config.get("objective", "train"))
+    if objective not in OBJECTIVES:
+        raise ConfigError("objective", objective, f"one of {', '.join(OBJECTIVES)}")
+    return objective
