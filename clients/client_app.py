@@ -17,7 +17,7 @@ from flwr.clientapp.typing import Mod
 
 from clients.client_state import ClientSetup, client_config, client_setup, node_partition
 from clients.head_queries import answer_head_query
-from clients.objectives import OBJECTIVES, ON_FORGOTTEN, objective_of
+from clients.objectives import OBJECTIVES, ON_FORGOTTEN, auxiliary_head, objective_of
 from clients.prune_queries import answer_prune_query
 from clients.scrub_queries import answer_scrub_query, forget_mask
 from fedunlearn.data.federated_data import settings_in
@@ -25,6 +25,7 @@ from fedunlearn.data.poisoning import scaled_update
 from fedunlearn.errors import ConfigError
 from fedunlearn.messages import CALIBRATE, DESCRIBE, HEAD_QUERY, PRUNE_QUERY, SCRUB_QUERY, action
 from fedunlearn.seeding import derive_seed
+from fedunlearn.store.retention import AUXILIARY_KEY, AUXILIARY_REQUEST
 from fedunlearn.training.local import evaluate as evaluate_model
 from fedunlearn.training.stacked import (
     ModelStack,
@@ -117,6 +118,8 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
         model_seed = int(config.get("model-seed", setup.config.training_seed))
         settings["seed"] = derive_seed(model_seed, "train", server_round, setup.partition_id)
         loss = OBJECTIVES[objective](model, x, y, config, setup, settings)
+    if int(config.get(AUXILIARY_REQUEST, 0)):  # FedAU's W_a, after training (its retention)
+        reported[AUXILIARY_KEY] = auxiliary_head(model, x, y, config, setup, settings)
     metrics = MetricRecord(
         {
             "num-examples": len(x),
@@ -154,9 +157,9 @@ def _reply_state(msg: Message, model, setup: ClientSetup) -> dict[str, torch.Ten
 
 def _train_stack(model, x, y, config, setup: ClientSetup, objective, weight_decay, settings):
     """A judge run's stack of N models, trained at once (:func:`train_stack_epochs`): member i
-    sees the batches a single run with ``model-seed`` = ``stack-seeds[i]`` would see."""
-    if objective != "train":
-        raise ConfigError("objective", objective, "train for a stack of models")
+    sees the batches a single run with ``model-seed`` = ``stack-seeds[i]`` would see. Another
+    objective (an unlearning method's client step) runs member by member, member i as a single
+    run with that seed would."""
     if float(config.get("proximal-mu", 0.0)) > 0:
         raise ConfigError("proximal-mu", config["proximal-mu"], "0 for a stack of models")
     seeds = [int(s) for s in config.get("stack-seeds", [])]
@@ -164,6 +167,12 @@ def _train_stack(model, x, y, config, setup: ClientSetup, objective, weight_deca
         raise ConfigError("stack-seeds", seeds, f"{model.num_members} seeds, one per model")
     server_round = int(config.get("server-round", 0))
     batch_seeds = [derive_seed(s, "train", server_round, setup.partition_id) for s in seeds]
+    if objective != "train":
+        losses = [
+            OBJECTIVES[objective](member, x, y, config, setup, {**settings, "seed": seed})
+            for member, seed in zip(model.members, batch_seeds)
+        ]
+        return float(sum(losses) / len(losses))
     losses = train_stack_epochs(
         model, x, y, seeds=batch_seeds, weight_decay=weight_decay, **settings
     )

@@ -17,9 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from fedunlearn.errors import ConfigError
 from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_label_epochs
+from fedunlearn.seeding import derive_seed
+from fedunlearn.store.retention import AUXILIARY_REQUEST
 from fedunlearn.training.local import train_epochs
+from fedunlearn.training.stacked import ModelStack
+from fedunlearn.unlearning.fedau import auxiliary_targets, train_auxiliary_head
+from fedunlearn.unlearning.rapid_retraining import rapid_retraining_epochs
 
 
 def _train(model, x, y, config, setup, settings) -> float:
@@ -36,12 +43,26 @@ def _random_labels(model, x, y, config, setup, settings) -> float:
     return random_label_epochs(model, x, y, num_classes=setup.num_classes, **settings)
 
 
+def _rapid_retraining(model, x, y, config, setup, settings) -> float:
+    """Liu et al. 2022's client step: local epochs with the diagonal-Fisher quasi-Newton optimiser."""
+    settings = {k: v for k, v in settings.items() if k not in ("lr", "momentum")}
+    return rapid_retraining_epochs(
+        model,
+        x,
+        y,
+        lr=float(config["rapid-lr"]),
+        damping=float(config["rapid-damping"]),
+        **settings,
+    )
+
+
 #: objective -> its client function. The first is the default; all but it train on D_f when the
 #: message names a ``forget`` cohort (the Golatkar baselines).
 OBJECTIVES: dict[str, Callable[..., float]] = {
     "train": _train,
     "negative-gradient": _negative_gradient,
     "random-labels": _random_labels,
+    "rapid-retraining": _rapid_retraining,
 }
 #: Objectives that run on the forgotten cohort D_f when the message names one.
 ON_FORGOTTEN = ("negative-gradient", "random-labels")
@@ -53,3 +74,31 @@ def objective_of(config) -> str:
     if objective not in OBJECTIVES:
         raise ConfigError("objective", objective, f"one of {', '.join(OBJECTIVES)}")
     return objective
+
+
+def auxiliary_head(model, x, y, config, setup, settings) -> list[float]:
+    """FedAU's auxiliary head W_a (Gu et al. 2024), trained after the client's training on its
+    frozen features with every label replaced by another class (client level), for the epochs the
+    request names; flat (weight, then bias; a stack's members in order) for the reply's metrics.
+    The random labels are drawn once per client (seeded by the run and the partition), as the
+    authors' are drawn once when the data set is built."""
+    members = model.members if isinstance(model, ModelStack) else [model]
+    seed = int(config.get("model-seed", setup.config.training_seed))
+    server_round = int(config.get("server-round", 0))
+    labels = torch.Generator().manual_seed(derive_seed(seed, "fedau-labels", setup.partition_id))
+    y_aux = auxiliary_targets(y, setup.num_classes, generator=labels)
+    flat = []
+    for member in members:
+        head = train_auxiliary_head(
+            member,
+            x,
+            y_aux,
+            epochs=int(config[AUXILIARY_REQUEST]),
+            lr=settings["lr"],
+            batch_size=settings["batch_size"],
+            seed=derive_seed(seed, "fedau", server_round, setup.partition_id),
+            gamma=0.0,
+            device=settings["device"],
+        )
+        flat += head["weight"].flatten().tolist() + head["bias"].flatten().tolist()
+    return flat

@@ -374,6 +374,23 @@ UNLEARNING.register(
     description="rollback within a sensitivity budget, noise, retraining (Fraboni et al. 2024)",
 )
 
+_BASELINES = "server.unlearning.baselines"
+UNLEARNING.register(
+    "rapid-retraining",
+    f"{_BASELINES}:rapid_retraining",
+    needs=("initial-model",),
+    messages=_TRAIN,
+    default=False,
+    description="retraining with diagonal-Fisher quasi-Newton client steps (Liu et al. 2022)",
+)
+UNLEARNING.register(
+    "fedau",
+    f"{_BASELINES}:fedau",
+    retention="fedunlearn.unlearning.fedau:AuxiliaryHeads",
+    default=False,
+    description="the head combined with the target's auxiliary head, no client work (Gu et al. 2024)",
+)
+
 for _name, _gradient, _description in (
     ("newton", "retained", "eq. 7 on the linear head with the exact Hessian of D_r"),
     ("newton-forget-only", "forgotten", "Section 3.2: eq. 7 from D_f's gradient, cached H_D"),

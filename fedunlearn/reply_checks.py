@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterable, Mapping
 import numpy as np
 
 from fedunlearn.errors import FedUnlearnError
+from fedunlearn.store.retention import AUXILIARY_KEY
 
 #: An array's description: (shape, dtype name as NumPy spells it).
 ArraySpec = tuple[tuple[int, ...], str]
@@ -170,6 +171,9 @@ def check_training_reply(
     shapes and counts, so a malformed reply is refused before its arrays are decoded).
     """
     check_array_specs(sent, received)
+    metrics = dict(metrics)
+    if AUXILIARY_KEY in metrics:
+        check_auxiliary_head(metrics.pop(AUXILIARY_KEY), sent)
     values = check_metrics(metrics, TRAIN_METRICS, OPTIONAL_TRAIN_METRICS)
     check_partition(values["partition-id"], partition)
     check_count("num-examples", values["num-examples"], 1, declared_examples)
@@ -178,6 +182,20 @@ def check_training_reply(
         raise RefusedReply(f"start-loss = {values['start-loss']} is negative")
     check_finite_arrays(arrays)
     return values
+
+
+def check_auxiliary_head(value: object, sent: Mapping[str, ArraySpec]) -> None:
+    """FedAU's auxiliary head (asked with ``report-auxiliary-head``): a list of finite floats, as
+    many as the sent model's head(s) hold, weight and bias (a stack's members each)."""
+    heads = [
+        shape for name, (shape, _) in sent.items() if name.split(".")[-2:] == ["head", "weight"]
+    ]
+    size = sum(math.prod(shape) + shape[0] for shape in heads)
+    if not isinstance(value, list) or len(value) != size:
+        found = f"{len(value)} values" if isinstance(value, list) else repr(type(value).__name__)
+        raise RefusedReply(f"{AUXILIARY_KEY} holds {found}, not the head's {size}")
+    if not all(isinstance(v, float) and math.isfinite(v) for v in value):
+        raise RefusedReply(f"{AUXILIARY_KEY} holds a value that is not a finite float")
 
 
 def check_evaluate_reply(

@@ -20,12 +20,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.retention import (
+    AUXILIARY_KEY,
+    AUXILIARY_REQUEST,
     RECORD_KEY,
     STATE_KEY,
     RetentionPolicy,
@@ -74,6 +77,17 @@ def _start_loss(replies: list[Message], weighted_by_key: str) -> float | None:
             total += float(metrics[weighted_by_key]) * float(metrics[START_LOSS_KEY])
             weight += float(metrics[weighted_by_key])
     return total / weight if weight > 0 else None
+
+
+def _auxiliary(replies: list[Message]) -> dict[int, torch.Tensor]:
+    """The auxiliary heads the replies carry (:data:`AUXILIARY_KEY`), flat, by partition id."""
+    heads = {}
+    for reply in replies:
+        metrics = next(iter(reply.content.metric_records.values()))
+        if AUXILIARY_KEY in metrics and PARTITION_ID_KEY in metrics:
+            values = metrics[AUXILIARY_KEY]
+            heads[int(metrics[PARTITION_ID_KEY])] = torch.tensor(list(values), dtype=torch.float32)
+    return heads
 
 
 def _partition_order(reply: Message) -> tuple[int, int]:
@@ -200,6 +214,9 @@ class Retaining(Strategy):
             self._sent_arrays = {server_round: arrays}
             if any(p.wants_start_loss for p in self.policies.values()):
                 config = ConfigRecord({**dict(config), START_LOSS_REQUEST: 1})
+            if any(p.wants_auxiliary(server_round) for p in self.policies.values()):
+                epochs = int(config.get("local-epochs", 1))
+                config = ConfigRecord({**dict(config), AUXILIARY_REQUEST: epochs})
         return self.strategy.configure_train(server_round, arrays, config, self._sampled_from(grid))
 
     def configure_evaluate(
@@ -246,6 +263,9 @@ class Retaining(Strategy):
         global_state = started_from.to_torch_state_dict()
         updates, counts = self._updates(server_round, replies, sent, global_state)
         loss = _start_loss(replies, self.weighted_by_key)
+        for policy in self.policies.values():
+            if policy.wants_auxiliary(server_round):
+                policy.observe(server_round, _auxiliary(replies))
         chosen, settled = {}, set()
         for name, policy in self.policies.items():
             selection = policy.select(

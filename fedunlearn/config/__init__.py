@@ -40,13 +40,7 @@ from fedunlearn.config.constraints import (
 )
 from fedunlearn.config.docs import constraints_markdown
 from fedunlearn.config.experiment import ExperimentConfig
-from fedunlearn.config.parameters import (
-    GROUPS,
-    Parameter,
-    RunParameters,
-    parameter_constraints,
-    parameter_table,
-)
+from fedunlearn.config.parameters import GROUPS, RunParameters
 from fedunlearn.config.paths import MAX_PATH_BYTES, RUN_NAME, RUN_NAME_ALLOWED, check_path_text
 from fedunlearn.config.rules import (
     RULES,
@@ -56,6 +50,7 @@ from fedunlearn.config.rules import (
     validate_config,
     validate_group,
 )
+from fedunlearn.config.table import Parameter, parameter_constraints, parameter_table
 
 __all__ = [
     "ADOPT_FEDERATION_SIZE",

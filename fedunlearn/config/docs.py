@@ -6,8 +6,9 @@ import json
 import re
 from typing import Any
 
-from fedunlearn.config.parameters import GROUPS, parameter_table
+from fedunlearn.config.parameters import GROUPS
 from fedunlearn.config.rules import RULES
+from fedunlearn.config.table import parameter_table
 
 _HEADER = """\
 # Configuration

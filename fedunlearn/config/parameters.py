@@ -9,10 +9,9 @@ its default in ``pyproject.toml``; a rule across keys goes in :mod:`fedunlearn.c
 
 from __future__ import annotations
 
-import functools
 import importlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedunlearn.config import choices
@@ -45,7 +44,6 @@ from fedunlearn.config.constraints import (
     PositiveNumbers,
     RunName,
 )
-from fedunlearn.errors import ConfigError
 
 #: The groups, one per phase of a run, in the order the table and the page list them.
 GROUPS = {
@@ -249,6 +247,18 @@ class RunParameters:
         Flag(),
         "let methods whose leaving client works during the request run (pga, fedosd, fedquit); "
         "it still receives nothing after the request",
+    )
+    rapid_rounds: int = unlearning(
+        0, Interval(WHOLE, 0), "rapid retraining's rounds (Liu et al. 2022); 0: the run's rounds"
+    )
+    rapid_lr: float = unlearning(1e-3, POSITIVE, "rapid retraining's step size eta")
+    rapid_damping: float = unlearning(
+        1e-8, NON_NEGATIVE, "rapid retraining's lambda, added to the Fisher term's square root"
+    )
+    fedau_alpha: float = unlearning(
+        0.9,
+        Interval(NUMBER, 0.0, 1.0),
+        "FedAU's alpha: the head becomes (1 - alpha) W + alpha W_a (the authors' code's 0.9)",
     )
     calibration_ratio: float = unlearning(
         0.5,
@@ -527,68 +537,3 @@ class RunParameters:
         NameList(lambda: choices.JUDGE_METRICS, required=True),
         "the judge's tests (registered metrics), each a group of columns of judge.csv",
     )
-
-
-@dataclass(frozen=True)
-class Parameter:
-    """One row of the table: a run-config key and what it allows."""
-
-    key: str
-    attribute: str
-    group: str
-    name: str
-    kind: type
-    default: Any
-    constraint: Constraint
-    description: str
-
-
-@functools.cache
-def parameter_table() -> tuple[Parameter, ...]:
-    """Every key, in the table's order (grouped by phase)."""
-    rows = []
-    for item in fields(RunParameters):
-        meta = item.metadata
-        prefix = _PREFIXES.get(meta["group"], "")
-        name = meta["name"] or item.name.removeprefix(prefix)
-        rows.append(
-            Parameter(
-                key=item.name.replace("_", "-"),
-                attribute=item.name,
-                group=meta["group"],
-                name=name,
-                kind=type(item.default),
-                default=item.default,
-                constraint=meta["constraint"],
-                description=meta["description"],
-            )
-        )
-    return tuple(rows)
-
-
-def parameter_constraints(group: str | None = None, *, by: str = "key") -> dict[str, Constraint]:
-    """``{key: constraint}`` (``by="key"``) or ``{name in the group view: constraint}``
-    (``by="name"``) of one group or of all."""
-    return {
-        getattr(row, by): row.constraint
-        for row in parameter_table()
-        if group is None or row.group == group
-    }
-
-
-def validated_parameters(values: Mapping[str, object]) -> dict[str, object]:
-    """The values of run-config keys checked against the constraints table (numbers as numbers:
-    a bool or a string is refused)."""
-    constraints = parameter_constraints()
-    out = {}
-    for key, value in values.items():
-        constraint = constraints[key]
-        if isinstance(constraint, Interval):
-            whole = constraint.kind is int
-            numeric = isinstance(value, int if whole else (int, float))
-            if isinstance(value, bool) or not numeric:
-                raise ConfigError(key, value, constraint.allowed)
-            value = value if whole else float(value)
-        constraint.check(key, value)
-        out[key] = value
-    return out

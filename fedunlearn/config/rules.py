@@ -17,7 +17,8 @@ from typing import Any
 from fedunlearn.config import choices
 from fedunlearn.config.choices import ADOPT_FEDERATION_SIZE, MODELS, SAMPLE_SHAPES
 from fedunlearn.config.constraints import Interval, validate_parameter_constraints
-from fedunlearn.config.parameters import RunParameters, parameter_constraints
+from fedunlearn.config.parameters import RunParameters
+from fedunlearn.config.table import parameter_constraints
 from fedunlearn.errors import ConfigError
 from fedunlearn.registry import UNLEARNING, norms_problem
 

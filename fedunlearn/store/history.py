@@ -140,7 +140,10 @@ def check_retained(store, methods: Iterable[str]) -> None:
                 raise ConfigError(
                     "retain", False, f"true: {name} needs {policy.name} kept during training"
                 )
-            history(store, policy.name, method=name)
+            if policy.keeps_rounds:
+                history(store, policy.name, method=name)
+            else:
+                load_policy(store, policy, method=name)
         problem = norms_problem(UNLEARNING[name])
         if problem and store is not None and store.keeps_norms:
             raise ConfigError(

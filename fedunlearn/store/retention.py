@@ -36,6 +36,11 @@ INTERVAL = "retained-updates"
 RETAIN_MODES = ("full", "norms")
 
 
+#: The config key asking a client for an auxiliary head after its training (its value: the
+#: auxiliary epochs), and the metric carrying the head back as a flat list of floats.
+AUXILIARY_REQUEST, AUXILIARY_KEY = "report-auxiliary-head", "auxiliary-head"
+
+
 @dataclass(frozen=True)
 class Selection:
     """What a policy keeps of one round: the global model M^t, these clients' updates, and of
@@ -93,6 +98,23 @@ class RetentionPolicy(ABC):
     #: Whether the clients report L^t, the loss of the model they received, passed to
     #: :meth:`select` as ``loss`` (Crab's time windows).
     wants_start_loss: ClassVar[bool] = False
+    #: Whether it keeps rounds of the store (a selection); False for a policy whose whole
+    #: history is its state (FedAU's auxiliary heads): it is checked and read by its state.
+    keeps_rounds: ClassVar[bool] = True
+
+    def state_bytes(self) -> int:
+        """Bytes of history its state holds beyond the store's rounds (what ``kept MB`` adds)."""
+        return 0
+
+    def wants_auxiliary(self, server_round: int) -> bool:
+        """Whether the clients train and report an auxiliary head after ``server_round``'s
+        training (:data:`AUXILIARY_REQUEST`), passed to :meth:`observe` (FedAU's W_a)."""
+        return False
+
+    def observe(self, server_round: int, auxiliary: Mapping[int, Any]) -> None:
+        """The auxiliary heads the clients reported after ``server_round`` (partition id -> flat
+        tensor), when :meth:`wants_auxiliary` asked for them; called before :meth:`select`."""
+        return None
 
     @classmethod
     @abstractmethod

@@ -51,7 +51,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from fedunlearn.config.parameters import validated_parameters
+from fedunlearn.config.table import validated_parameters
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.retention import RetentionPolicy, Selection
 from fedunlearn.training.model_state import State, parameter_groups, state_sum

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedunlearn.config.parameters import validated_parameters
+from fedunlearn.config.table import validated_parameters
 from fedunlearn.errors import ConfigError
 from fedunlearn.training.model_state import State, parameter_groups, state_sum
 from fedunlearn.unlearning.crab import copy_influence_record

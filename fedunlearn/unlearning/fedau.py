@@ -36,8 +36,9 @@ from collections.abc import Hashable, Iterable, Mapping
 import torch
 from torch import nn
 
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, StoreCorruptionError
 from fedunlearn.scrubbing.baselines import random_labels
+from fedunlearn.store.retention import RetentionPolicy, Selection
 from fedunlearn.training.local import train_epochs
 
 #: The tensors of one auxiliary head, as the server keeps them.
@@ -302,3 +303,90 @@ def fedau_unlearn(
         )
         out[name] = (1.0 - alpha) * w + alpha * mean_aux if operation == "combine" else w - mean_aux
     return out
+
+
+class AuxiliaryHeads(RetentionPolicy):
+    """FedAU's retention: each client's latest auxiliary head W_a, trained after the last training
+    round (``wants_auxiliary``) and kept in the policy's state, flat, by partition id; no update
+    of any round. One head per client (``(K d + K) * 4`` bytes), forgotten with its client.
+
+    Ours: W_a is asked for after the run's last round only (the authors' code trains it every
+    round and overwrites it each time, so only the last one is ever used; with frozen features
+    and gamma = 0 the earlier ones do not feed it), and a retraining adopted in place of the
+    history asks for it again in its own last round.
+    """
+
+    name = "auxiliary-heads"
+    keeps_updates = False
+    keeps_rounds = False
+
+    def __init__(self, last_round: int, heads: Mapping[int, torch.Tensor] | None = None) -> None:
+        self.last_round = int(last_round)
+        self.heads = {int(k): v.detach().cpu().float().flatten() for k, v in (heads or {}).items()}
+
+    @classmethod
+    def from_config(cls, config) -> AuxiliaryHeads:
+        return cls(config.rounds)
+
+    def wants_auxiliary(self, server_round: int) -> bool:
+        return server_round == self.last_round
+
+    def observe(self, server_round: int, auxiliary) -> None:
+        self.heads = keep_latest(self.heads, auxiliary)
+
+    def select(self, server_round, global_state, updates, num_examples, *, loss=None) -> Selection:
+        return Selection(False, frozenset())
+
+    def state_dict(self) -> dict:
+        heads = {str(k): [float(v) for v in head.tolist()] for k, head in self.heads.items()}
+        return {"format": 1, "last_round": self.last_round, "heads": heads}
+
+    def load_state_dict(self, state) -> None:
+        restored = self.from_state(state)
+        self.last_round, self.heads = restored.last_round, restored.heads
+
+    @classmethod
+    def from_state(cls, state) -> AuxiliaryHeads:
+        try:
+            if state["format"] != 1:
+                raise ValueError(f"format {state['format']!r}")
+            heads = {
+                int(k): torch.tensor(v, dtype=torch.float32) for k, v in state["heads"].items()
+            }
+            return cls(int(state["last_round"]), heads)
+        except (KeyError, TypeError, ValueError) as error:
+            raise StoreCorruptionError(
+                f"retention state of {cls.name} is malformed: {error}"
+            ) from None
+
+    def forget(self, clients) -> None:
+        self.heads = {k: v for k, v in self.heads.items() if k not in set(clients)}
+
+    def state_bytes(self) -> int:
+        return sum(4 * head.numel() for head in self.heads.values())
+
+    def kept_heads(self, weight_shape: torch.Size) -> dict[int, dict[str, torch.Tensor]]:
+        """Each kept head as ``{"weight", "bias"}`` of a head of ``weight_shape`` (K, d)."""
+        return {k: split_head(flat, weight_shape) for k, flat in self.heads.items()}
+
+
+def keep_latest(kept: Mapping[int, torch.Tensor], replies: Mapping[int, torch.Tensor]) -> dict:
+    """Each client's latest flat head replaces its previous one; the others keep theirs."""
+    return {
+        **dict(kept),
+        **{int(k): v.detach().cpu().float().flatten() for k, v in replies.items()},
+    }
+
+
+def split_head(flat: torch.Tensor, weight_shape: torch.Size, member: int = 0) -> dict:
+    """Member ``member``'s ``{"weight", "bias"}`` of a flat head (weight then bias per member, as
+    :func:`clients.objectives.auxiliary_head` reports it); a wrong length is refused."""
+    classes, features = int(weight_shape[0]), int(weight_shape[1])
+    size = classes * features + classes
+    if flat.numel() % size or flat.numel() < (member + 1) * size:
+        raise StoreCorruptionError(
+            f"an auxiliary head of {flat.numel()} values, not a multiple of {size} covering "
+            f"member {member} (a {classes}x{features} head and its bias)"
+        )
+    part = flat[member * size : (member + 1) * size]
+    return {"weight": part[: classes * features].view(classes, features), "bias": part[-classes:]}

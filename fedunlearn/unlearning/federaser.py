@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedunlearn.config.parameters import validated_parameters
+from fedunlearn.config.table import validated_parameters
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.retention import INTERVAL, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore

@@ -36,7 +36,7 @@ from fedunlearn.plots import (
     plot_unlearning_comparison,
 )
 from fedunlearn.registry import UNLEARNING, run_retention
-from fedunlearn.store.history import check_retained, history
+from fedunlearn.store.history import check_retained, history, load_policy
 from fedunlearn.store.run_directory import UNLEARNING_LOG
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import State
@@ -344,17 +344,22 @@ def _fedretrain(
     strategy = participant_strategy(config, remaining_nodes, trajectory, policies)
     model = outcome.new_model()
     model.load_state_dict(outcome.initial_state)
+    curve: list[float] = []
 
-    def progress(server_round, _result, _metrics, replied, round_seconds):
+    def progress(server_round, result, _metrics, replied, round_seconds):
+        curve.append(round(float(result.accuracy), 6))
         log(
-            f"fedretrain: round {server_round}/{config.rounds}, {count(replied, 'client')}, {round_seconds:.1f}s"
+            f"fedretrain: round {server_round}/{config.rounds}, {count(replied, 'client')}, "
+            f"test accuracy {result.accuracy:.4f}, {round_seconds:.1f}s"
         )
 
+    test = outcome.data.splits.test
     state = fedavg_rounds(
         grid,
         strategy,
         model,
         config,
+        test=(test.x, test.y),
         on_round=progress,
         screen=outcome.screen,
         phase="fedretrain",
@@ -363,6 +368,7 @@ def _fedretrain(
     return state, {
         "rounds": config.rounds,
         "clients": len(remaining_nodes),
+        "accuracy_by_round": curve,
         "did": f"retrained {config.rounds} round(s) with {len(remaining_nodes)} client(s)",
     }
 
@@ -450,6 +456,8 @@ def retained_bytes(store, method: str) -> int:
     policy = UNLEARNING[method].policy() if method in UNLEARNING else None
     if store is None or policy is None:
         return 0
+    if not policy.keeps_rounds:
+        return load_policy(store, policy, method=method).state_bytes()
     return history(store, policy.name, method=method).total_bytes()
 
 

@@ -72,7 +72,8 @@ def test_a_method_under_an_aggregation_it_does_not_assume_is_refused_naming_both
     method, aggregation
 ):
     spec = UNLEARNING[method]
-    overrides = {"strategy": aggregation, "unlearn-methods": method}
+    listed = method if UNLEARNING[method].adoptable else f"{method},fedretrain"
+    overrides = {"strategy": aggregation, "unlearn-methods": listed}
     if spec.target_participates:
         overrides["allow-target-participation"] = True
     if spec.aggregations is None or aggregation in spec.aggregations:

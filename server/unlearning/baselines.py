@@ -1,0 +1,116 @@
+"""The field's baselines on Flower (issue: the baselines the field compares against): rapid
+retraining, PGA, FedQUIT and FedAU; FedOSD in :mod:`server.unlearning.fedosd`. Their math is
+Flower-free in :mod:`fedunlearn.unlearning`; this module moves models between the server and the
+clients and reads what training kept.
+
+Every retraining here runs the run's own aggregation (``strategy``) over the remaining clients, with a
+server-side evaluation after each round (``accuracy_by_round`` in the method's details: how fast it
+gets where FedRetrain gets). PGA and FedQUIT ask the leaving client for its step first
+(:func:`server.unlearning.participation.target_requests`); after that step it receives nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from fedunlearn.store.history import load_policy
+from fedunlearn.unlearning.fedau import AuxiliaryHeads, fedau_unlearn, split_head
+from server.progress import count
+from server.training.rounds import fedavg_rounds, participant_strategy
+
+
+def rounds_from(
+    context,
+    name: str,
+    start: Mapping[str, torch.Tensor],
+    rounds: int,
+    *,
+    extra: Mapping[str, int | float | str] | None = None,
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """``rounds`` rounds of the run's aggregation from ``start`` by the remaining clients (each
+    training message also carries ``extra``); returns the model and its test accuracy after each
+    round."""
+    outcome, config, log = context.outcome, context.outcome.config, context.log
+    model = outcome.new_model()
+    model.load_state_dict(dict(start))
+    curve: list[float] = []
+    if rounds == 0:
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}, curve
+
+    def progress(server_round, result, _metrics, replied, seconds):
+        curve.append(round(float(result.accuracy), 6))
+        log(
+            f"{name}: round {server_round}/{rounds}, {count(replied, 'client')}, "
+            f"test accuracy {result.accuracy:.4f}, {seconds:.1f}s"
+        )
+
+    test = outcome.data.splits.test
+    state = fedavg_rounds(
+        context.grid,
+        participant_strategy(config, context.remaining_nodes),
+        model,
+        config,
+        test=(test.x, test.y),
+        on_round=progress,
+        rounds=rounds,
+        extra_config=extra,
+        screen=outcome.screen,
+        phase=name,
+        log=log,
+    )
+    return state, curve
+
+
+def rapid_retraining(context, name: str):
+    """Rapid retraining (Liu et al., INFOCOM 2022): FedAvg from the initial model by the remaining
+    clients, each client's local optimiser a diagonal-Fisher quasi-Newton step
+    (:mod:`fedunlearn.unlearning.rapid_retraining`), for ``rapid-rounds`` rounds."""
+    config = context.outcome.config
+    rounds = config.rapid_rounds or config.rounds
+    extra = {
+        "objective": "rapid-retraining",
+        "rapid-lr": config.rapid_lr,
+        "rapid-damping": config.rapid_damping,
+    }
+    state, curve = rounds_from(context, name, context.outcome.initial_state, rounds, extra=extra)
+    clients = len(context.remaining_nodes)
+    return state, {
+        "did": f"retrained {rounds} round(s) with {clients} client(s), diagonal-Fisher steps",
+        "rounds": rounds,
+        "accuracy_by_round": curve,
+    }
+
+
+def fedau(context, name: str):
+    """FedAU (Gu et al., IJCAI 2024): the final model's head, linearly combined with the
+    auxiliary heads the targets trained after the last round (``W_u = (1 - alpha) W + alpha
+    mean_k W_a^k``, :func:`fedunlearn.unlearning.fedau.fedau_unlearn`); no client computes
+    anything at request time. None (no row) when a target left no auxiliary head."""
+    outcome, config = context.outcome, context.outcome.config
+    policy = load_policy(outcome.store, AuxiliaryHeads, method=name)
+    missing = [k for k in context.targets if k not in policy.heads]
+    if missing:
+        context.log(f"{name}: no auxiliary head kept for client(s) {missing}; not run")
+        return None
+    state = dict(outcome.final_state)
+    for member, prefix in enumerate(_head_prefixes(state)):
+        shape = state[f"{prefix}.weight"].shape
+        kept = {k: split_head(policy.heads[k], shape, member) for k in context.targets}
+        state = fedau_unlearn(state, kept, context.targets, alpha=config.fedau_alpha, head=prefix)
+    return state, {
+        "did": (
+            f"combined the head with client(s) {context.targets}' auxiliary head(s), "
+            f"alpha {config.fedau_alpha:g}; no client work"
+        ),
+        "alpha": config.fedau_alpha,
+    }
+
+
+def _head_prefixes(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """``["head"]``, or a judge stack's ``["members.0.head", ...]`` in member order."""
+    if "head.weight" in state:
+        return ["head"]
+    members = sorted(int(key.split(".")[1]) for key in state if key.endswith(".head.weight"))
+    return [f"members.{i}.head" for i in members]
