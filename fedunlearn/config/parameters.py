@@ -253,7 +253,10 @@ class RunParameters:
     )
     rapid_lr: float = unlearning(1e-3, POSITIVE, "rapid retraining's step size eta")
     rapid_damping: float = unlearning(
-        1e-8, NON_NEGATIVE, "rapid retraining's lambda, added to the Fisher term's square root"
+        1e-3,
+        NON_NEGATIVE,
+        "rapid retraining's lambda, added to the Fisher term's square root (ours: the authors' "
+        "1e-8 oscillated on digits, 78.7% after 20 rounds against FedRetrain's 98.0%)",
     )
     fedau_alpha: float = unlearning(
         0.9,
