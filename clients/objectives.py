@@ -26,6 +26,7 @@ from fedunlearn.store.retention import AUXILIARY_REQUEST
 from fedunlearn.training.local import train_epochs
 from fedunlearn.training.stacked import ModelStack
 from fedunlearn.unlearning.fedau import auxiliary_targets, train_auxiliary_head
+from fedunlearn.unlearning.fedquit import fedquit_epochs
 from fedunlearn.unlearning.rapid_retraining import rapid_retraining_epochs
 
 
@@ -56,6 +57,13 @@ def _rapid_retraining(model, x, y, config, setup, settings) -> float:
     )
 
 
+def _fedquit(model, x, y, config, setup, settings) -> float:
+    """Mora et al. 2024's step on the leaving client: distillation from the virtual teacher (the
+    received model with each sample's true-class logit set to its minimum), Adam."""
+    settings = {k: v for k, v in settings.items() if k not in ("lr", "momentum")}
+    return fedquit_epochs(model, x, y, lr=float(config["fedquit-lr"]), **settings)
+
+
 #: objective -> its client function. The first is the default; all but it train on D_f when the
 #: message names a ``forget`` cohort (the Golatkar baselines).
 OBJECTIVES: dict[str, Callable[..., float]] = {
@@ -63,6 +71,7 @@ OBJECTIVES: dict[str, Callable[..., float]] = {
     "negative-gradient": _negative_gradient,
     "random-labels": _random_labels,
     "rapid-retraining": _rapid_retraining,
+    "fedquit": _fedquit,
 }
 #: Objectives that run on the forgotten cohort D_f when the message names one.
 ON_FORGOTTEN = ("negative-gradient", "random-labels")

@@ -384,6 +384,14 @@ UNLEARNING.register(
     description="retraining with diagonal-Fisher quasi-Newton client steps (Liu et al. 2022)",
 )
 UNLEARNING.register(
+    "fedquit",
+    f"{_BASELINES}:fedquit",
+    messages=_TRAIN,
+    target_participates=True,
+    default=False,
+    description="the leaving client distils from a virtual teacher, then post-training (Mora et al. 2024)",
+)
+UNLEARNING.register(
     "fedau",
     f"{_BASELINES}:fedau",
     retention="fedunlearn.unlearning.fedau:AuxiliaryHeads",

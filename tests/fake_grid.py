@@ -60,12 +60,14 @@ class SpyGrid(DelegatingGrid):
     def __init__(self, grid):
         super().__init__(grid)
         self.phase, self.sent, self.partition_of = "training", [], {}
+        self.objectives = []  # (phase, node, the training message's objective or None), in order
 
     def push_messages(self, messages):
         messages = list(messages)
         self.sent += [
             (self.phase, m.metadata.dst_node_id, m.metadata.message_type) for m in messages
         ]
+        self.objectives += [(self.phase, m.metadata.dst_node_id, _objective(m)) for m in messages]
         return self._grid.push_messages(messages)
 
     def pull_messages(self, message_ids):
@@ -76,6 +78,13 @@ class SpyGrid(DelegatingGrid):
                 if "partition-id" in metrics:
                     self.partition_of[reply.metadata.src_node_id] = int(metrics["partition-id"])
         return replies
+
+
+def _objective(message):
+    """A training message's ``objective`` (``"train"`` when it names none); None for others."""
+    if "config" not in message.content.config_records:
+        return None
+    return str(message.content["config"].get("objective", "train"))
 
 
 def shorten(content, key: str | None = None) -> None:

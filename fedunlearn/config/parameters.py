@@ -258,6 +258,14 @@ class RunParameters:
         "rapid retraining's lambda, added to the Fisher term's square root (ours: the authors' "
         "1e-8 oscillated on digits, 78.7% after 20 rounds against FedRetrain's 98.0%)",
     )
+    post_training_rounds: int = unlearning(
+        2,
+        Interval(WHOLE, 0),
+        "PGA, FedQUIT, FedOSD: rounds of the run's aggregation by the remaining clients after "
+        "the unlearning step (ours for FedQUIT, whose code stops at a retrained model's accuracy)",
+    )
+    fedquit_epochs: int = unlearning(1, AT_LEAST_1, "FedQUIT: the leaving client's epochs")
+    fedquit_lr: float = unlearning(1e-4, POSITIVE, "FedQUIT: the leaving client's Adam step size")
     fedau_alpha: float = unlearning(
         0.9,
         Interval(NUMBER, 0.0, 1.0),

@@ -16,9 +16,11 @@ from collections.abc import Mapping
 import torch
 
 from fedunlearn.store.history import load_policy
+from fedunlearn.training.local import resolve_device
 from fedunlearn.unlearning.fedau import AuxiliaryHeads, fedau_unlearn, split_head
 from server.progress import count
-from server.training.rounds import fedavg_rounds, participant_strategy
+from server.training.rounds import evaluate_run_model, fedavg_rounds, participant_strategy
+from server.unlearning.participation import target_requests, targets_model
 
 
 def rounds_from(
@@ -114,3 +116,38 @@ def _head_prefixes(state: Mapping[str, torch.Tensor]) -> list[str]:
         return ["head"]
     members = sorted(int(key.split(".")[1]) for key in state if key.endswith(".head.weight"))
     return [f"members.{i}.head" for i in members]
+
+
+def fedquit(context, name: str):
+    """FedQUIT (Mora et al. 2024): each leaving client distils the final model from its
+    quasi-competent virtual teacher on its own data (``fedquit-epochs`` of Adam at ``fedquit-lr``;
+    several targets: the mean of their models, ours), then ``post-training-rounds`` rounds of the
+    run's aggregation by the remaining clients. The target receives nothing after its step."""
+    config = context.outcome.config
+    extra = {"objective": "fedquit", "fedquit-lr": config.fedquit_lr}
+    requests = target_requests(context, name, epochs=config.fedquit_epochs, extra=extra)
+    unlearned, replied = targets_model(context, requests, context.outcome.final_state)
+    accuracy = _accuracy(context, unlearned)
+    context.log(
+        f"{name}: client(s) {replied} distilled; test accuracy {accuracy:.4f} before post-training"
+    )
+    rounds = config.post_training_rounds
+    state, curve = rounds_from(context, name, unlearned, rounds)
+    return state, {
+        "did": (
+            f"client(s) {replied} distilled {config.fedquit_epochs} epoch(s) from the virtual "
+            f"teacher, then {rounds} post-training round(s)"
+        ),
+        "accuracy_after_unlearning": accuracy,
+        "accuracy_by_round": curve,
+    }
+
+
+def _accuracy(context, state) -> float:
+    """The test accuracy of ``state`` (a stack's: its members' mean)."""
+    outcome = context.outcome
+    device = resolve_device(outcome.config.device)
+    model = outcome.new_model().to(device)
+    model.load_state_dict(dict(state))
+    test = outcome.data.splits.test
+    return float(evaluate_run_model(model, test.x, test.y, device=device).accuracy)
