@@ -198,6 +198,15 @@ def _config_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _methods(args: argparse.Namespace) -> int:
+    """The unlearning methods' table: what each keeps during training, the aggregations its math
+    assumes, and whether the leaving client works during the request."""
+    from fedunlearn.registry import methods_table
+
+    print(methods_table().to_markdown(index=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedunlearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -232,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="data root in torchvision's layout (default: ~/data)",
         )
         command.set_defaults(handler=_data)
+    methods = groups.add_parser("methods", help="list the unlearning methods and what each needs")
+    methods.set_defaults(handler=_methods)
     docs = groups.add_parser("config-docs", help="write the configuration page from the table")
     docs.add_argument("path", type=Path, nargs="?", default=Path("docs/configuration.md"))
     docs.add_argument("--check", action="store_true", help="exit 1 if PATH is out of date")

@@ -423,8 +423,9 @@ def measure(
 
 
 def with_costs(table: pd.DataFrame, runner: MethodRunner, store) -> pd.DataFrame:
-    """``table`` with each method's cost (:mod:`server.federation.metering`): client-epochs, the megabytes it
-    exchanged with clients, and the megabytes of history its retention policy kept."""
+    """``table`` with each method's cost (:mod:`server.federation.metering`): client-epochs (the
+    leaving client's included), the megabytes it exchanged with clients, the megabytes of history
+    its retention policy kept, and whether the leaving client worked for it."""
     table = table.copy()
     costs = [runner.costs.get(method) for method in table["method"]]
     table["client_epochs"] = [c.client_epochs if c else 0.0 for c in costs]
@@ -432,6 +433,10 @@ def with_costs(table: pd.DataFrame, runner: MethodRunner, store) -> pd.DataFrame
         (c.bytes_sent + c.bytes_received) / 1e6 if c else 0.0 for c in costs
     ]
     table["retained_mb"] = [retained_bytes(store, m) / 1e6 for m in table["method"]]
+    # a different promise: the leaving client worked during the request (allowed by the config)
+    table["target_participated"] = [
+        m in UNLEARNING and UNLEARNING[m].target_participates for m in table["method"]
+    ]
     return table
 
 
