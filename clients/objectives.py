@@ -24,9 +24,11 @@ from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_labe
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.retention import AUXILIARY_REQUEST
 from fedunlearn.training.local import train_epochs
+from fedunlearn.training.models import build_dataset_model
 from fedunlearn.training.stacked import ModelStack
 from fedunlearn.unlearning.fedau import auxiliary_targets, train_auxiliary_head
 from fedunlearn.unlearning.fedquit import fedquit_epochs
+from fedunlearn.unlearning.pga import PGA_DEFAULTS, ball_radius, projected_gradient_ascent
 from fedunlearn.unlearning.rapid_retraining import rapid_retraining_epochs
 
 
@@ -64,6 +66,36 @@ def _fedquit(model, x, y, config, setup, settings) -> float:
     return fedquit_epochs(model, x, y, lr=float(config["fedquit-lr"]), **settings)
 
 
+def _pga(model, x, y, config, setup, settings) -> float:
+    """Halimi et al. 2022's step on the leaving client: projected gradient ascent on its data
+    within the L2 ball of radius delta (the authors' rule, from seeded random models) around the
+    reference model it received (w_ref, the mean of the other clients' models)."""
+    reference = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    seed = int(config.get("model-seed", setup.config.training_seed))
+
+    def random_model(s: int):
+        return build_dataset_model(
+            setup.config.model, setup.config.dataset, setup.input_shape, setup.num_classes, seed=s
+        )
+
+    radius = ball_radius(reference, random_model, seed=derive_seed(seed, "pga-ball"))
+    settings = {k: v for k, v in settings.items() if k not in ("lr", "momentum", "epochs")}
+    result = projected_gradient_ascent(
+        model,
+        x,
+        y,
+        reference=reference,
+        radius=radius,
+        epochs=int(config["local-epochs"]),
+        lr=float(config["pga-lr"]),
+        momentum=PGA_DEFAULTS["momentum"],
+        clip_norm=PGA_DEFAULTS["clip_norm"],
+        stop_accuracy=float(config["pga-stop-accuracy"]),
+        **settings,
+    )
+    return float(result["last_loss"])
+
+
 #: objective -> its client function. The first is the default; all but it train on D_f when the
 #: message names a ``forget`` cohort (the Golatkar baselines).
 OBJECTIVES: dict[str, Callable[..., float]] = {
@@ -72,6 +104,7 @@ OBJECTIVES: dict[str, Callable[..., float]] = {
     "random-labels": _random_labels,
     "rapid-retraining": _rapid_retraining,
     "fedquit": _fedquit,
+    "pga": _pga,
 }
 #: Objectives that run on the forgotten cohort D_f when the message names one.
 ON_FORGOTTEN = ("negative-gradient", "random-labels")

@@ -408,6 +408,15 @@ UNLEARNING.register(
     description="retraining with diagonal-Fisher quasi-Newton client steps (Liu et al. 2022)",
 )
 UNLEARNING.register(
+    "pga",
+    f"{_BASELINES}:pga",
+    retention="fedunlearn.unlearning.pga:LastRoundRetention",
+    messages=_TRAIN,
+    target_participates=True,
+    default=False,
+    description="the leaving client's projected gradient ascent, then post-training (Halimi et al. 2022)",
+)
+UNLEARNING.register(
     "fedquit",
     f"{_BASELINES}:fedquit",
     messages=_TRAIN,

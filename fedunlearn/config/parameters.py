@@ -264,6 +264,14 @@ class RunParameters:
         "PGA, FedQUIT, FedOSD: rounds of the run's aggregation by the remaining clients after "
         "the unlearning step (ours for FedQUIT, whose code stops at a retrained model's accuracy)",
     )
+    pga_epochs: int = unlearning(5, AT_LEAST_1, "PGA: the leaving client's ascent epochs")
+    pga_lr: float = unlearning(0.01, POSITIVE, "PGA: the leaving client's SGD step size")
+    pga_stop_accuracy: float = unlearning(
+        0.1,
+        Interval(NUMBER, 0.0, 1.0),
+        "PGA: the ascent stops once the accuracy on the leaving client's data is below this "
+        "(ours: the paper's tau was unreachable; 0.1 is chance on 10 classes)",
+    )
     fedquit_epochs: int = unlearning(1, AT_LEAST_1, "FedQUIT: the leaving client's epochs")
     fedquit_lr: float = unlearning(1e-4, POSITIVE, "FedQUIT: the leaving client's Adam step size")
     fedau_alpha: float = unlearning(

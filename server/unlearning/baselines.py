@@ -18,6 +18,7 @@ import torch
 from fedunlearn.store.history import load_policy
 from fedunlearn.training.local import resolve_device
 from fedunlearn.unlearning.fedau import AuxiliaryHeads, fedau_unlearn, split_head
+from fedunlearn.unlearning.pga import reference_model
 from server.progress import count
 from server.training.rounds import evaluate_run_model, fedavg_rounds, participant_strategy
 from server.unlearning.participation import target_requests, targets_model
@@ -151,3 +152,41 @@ def _accuracy(context, state) -> float:
     model.load_state_dict(dict(state))
     test = outcome.data.splits.test
     return float(evaluate_run_model(model, test.x, test.y, device=device).accuracy)
+
+
+def pga(context, name: str):
+    """PGA (Halimi et al. 2022): the reference model w_ref, the mean of the other clients' models
+    of the last training round (its policy keeps that round); each leaving client runs projected
+    gradient ascent from w_ref within the ball around it (``pga-epochs`` at ``pga-lr``, stopping
+    below ``pga-stop-accuracy`` on its data); then ``post-training-rounds`` rounds of the run's
+    aggregation by the remaining clients."""
+    config, history = context.outcome.config, context.history(name)
+    last = history.rounds()[-1]
+    clients = history.clients(last)
+    reference = reference_model(
+        history.read_global(last),
+        {k: history.read_update(last, k) for k in clients},
+        history.num_examples(last),
+        context.excluded,
+    )
+    extra = {
+        "objective": "pga",
+        "pga-lr": config.pga_lr,
+        "pga-stop-accuracy": config.pga_stop_accuracy,
+    }
+    requests = target_requests(context, name, epochs=config.pga_epochs, extra=extra)
+    unlearned, replied = targets_model(context, requests, reference)
+    accuracy = _accuracy(context, unlearned)
+    context.log(
+        f"{name}: client(s) {replied} ascended; test accuracy {accuracy:.4f} before post-training"
+    )
+    rounds = config.post_training_rounds
+    state, curve = rounds_from(context, name, unlearned, rounds)
+    return state, {
+        "did": (
+            f"reference of round {last}'s other clients; client(s) {replied} ascended up to "
+            f"{config.pga_epochs} epoch(s) in its ball, then {rounds} post-training round(s)"
+        ),
+        "accuracy_after_unlearning": accuracy,
+        "accuracy_by_round": curve,
+    }
