@@ -27,6 +27,7 @@ from fedunlearn.training.local import train_epochs
 from fedunlearn.training.models import build_dataset_model
 from fedunlearn.training.stacked import ModelStack
 from fedunlearn.unlearning.fedau import auxiliary_targets, train_auxiliary_head
+from fedunlearn.unlearning.fedosd import client_gradient
 from fedunlearn.unlearning.fedquit import fedquit_epochs
 from fedunlearn.unlearning.pga import PGA_DEFAULTS, ball_radius, projected_gradient_ascent
 from fedunlearn.unlearning.rapid_retraining import rapid_retraining_epochs
@@ -96,6 +97,20 @@ def _pga(model, x, y, config, setup, settings) -> float:
     return float(result["last_loss"])
 
 
+def _gradient_step(loss: str) -> Callable[..., float]:
+    """FedOSD's client: the exact gradient g of the mean ``loss`` (``uce``: the leaving client's
+    Unlearning Cross-Entropy; ``ce``) over its data at the received model, sent as M - g."""
+
+    def step(model, x, y, config, setup, settings) -> float:
+        gradient = client_gradient(model, x, y, loss=loss, device=settings["device"])
+        with torch.no_grad():
+            for key, parameter in model.named_parameters():
+                parameter -= gradient[key].to(parameter.device, parameter.dtype)
+        return float(sum(g.pow(2).sum() for g in gradient.values()) ** 0.5)
+
+    return step
+
+
 #: objective -> its client function. The first is the default; all but it train on D_f when the
 #: message names a ``forget`` cohort (the Golatkar baselines).
 OBJECTIVES: dict[str, Callable[..., float]] = {
@@ -105,6 +120,8 @@ OBJECTIVES: dict[str, Callable[..., float]] = {
     "rapid-retraining": _rapid_retraining,
     "fedquit": _fedquit,
     "pga": _pga,
+    "fedosd-unlearning": _gradient_step("uce"),
+    "fedosd-gradient": _gradient_step("ce"),
 }
 #: Objectives that run on the forgotten cohort D_f when the message names one.
 ON_FORGOTTEN = ("negative-gradient", "random-labels")

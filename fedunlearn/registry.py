@@ -417,6 +417,15 @@ UNLEARNING.register(
     description="the leaving client's projected gradient ascent, then post-training (Halimi et al. 2022)",
 )
 UNLEARNING.register(
+    "fedosd",
+    "server.unlearning.fedosd:fedosd",
+    messages=_TRAIN,
+    target_participates=True,
+    aggregations=WEIGHTED_MEAN,  # its post-training averages the projected gradients itself
+    default=False,
+    description="unlearning descent orthogonal to the others' gradients, non-reverting post-training (Pan et al. 2025)",
+)
+UNLEARNING.register(
     "fedquit",
     f"{_BASELINES}:fedquit",
     messages=_TRAIN,

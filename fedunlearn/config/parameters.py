@@ -272,6 +272,9 @@ class RunParameters:
         "PGA: the ascent stops once the accuracy on the leaving client's data is below this "
         "(ours: the paper's tau was unreachable; 0.1 is chance on 10 classes)",
     )
+    fedosd_rounds: int = unlearning(100, AT_LEAST_1, "FedOSD: unlearning rounds (the code's UR)")
+    fedosd_lr: float = unlearning(4e-4, POSITIVE, "FedOSD: unlearning step size, x0.999 a round")
+    fedosd_post_lr: float = unlearning(1e-6, POSITIVE, "FedOSD: post-training step size (r_lr)")
     fedquit_epochs: int = unlearning(1, AT_LEAST_1, "FedQUIT: the leaving client's epochs")
     fedquit_lr: float = unlearning(1e-4, POSITIVE, "FedQUIT: the leaving client's Adam step size")
     fedau_alpha: float = unlearning(
