@@ -41,6 +41,7 @@ def test_every_baseline_runs_and_the_target_receives_only_its_own_step(tmp_path,
         "allow-target-participation": True,
         "post-training-rounds": 1,
         "rapid-rounds": 2,
+        "fedosd-rounds": 2,
         "node-wait-seconds": 60,
     }
     seen = {}
