@@ -131,3 +131,11 @@ def test_the_methods_table_says_who_needs_the_target_and_which_aggregations():
         row = table.loc[spec.name]
         assert bool(row["leaving client works"]) == spec.target_participates
         assert row["aggregations"] == ", ".join(spec.aggregations or ("any",))
+
+
+def test_the_baselines_page_shows_the_registrys_table():
+    """docs/baselines.md holds ``fedunlearn methods``' output as it is now."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "baselines.md").read_text()
+    assert methods_table().to_markdown(index=False) in page
