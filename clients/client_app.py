@@ -17,7 +17,13 @@ from flwr.clientapp.typing import Mod
 
 from clients.client_state import ClientSetup, client_config, client_setup, node_partition
 from clients.head_queries import answer_head_query
-from clients.objectives import OBJECTIVES, ON_FORGOTTEN, auxiliary_head, objective_of
+from clients.objectives import (
+    OBJECTIVES,
+    ON_FORGOTTEN,
+    auxiliary_head,
+    member_states,
+    objective_of,
+)
 from clients.prune_queries import answer_prune_query
 from clients.scrub_queries import answer_scrub_query, forget_mask
 from fedunlearn.data.federated_data import settings_in
@@ -112,12 +118,13 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
     reported = {}
     if int(config.get("report-start-loss", 0)):  # L^t for Crab's windows, before any step
         reported["start-loss"] = _model_loss(model, x, y, setup)
+    attached = _attached(msg)
     if isinstance(model, ModelStack):
-        loss = _train_stack(model, x, y, config, setup, objective, weight_decay, settings)
+        loss = _train_stack(model, x, y, config, setup, objective, weight_decay, settings, attached)
     else:
         model_seed = int(config.get("model-seed", setup.config.training_seed))
         settings["seed"] = derive_seed(model_seed, "train", server_round, setup.partition_id)
-        loss = OBJECTIVES[objective](model, x, y, config, setup, settings)
+        loss = OBJECTIVES[objective](model, x, y, config, setup, settings, attached)
     if int(config.get(AUXILIARY_REQUEST, 0)):  # FedAU's W_a, after training (its retention)
         reported[AUXILIARY_KEY] = auxiliary_head(model, x, y, config, setup, settings)
     metrics = MetricRecord(
@@ -155,7 +162,15 @@ def _reply_state(msg: Message, model, setup: ClientSetup) -> dict[str, torch.Ten
     return scaled_update(sent, trained, config.attack_scale)
 
 
-def _train_stack(model, x, y, config, setup: ClientSetup, objective, weight_decay, settings):
+def _attached(msg: Message) -> dict[str, dict[str, torch.Tensor]]:
+    """The states a message carries beside its model (``arrays``), by name (PGA's anchor)."""
+    records = msg.content.array_records
+    return {name: records[name].to_torch_state_dict() for name in records if name != "arrays"}
+
+
+def _train_stack(
+    model, x, y, config, setup: ClientSetup, objective, weight_decay, settings, attached=None
+):
     """A judge run's stack of N models, trained at once (:func:`train_stack_epochs`): member i
     sees the batches a single run with ``model-seed`` = ``stack-seeds[i]`` would see. Another
     objective (an unlearning method's client step) runs member by member, member i as a single
@@ -169,8 +184,10 @@ def _train_stack(model, x, y, config, setup: ClientSetup, objective, weight_deca
     batch_seeds = [derive_seed(s, "train", server_round, setup.partition_id) for s in seeds]
     if objective != "train":
         losses = [
-            OBJECTIVES[objective](member, x, y, config, setup, {**settings, "seed": seed})
-            for member, seed in zip(model.members, batch_seeds)
+            OBJECTIVES[objective](
+                member, x, y, config, setup, {**settings, "seed": seed}, member_states(attached, i)
+            )
+            for i, (member, seed) in enumerate(zip(model.members, batch_seeds))
         ]
         return float(sum(losses) / len(losses))
     losses = train_stack_epochs(

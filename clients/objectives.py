@@ -1,7 +1,8 @@
 """What a client's training message may ask it to run (``objective`` in the message's config), one
-function each, called as ``objective(model, x, y, config, setup, settings)`` on a single network
-with the message's SGD ``settings`` (``epochs``, ``lr``, ``batch_size``, ``momentum``, ``seed``,
-``device``); each trains ``model`` in place and returns its loss.
+function each, called as ``objective(model, x, y, config, setup, settings, attached)`` on a single
+network with the message's SGD ``settings`` (``epochs``, ``lr``, ``batch_size``, ``momentum``,
+``seed``, ``device``) and the states the message carries beside the model (``attached``, by name:
+PGA's anchor); each trains ``model`` in place and returns its loss.
 
 * ``train``: ordinary SGD (FedProx's proximal term when the message carries ``proximal-mu``);
 * ``negative-gradient``, ``random-labels``: Golatkar et al.'s forgetting baselines on D_f;
@@ -33,21 +34,21 @@ from fedunlearn.unlearning.pga import PGA_DEFAULTS, ball_radius, projected_gradi
 from fedunlearn.unlearning.rapid_retraining import rapid_retraining_epochs
 
 
-def _train(model, x, y, config, setup, settings) -> float:
+def _train(model, x, y, config, setup, settings, attached=None) -> float:
     weight_decay = float(config.get("weight-decay", setup.config.weight_decay))
     mu = float(config.get("proximal-mu", 0.0))  # FedProx's (strategy = fedprox)
     return train_epochs(model, x, y, weight_decay=weight_decay, proximal_mu=mu, **settings)
 
 
-def _negative_gradient(model, x, y, config, setup, settings) -> float:
+def _negative_gradient(model, x, y, config, setup, settings, attached=None) -> float:
     return negative_gradient_epochs(model, x, y, num_classes=setup.num_classes, **settings)
 
 
-def _random_labels(model, x, y, config, setup, settings) -> float:
+def _random_labels(model, x, y, config, setup, settings, attached=None) -> float:
     return random_label_epochs(model, x, y, num_classes=setup.num_classes, **settings)
 
 
-def _rapid_retraining(model, x, y, config, setup, settings) -> float:
+def _rapid_retraining(model, x, y, config, setup, settings, attached=None) -> float:
     """Liu et al. 2022's client step: local epochs with the diagonal-Fisher quasi-Newton optimiser."""
     settings = {k: v for k, v in settings.items() if k not in ("lr", "momentum")}
     return rapid_retraining_epochs(
@@ -60,17 +61,19 @@ def _rapid_retraining(model, x, y, config, setup, settings) -> float:
     )
 
 
-def _fedquit(model, x, y, config, setup, settings) -> float:
+def _fedquit(model, x, y, config, setup, settings, attached=None) -> float:
     """Mora et al. 2024's step on the leaving client: distillation from the virtual teacher (the
     received model with each sample's true-class logit set to its minimum), Adam."""
     settings = {k: v for k, v in settings.items() if k not in ("lr", "momentum")}
     return fedquit_epochs(model, x, y, lr=float(config["fedquit-lr"]), **settings)
 
 
-def _pga(model, x, y, config, setup, settings) -> float:
+def _pga(model, x, y, config, setup, settings, attached=None) -> float:
     """Halimi et al. 2022's step on the leaving client: projected gradient ascent on its data
     within the L2 ball of radius delta (the authors' rule, from seeded random models) around the
-    reference model it received (w_ref, the mean of the other clients' models)."""
+    reference model it received (w_ref, the mean of the other clients' models), stopping once
+    its squared distance to its own last model (the ``anchor`` attached) exceeds
+    ``pga-stop-distance`` (the authors' code), or its accuracy falls below ``pga-stop-accuracy``."""
     reference = {k: v.detach().clone() for k, v in model.state_dict().items()}
     seed = int(config.get("model-seed", setup.config.training_seed))
 
@@ -91,7 +94,8 @@ def _pga(model, x, y, config, setup, settings) -> float:
         lr=float(config["pga-lr"]),
         momentum=PGA_DEFAULTS["momentum"],
         clip_norm=PGA_DEFAULTS["clip_norm"],
-        stop_accuracy=float(config["pga-stop-accuracy"]),
+        stop_accuracy=float(config["pga-stop-accuracy"]) or None,
+        **_anchor(attached, config),
         **settings,
     )
     return float(result["last_loss"])
@@ -101,7 +105,7 @@ def _gradient_step(loss: str) -> Callable[..., float]:
     """FedOSD's client: the exact gradient g of the mean ``loss`` (``uce``: the leaving client's
     Unlearning Cross-Entropy; ``ce``) over its data at the received model, sent as M - g."""
 
-    def step(model, x, y, config, setup, settings) -> float:
+    def step(model, x, y, config, setup, settings, attached=None) -> float:
         gradient = client_gradient(model, x, y, loss=loss, device=settings["device"])
         with torch.no_grad():
             for key, parameter in model.named_parameters():
@@ -109,6 +113,24 @@ def _gradient_step(loss: str) -> Callable[..., float]:
         return float(sum(g.pow(2).sum() for g in gradient.values()) ** 0.5)
 
     return step
+
+
+def _anchor(attached, config) -> dict:
+    """PGA's distance stop: the attached anchor (the client's last model) and its threshold."""
+    anchor = (attached or {}).get("anchor")
+    if anchor is None or float(config.get("pga-stop-distance", 0.0)) <= 0:
+        return {}
+    return {"anchor": anchor, "stop_distance": float(config["pga-stop-distance"])}
+
+
+def member_states(attached, member: int) -> dict:
+    """Member ``member``'s part of each attached state of a judge stack (``members.<i>.`` keys,
+    the prefix dropped)."""
+    prefix = f"members.{member}."
+    return {
+        name: {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        for name, state in (attached or {}).items()
+    }
 
 
 #: objective -> its client function. The first is the default; all but it train on D_f when the

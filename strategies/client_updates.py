@@ -74,15 +74,21 @@ class ClientUpdates:
         )
 
     def __call__(
-        self, server_round: int, model: dict[str, torch.Tensor], clients: list[int]
+        self,
+        server_round: int,
+        model: dict[str, torch.Tensor],
+        clients: list[int],
+        attachments: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
     ) -> dict[int, dict[str, torch.Tensor]]:
-        """Send ``model`` to ``clients`` and return their updates Û_k = M̂_k − M̃."""
+        """Send ``model`` to ``clients`` and return their updates Û_k = M̂_k − M̃; each
+        ``attachments`` state travels beside it under its name (PGA's anchor)."""
         nodes = self._nodes(server_round, clients)
         config = ConfigRecord(
             {**self.train_config, "local-epochs": self.epochs, "server-round": server_round}
         )
         sent = ArrayRecord(model)
-        content = RecordDict({"arrays": sent, "config": config})
+        extra = {name: ArrayRecord(dict(state)) for name, state in (attachments or {}).items()}
+        content = RecordDict({"arrays": sent, "config": config, **extra})
         messages = [
             Message(content=content, dst_node_id=node, message_type=self.message_type)
             for node in nodes

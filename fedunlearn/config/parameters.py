@@ -266,11 +266,17 @@ class RunParameters:
     )
     pga_epochs: int = unlearning(5, AT_LEAST_1, "PGA: the leaving client's ascent epochs")
     pga_lr: float = unlearning(0.01, POSITIVE, "PGA: the leaving client's SGD step size")
+    pga_stop_distance: float = unlearning(
+        2.2,
+        NON_NEGATIVE,
+        "PGA: the ascent stops once its squared distance to the leaving client's own last model "
+        "exceeds this (the authors' code; 0: off)",
+    )
     pga_stop_accuracy: float = unlearning(
-        0.1,
+        0.0,
         Interval(NUMBER, 0.0, 1.0),
-        "PGA: the ascent stops once the accuracy on the leaving client's data is below this "
-        "(ours: the paper's tau was unreachable; 0.1 is chance on 10 classes)",
+        "PGA: or once its accuracy on the leaving client's data is below this (the paper's tau, "
+        "unreachable here; 0: off)",
     )
     fedosd_rounds: int = unlearning(100, AT_LEAST_1, "FedOSD: unlearning rounds (the code's UR)")
     fedosd_lr: float = unlearning(
@@ -279,7 +285,6 @@ class RunParameters:
         "FedOSD: unlearning step size, x0.999 a round (ours: the code's 4e-4 scales its "
         "multi-batch pseudo-gradients; on digits' exact gradients it moved the model 0.002)",
     )
-    fedosd_post_lr: float = unlearning(1e-6, POSITIVE, "FedOSD: post-training step size (r_lr)")
     fedquit_epochs: int = unlearning(
         5, AT_LEAST_1, "FedQUIT: the leaving client's epochs (ours; the authors' 1)"
     )

@@ -17,6 +17,7 @@ import torch
 
 from fedunlearn.store.history import load_policy
 from fedunlearn.training.local import resolve_device
+from fedunlearn.training.model_state import state_sum
 from fedunlearn.unlearning.fedau import AuxiliaryHeads, fedau_unlearn, split_head
 from fedunlearn.unlearning.pga import reference_model
 from server.progress import count
@@ -158,24 +159,24 @@ def pga(context, name: str):
     """PGA (Halimi et al. 2022): the reference model w_ref, the mean of the other clients' models
     of the last training round (its policy keeps that round); each leaving client runs projected
     gradient ascent from w_ref within the ball around it (``pga-epochs`` at ``pga-lr``, stopping
-    below ``pga-stop-accuracy`` on its data); then ``post-training-rounds`` rounds of the run's
-    aggregation by the remaining clients."""
+    once its squared distance to its own last model passes ``pga-stop-distance``, the authors'
+    code's rule, or its accuracy on its data falls below ``pga-stop-accuracy``); then
+    ``post-training-rounds`` rounds of the run's aggregation by the remaining clients."""
     config, history = context.outcome.config, context.history(name)
     last = history.rounds()[-1]
-    clients = history.clients(last)
-    reference = reference_model(
-        history.read_global(last),
-        {k: history.read_update(last, k) for k in clients},
-        history.num_examples(last),
-        context.excluded,
-    )
+    start = history.read_global(last)
+    updates = {k: history.read_update(last, k) for k in history.clients(last)}
+    reference = reference_model(start, updates, history.num_examples(last), context.excluded)
     extra = {
         "objective": "pga",
         "pga-lr": config.pga_lr,
         "pga-stop-accuracy": config.pga_stop_accuracy,
+        "pga-stop-distance": config.pga_stop_distance,
     }
     requests = target_requests(context, name, epochs=config.pga_epochs, extra=extra)
-    unlearned, replied = targets_model(context, requests, reference)
+    # each target's anchor: its own model of the last round, M^{T-1} + U_k (the code's stop rule)
+    anchors = {k: state_sum(start, updates[k]) for k in context.targets if k in updates}
+    unlearned, replied = targets_model(context, requests, reference, anchors=anchors)
     accuracy = _accuracy(context, unlearned)
     context.log(
         f"{name}: client(s) {replied} ascended; test accuracy {accuracy:.4f} before post-training"

@@ -6,8 +6,11 @@ model the server holds and takes the server's steps.
   Cross-Entropy on its data, every remaining client its cross-entropy gradient; the server steps
   along the orthogonal steepest descent direction (no remaining client's loss rises to first
   order), at ``fedosd-lr`` decayed by 0.999 a round (the code's schedule);
-* ``post-training-rounds`` rounds without the leaving client: the remaining clients' gradients,
-  each projected so as not to undo the unlearning (``non_reverting``), at ``fedosd-post-lr``.
+* ``post-training-rounds`` rounds without the leaving client: the remaining clients train as in
+  a FedAvg round (E_loc epochs) and each update, read as the pseudo-gradient -U_k the code's
+  clients send, is projected so as not to undo the unlearning (``non_reverting``) before the
+  mean is applied (ours: the code's post-training rate 1e-6 on one epoch's pseudo-gradient left
+  the model where the unlearning rounds put it).
 
 A gradient travels as a ``train`` reply whose model is M - g (the client's objective takes one
 step of size 1 along its exact full-data gradient), so the reply screen checks it like any other.
@@ -47,10 +50,11 @@ def fedosd(context, name: str):
             lambda s, k, g_u=g_u, g_r=g_r, lr=lr: unlearning_step(s, _of(g_u, k), _of(g_r, k), lr),
         )
     context.log(f"{name}: {config.fedosd_rounds} unlearning round(s); the leaving client is done")
-    rounds = config.post_training_rounds
+    rounds, training = config.post_training_rounds, client_requests(context, name)
     for t in range(rounds):
-        g_r = _gradients(remaining(config.fedosd_rounds + t + 1, state, clients), parameters)
-        lr = learning_rate(config.fedosd_rounds + t, config.fedosd_post_lr)
+        # each client's local training (E_loc epochs) as a pseudo-gradient -U_k with step 1
+        g_r = _gradients(training(config.fedosd_rounds + t + 1, state, clients), parameters)
+        lr = 1.0
         state = _by_member(
             state,
             lambda s, k, g_r=g_r, lr=lr: post_training_step(

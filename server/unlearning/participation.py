@@ -71,12 +71,24 @@ def sizes(context, clients) -> list[int]:
 
 
 def targets_model(
-    context, requests: ClientUpdates, start: Mapping[str, torch.Tensor], server_round: int = 0
+    context,
+    requests: ClientUpdates,
+    start: Mapping[str, torch.Tensor],
+    server_round: int = 0,
+    *,
+    anchors: Mapping[int, Mapping[str, torch.Tensor]] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[int]]:
     """``start`` plus the sample-weighted mean of the targets' updates (ours for several targets:
     each runs the method's step from ``start``); returns the model and the targets that replied.
-    No reply at all is refused: the method did nothing."""
-    updates = requests(server_round, dict(start), list(context.targets))
+    ``anchors``: a state attached to each target's own message (then one message each). No reply
+    at all is refused: the method did nothing."""
+    if anchors:
+        updates = {}
+        for k in context.targets:
+            attached = {"anchor": anchors[k]} if k in anchors else None
+            updates.update(requests(server_round, dict(start), [k], attached))
+    else:
+        updates = requests(server_round, dict(start), list(context.targets))
     if not updates:
         raise RuntimeError(
             f"{requests.phase}: no leaving client replied; nothing was unlearned by it"

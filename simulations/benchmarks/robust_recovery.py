@@ -10,7 +10,8 @@ test accuracy, gap to FedRetrain, backdoor success, client-epochs, flag) and ``r
 Usage::
 
     python -m simulations.benchmarks.robust_recovery [--strategies fedtrimmedavg fedmedian]
-        [--output-dir results/robust_recovery] [--data-root DIR] [--set key=value ...]
+        [--methods pga fedquit ...] [--output-dir results/robust_recovery] [--data-root DIR]
+        [--set key=value ...]
 
 About 6 minutes a strategy on 2 cores.
 """
@@ -60,12 +61,17 @@ def supported(strategy: str) -> tuple[list[str], dict[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategies", nargs="+", default=["fedtrimmedavg", "fedmedian"])
+    parser.add_argument(
+        "--methods", nargs="+", help="only these of the supported methods (fedretrain always)"
+    )
     add_run_options(parser, "results/robust_recovery")
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
     rows, refusals = [], []
     for strategy in args.strategies:
         methods, refused = supported(strategy)
+        if args.methods:
+            methods = [m for m in methods if m in {*args.methods, "fedretrain"}]
         sets = [
             f"strategy='{strategy}'",
             f"unlearn-methods='{','.join(methods)}'",
