@@ -61,6 +61,11 @@ METHOD_COLOURS: dict[str, str] = {
     "fedrecover": "#2ca02c",
     "crab": "#9467bd",
     "sifu": "#8c564b",
+    "rapid-retraining": "#d62728",
+    "pga": "#e6550d",
+    "fedquit": "#31a354",
+    "fedosd": "#3182bd",
+    "fedau": "#a55194",
     # scrubbing (fedunlearn.registry.SCRUBBING)
     "newton": "#17becf",
     "newton-forget-only": "#0b6e78",
