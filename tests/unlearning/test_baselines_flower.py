@@ -139,3 +139,24 @@ def test_the_baselines_page_shows_the_registrys_table():
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "baselines.md").read_text()
     assert methods_table().to_markdown(index=False) in page
+
+
+def test_an_attachment_travels_beside_the_model_and_a_stack_member_gets_its_own_part():
+    """PGA's anchor: ClientUpdates sends it as its own record; a judge stack's member i reads the
+    ``members.<i>.`` part of it with the prefix dropped."""
+    from clients.objectives import member_states
+    from strategies.client_updates import ClientUpdates
+
+    sent = []
+
+    def send(messages, label=""):
+        sent.extend(messages)
+        return []
+
+    requests = ClientUpdates(send, {0: 100}, message_type="train", epochs=1)
+    requests(1, {"w": torch.zeros(2)}, [0], {"anchor": {"w": torch.ones(2)}})
+    content = sent[0].content
+    assert sorted(content.array_records) == ["anchor", "arrays"]
+    assert torch.equal(content["anchor"].to_torch_state_dict()["w"], torch.ones(2))
+    stacked = {"anchor": {"members.0.w": torch.zeros(1), "members.1.w": torch.ones(1)}}
+    assert member_states(stacked, 1) == {"anchor": {"w": torch.ones(1)}}
