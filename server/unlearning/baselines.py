@@ -129,17 +129,20 @@ def fedquit(context, name: str):
     extra = {"objective": "fedquit", "fedquit-lr": config.fedquit_lr}
     requests = target_requests(context, name, epochs=config.fedquit_epochs, extra=extra)
     unlearned, replied = targets_model(context, requests, context.outcome.final_state)
+    did = f"client(s) {replied} distilled {config.fedquit_epochs} epoch(s) from the virtual teacher"
+    return post_trained(context, name, unlearned, did)
+
+
+def post_trained(context, name: str, unlearned, did: str):
+    """The model after the leaving clients' step (``did`` says what it was), post-trained for
+    ``post-training-rounds`` rounds by the remaining clients; with the method's details (its test
+    accuracy before and after each post-training round)."""
     accuracy = _accuracy(context, unlearned)
-    context.log(
-        f"{name}: client(s) {replied} distilled; test accuracy {accuracy:.4f} before post-training"
-    )
-    rounds = config.post_training_rounds
+    context.log(f"{name}: {did}; test accuracy {accuracy:.4f} before post-training")
+    rounds = context.outcome.config.post_training_rounds
     state, curve = rounds_from(context, name, unlearned, rounds)
     return state, {
-        "did": (
-            f"client(s) {replied} distilled {config.fedquit_epochs} epoch(s) from the virtual "
-            f"teacher, then {rounds} post-training round(s)"
-        ),
+        "did": f"{did}, then {rounds} post-training round(s)",
         "accuracy_after_unlearning": accuracy,
         "accuracy_by_round": curve,
     }
@@ -177,17 +180,8 @@ def pga(context, name: str):
     # each target's anchor: its own model of the last round, M^{T-1} + U_k (the code's stop rule)
     anchors = {k: state_sum(start, updates[k]) for k in context.targets if k in updates}
     unlearned, replied = targets_model(context, requests, reference, anchors=anchors)
-    accuracy = _accuracy(context, unlearned)
-    context.log(
-        f"{name}: client(s) {replied} ascended; test accuracy {accuracy:.4f} before post-training"
+    did = (
+        f"reference of round {last}'s other clients; client(s) {replied} ascended up to "
+        f"{config.pga_epochs} epoch(s) in its ball"
     )
-    rounds = config.post_training_rounds
-    state, curve = rounds_from(context, name, unlearned, rounds)
-    return state, {
-        "did": (
-            f"reference of round {last}'s other clients; client(s) {replied} ascended up to "
-            f"{config.pga_epochs} epoch(s) in its ball, then {rounds} post-training round(s)"
-        ),
-        "accuracy_after_unlearning": accuracy,
-        "accuracy_by_round": curve,
-    }
+    return post_trained(context, name, unlearned, did)
