@@ -253,6 +253,8 @@ def _parameters(config) -> dict:
         "calibration_order": config.calibration_order,
         "retain_interval": config.retain_interval,
         "retain_mode": config.retain_mode,
+        "strategy": config.strategy,
+        "allow_target_participation": config.allow_target_participation,
         "local_epochs": config.local_epochs,
         "rounds": config.rounds,
         "seed": config.seed,
