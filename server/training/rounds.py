@@ -137,7 +137,8 @@ def dp_epsilon_of(config: ExperimentConfig) -> float:
 
 def train_config_record(config: ExperimentConfig) -> dict[str, int | float | str]:
     """The client SGD settings sent with every training (and calibration) message (FedProx's mu
-    when the run aggregates with FedProx), and the run's data settings (:func:`fedunlearn.data.federated_data.run_settings`)."""
+    when the run aggregates with FedProx), and the run's data settings
+    (:func:`fedunlearn.data.federated_data.run_settings`)."""
     seeds = {"stack-seeds": stack_seeds(config)} if config.judge_models else {}
     # FedProx's clients train with the proximal term in every training-type message (calibration,
     # exact updates, post-training too), not only in the rounds its strategy configures
