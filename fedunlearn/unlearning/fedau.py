@@ -332,7 +332,10 @@ class AuxiliaryHeads(RetentionPolicy):
         return server_round == self.last_round
 
     def observe(self, server_round: int, auxiliary) -> None:
-        self.heads = keep_latest(self.heads, auxiliary)
+        # each client's latest head replaces its previous one (keep_auxiliary, flat)
+        self.heads.update(
+            {int(k): v.detach().cpu().float().flatten() for k, v in auxiliary.items()}
+        )
 
     def select(self, server_round, global_state, updates, num_examples, *, loss=None) -> Selection:
         return Selection(False, frozenset())
@@ -368,14 +371,6 @@ class AuxiliaryHeads(RetentionPolicy):
     def kept_heads(self, weight_shape: torch.Size) -> dict[int, dict[str, torch.Tensor]]:
         """Each kept head as ``{"weight", "bias"}`` of a head of ``weight_shape`` (K, d)."""
         return {k: split_head(flat, weight_shape) for k, flat in self.heads.items()}
-
-
-def keep_latest(kept: Mapping[int, torch.Tensor], replies: Mapping[int, torch.Tensor]) -> dict:
-    """Each client's latest flat head replaces its previous one; the others keep theirs."""
-    return {
-        **dict(kept),
-        **{int(k): v.detach().cpu().float().flatten() for k, v in replies.items()},
-    }
 
 
 def split_head(flat: torch.Tensor, weight_shape: torch.Size, member: int = 0) -> dict:
