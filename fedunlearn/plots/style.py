@@ -64,7 +64,7 @@ METHOD_COLOURS: dict[str, str] = {
     "rapid-retraining": "#8c6d31",
     "pga": "#e7298a",
     "fedquit": "#1b9e77",
-    "fedosd": "#393b79",
+    "fedosd": "#5254a3",
     "fedau": "#e6ab02",
     # scrubbing (fedunlearn.registry.SCRUBBING)
     "newton": "#17becf",
