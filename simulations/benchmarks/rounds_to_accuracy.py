@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -74,7 +75,8 @@ def figure(runs: list[Path], path: Path) -> None:
     ``<dataset>-<partition>-s<seed>`` by the suite), mean over seeds."""
     groups: dict[str, dict[str, list[list[float]]]] = {}
     for run in runs:
-        setting = run.name.rsplit("-s", 1)[0]
+        setting = re.sub(r"-s?\d+$", "", run.name)  # digits-iid-s0: one panel per setting
+        setting = run.parent.name if setting == "seed" else setting  # repeat's seed-<n> runs
         for method, curve in curves(run).items():
             if method in COMPARED:
                 groups.setdefault(setting, {}).setdefault(method, []).append(curve)
