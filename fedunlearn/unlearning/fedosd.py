@@ -37,12 +37,9 @@ from fedunlearn.errors import ConfigError
 
 Gradient = Mapping[str, torch.Tensor]
 
-#: The code's defaults (README command for CIFAR-10): R=200 rounds of which UR=100 unlearn,
-#: server lr 4e-4 in unlearning, r_lr 1e-6 in post-training, both times decay**round.
-DEFAULT_UNLEARNING_ROUNDS = 100
-DEFAULT_TOTAL_ROUNDS = 200
-DEFAULT_UNLEARNING_LR = 4e-4
-DEFAULT_POST_TRAINING_LR = 1e-6
+#: The code's learning-rate decay per round (its README command for CIFAR-10 also runs R = 200
+#: rounds of which UR = 100 unlearn, server lr 4e-4 in unlearning and r_lr 1e-6 in post-training;
+#: the run config's fedosd-* keys hold the values this platform uses, docs/baselines.md why).
 DEFAULT_LR_DECAY = 0.999
 
 
