@@ -160,9 +160,10 @@ def objective_of(config) -> str:
 def auxiliary_head(model, x, y, config, setup, settings) -> list[float]:
     """FedAU's auxiliary head W_a (Gu et al. 2024), trained after the client's training on its
     frozen features with every label replaced by another class (client level), for the epochs the
-    request names; flat (weight, then bias; a stack's members in order) for the reply's metrics.
-    The random labels are drawn once per client (seeded by the run and the partition), as the
-    authors' are drawn once when the data set is built."""
+    request names, with the run's SGD settings (lr, momentum, weight decay: the authors train W_a
+    with the same optimiser as the model); flat (weight, then bias; a stack's members in order) for
+    the reply's metrics. The random labels are drawn once per client (seeded by the run and the
+    partition), as the authors' are drawn once when the data set is built."""
     members = model.members if isinstance(model, ModelStack) else [model]
     seed = int(config.get("model-seed", setup.config.training_seed))
     server_round = int(config.get("server-round", 0))
@@ -176,6 +177,8 @@ def auxiliary_head(model, x, y, config, setup, settings) -> list[float]:
             y_aux,
             epochs=int(config[AUXILIARY_REQUEST]),
             lr=settings["lr"],
+            momentum=settings["momentum"],
+            weight_decay=float(config.get("weight-decay", setup.config.weight_decay)),
             batch_size=settings["batch_size"],
             seed=derive_seed(seed, "fedau", server_round, setup.partition_id),
             gamma=0.0,

@@ -216,3 +216,45 @@ def test_forgetting_a_client_drops_its_accuracy_only_with_no_client_computation(
     after = {cid: evaluate(unlearned, *clients[cid]).accuracy for cid in clients}
     assert after[0] < 0.2
     assert after[1] >= before[1] - 0.05 and after[2] >= before[2] - 0.05
+
+
+def test_the_client_trains_its_auxiliary_head_with_the_runs_momentum_and_weight_decay():
+    # The authors train W_a with the model's optimiser (SGD, momentum 0.9, weight decay 5e-4);
+    # the client's head must be the core's with the run's momentum and weight decay, not plain SGD.
+    from types import SimpleNamespace
+
+    from clients.objectives import auxiliary_head
+    from fedunlearn.seeding import derive_seed
+    from fedunlearn.store.retention import AUXILIARY_REQUEST
+
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 3, generator=generator), torch.randint(0, 4, (40,), generator=generator)
+    net = BodyHeadNet(nn.Identity(), 3, 4)
+    setup = SimpleNamespace(
+        config=SimpleNamespace(training_seed=7, weight_decay=0.0), partition_id=2, num_classes=4
+    )
+    config = {AUXILIARY_REQUEST: 3, "weight-decay": 0.01, "server-round": 5}
+    settings = {"lr": 0.1, "momentum": 0.9, "batch_size": 8, "device": "cpu"}
+    sent = torch.tensor(auxiliary_head(net, x, y, config, setup, settings))
+
+    labels = torch.Generator().manual_seed(derive_seed(7, "fedau-labels", 2))
+    y_aux = auxiliary_targets(y, 4, generator=labels)
+
+    def head(momentum, weight_decay):
+        out = train_auxiliary_head(
+            net,
+            x,
+            y_aux,
+            epochs=3,
+            lr=0.1,
+            batch_size=8,
+            seed=derive_seed(7, "fedau", 5, 2),
+            gamma=0.0,
+            momentum=momentum,
+            weight_decay=weight_decay,
+        )
+        return torch.cat([out["weight"].flatten(), out["bias"].flatten()])
+
+    assert torch.allclose(sent, head(0.9, 0.01), atol=1e-6)
+    assert not torch.allclose(sent, head(0.0, 0.0), atol=1e-3)
+    assert not torch.allclose(sent, head(0.9, 0.0), atol=1e-5)
