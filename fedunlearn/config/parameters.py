@@ -423,7 +423,9 @@ class RunParameters:
         5.0,
         Interval(NUMBER, 0.0, 100.0),
         "a method this many points of test accuracy below FedRetrain (without it: the "
-        "original) is flagged, as is one that stayed by the original (forgot nothing)",
+        "original) is flagged, as is one whose backdoor success is this many points above "
+        "FedRetrain's when the request forgets an attacker (kept the attack), or else one that "
+        "stayed by the original (forgot nothing)",
     )
     keep_original: bool = unlearning(
         False, Flag(), "keep the pre-request model and history under original-<request>/"

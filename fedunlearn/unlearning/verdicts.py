@@ -6,6 +6,12 @@ A row of the comparison table is flagged (``flag`` column, the console, the figu
 * its model is not finite, or its test loss is not (it diverged);
 * it is more than ``flag-gap`` points of test accuracy below the reference (FedRetrain, the model
   retrained without the targets), or, without a reference in the run, below the original model;
+* it kept the attack: when the request forgets a poisoning client (``attack_forgotten``) and
+  both it and the reference have an attack success (``attack_success``, the backdoor's success
+  on the test set), its success is more than ``flag-gap`` points above the reference's. That is
+  forgetting measured directly, so it replaces the L2 test below (a method that makes a small,
+  targeted change, FedOSD on MNIST: backdoor 99.9% -> 2.8% at L2 1.25 from the original against
+  5.24 to FedRetrain, would read as "forgot nothing");
 * it forgot nothing, whatever its accuracy: with a reference, its model is nearer the original
   than a quarter of the way the original is from the reference (L2 over all parameters,
   :data:`FORGOT_NOTHING_SHARE`); without one, it is the original model itself (L2 to it 0).
@@ -60,9 +66,34 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def row_flag(row: pd.Series, reference: pd.Series | None, original: pd.Series | None, gap: float):
+def _attack_kept(row: pd.Series, reference: pd.Series | None, gap: float) -> str | None:
+    """Why ``row`` kept the attack (``""``: it did not), or None when the row or the reference
+    has no attack success to compare."""
+    if reference is None or row["method"] == REFERENCE:
+        return None
+    kept, retrained = row.get("attack_success", math.nan), reference.get("attack_success", math.nan)
+    if not (_finite(kept) and _finite(retrained)):
+        return None
+    above = _points(kept - retrained)
+    if above > gap:
+        return (
+            f"kept the attack: success {kept:.4f}, {above:.1f} points above {REFERENCE}'s "
+            f"{retrained:.4f} (flag-gap {gap:g})"
+        )
+    return ""
+
+
+def row_flag(
+    row: pd.Series,
+    reference: pd.Series | None,
+    original: pd.Series | None,
+    gap: float,
+    attack_forgotten: bool = False,
+):
     """The reason ``row`` is flagged, or ``""``; ``reference`` and ``original`` are the table's
-    FedRetrain and original rows (None when absent), ``gap`` is ``flag-gap`` in points."""
+    FedRetrain and original rows (None when absent), ``gap`` is ``flag-gap`` in points;
+    ``attack_forgotten``: the request forgets a poisoning client, so the attack's success measures
+    forgetting."""
     if row["method"] == ORIGINAL:
         return ""
     if not _finite(row["test_loss"]) or not _finite(row.get("l2_to_original", 0.0)):
@@ -74,6 +105,9 @@ def row_flag(row: pd.Series, reference: pd.Series | None, original: pd.Series | 
         below = _points(anchor["test_accuracy"] - row["test_accuracy"])
         if below > gap:
             return f"{below:.1f} points below {anchor_name} (flag-gap {gap:g})"
+    kept = _attack_kept(row, reference, gap) if attack_forgotten else None
+    if kept is not None:
+        return kept
     moved = row.get("l2_to_original", math.nan)
     if reference is not None and original is not None and row["method"] != REFERENCE:
         span = original["l2_to_fedretrain"]
@@ -87,14 +121,18 @@ def row_flag(row: pd.Series, reference: pd.Series | None, original: pd.Series | 
     return ""
 
 
-def flag_rows(table: pd.DataFrame, flag_gap: float) -> list[str]:
+def flag_rows(table: pd.DataFrame, flag_gap: float, attack_forgotten: bool = False) -> list[str]:
     """:func:`row_flag` for every row of a comparison table (columns ``method``,
-    ``test_accuracy``, ``test_loss``, ``l2_to_fedretrain``, ``l2_to_original``)."""
+    ``test_accuracy``, ``test_loss``, ``l2_to_fedretrain``, ``l2_to_original``, and
+    ``attack_success`` where the run was poisoned)."""
     rows = {row["method"]: row for _, row in table.iterrows()}
     reference, original = rows.get(REFERENCE), rows.get(ORIGINAL)
     if reference is not None and not _finite(reference["test_loss"]):
         reference = None  # a diverged reference measures nothing: held to the original instead
-    return [row_flag(row, reference, original, flag_gap) for _, row in table.iterrows()]
+    return [
+        row_flag(row, reference, original, flag_gap, attack_forgotten)
+        for _, row in table.iterrows()
+    ]
 
 
 def training_flag(test_accuracy: Sequence[float]) -> str:

@@ -178,7 +178,9 @@ def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: 
     results; publish the table and the figures."""
     config = outcome.config
     table, angles = measure(outcome, runner.models, runner.seconds, targets)
-    table = with_verdicts(with_costs(table, runner, outcome.store), runner.details, config.flag_gap)
+    forgets_attacker = bool(set(config.attack_targets) & set(targets))
+    table = with_costs(table, runner, outcome.store)
+    table = with_verdicts(table, runner.details, config.flag_gap, forgets_attacker)
     metrics = outcome.run.metrics
     if "test_accuracy" in metrics:
         original = (table["method"] == "fedavg").to_numpy()
@@ -442,10 +444,13 @@ def with_costs(table: pd.DataFrame, runner: MethodRunner, store) -> pd.DataFrame
     return table
 
 
-def with_verdicts(table: pd.DataFrame, details: dict, flag_gap: float) -> pd.DataFrame:
+def with_verdicts(
+    table: pd.DataFrame, details: dict, flag_gap: float, attack_forgotten: bool = False
+) -> pd.DataFrame:
     """``table`` with what each method did (``did``, its ``details["did"]``), the round it rolled
     back to where it rolled back (``rollback_round``), and its flag
-    (:func:`fedunlearn.unlearning.verdicts.flag_rows`: ``""`` when its row is a result)."""
+    (:func:`fedunlearn.unlearning.verdicts.flag_rows`: ``""`` when its row is a result;
+    ``attack_forgotten``: the targets include a poisoning client)."""
     table = table.copy()
     own = [details.get(method, {}) for method in table["method"]]
     table["did"] = [
@@ -453,7 +458,7 @@ def with_verdicts(table: pd.DataFrame, details: dict, flag_gap: float) -> pd.Dat
         for m, d in zip(table["method"], own)
     ]
     table["rollback_round"] = [d.get("rollback_round", float("nan")) for d in own]
-    table["flag"] = flag_rows(table, flag_gap)
+    table["flag"] = flag_rows(table, flag_gap, attack_forgotten)
     return table
 
 

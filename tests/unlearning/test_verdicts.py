@@ -35,8 +35,8 @@ def _table(**rows) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _flags(table, gap=5.0) -> dict[str, str]:
-    return dict(zip(table["method"], flag_rows(table, gap)))
+def _flags(table, gap=5.0, attack_forgotten=True) -> dict[str, str]:
+    return dict(zip(table["method"], flag_rows(table, gap, attack_forgotten)))
 
 
 # ------------------------------------------------------------------ the original's training
@@ -180,3 +180,50 @@ def test_an_explicit_choice_is_adopted_and_a_flag_is_said():
     adoption = _adopt(table, candidates=["federaser"], explicit="federaser")
     assert adoption.method == "federaser"
     assert "unlearn-adopt names it; it is FLAGGED (36.2 points below" in adoption.reason
+
+
+def _attacked(table: pd.DataFrame, **success) -> pd.DataFrame:
+    return table.assign(attack_success=[success.get(m, math.nan) for m in table["method"]])
+
+
+def test_a_method_that_kept_the_backdoor_is_flagged_however_far_it_moved():
+    # The MNIST recovery run: FedRetrain 0.25% backdoor success; PGA left 25.6% at accuracy within
+    # a point, a model far from the original (no "forgot nothing" by L2).
+    table = _table(fedavg=(0.984, 5.2), fedretrain=(0.982, 0.0), pga=(0.977, 4.0, 0.1, 4.9))
+    table = _attacked(table, fedavg=0.999, fedretrain=0.0025, pga=0.2563)
+    flags = _flags(table)
+    assert flags["pga"].startswith("kept the attack: success 0.2563, 25.4 points")
+    assert "points above fedretrain" in flags["pga"]
+    assert flags["fedretrain"] == flags["fedavg"] == ""
+    # Not a request that forgets an attacker: the attack's success is no measure of forgetting.
+    assert dict(zip(table["method"], flag_rows(table, 5.0)))["pga"] == ""
+
+
+def test_the_backdoors_success_replaces_the_l2_guess_of_forgot_nothing():
+    # FedOSD on MNIST: backdoor 99.9% -> 2.8% with a small, targeted change (L2 1.25 from the
+    # original against 5.24 between the original and FedRetrain) read as "forgot nothing".
+    table = _table(fedavg=(0.984, 5.24), fedretrain=(0.982, 0.0), fedosd=(0.979, 5.0, 0.1, 1.25))
+    assert _flags(table, 5.0)["fedosd"].startswith("forgot nothing")  # no attack measured
+    attacked = _attacked(table, fedavg=0.999, fedretrain=0.0028, fedosd=0.0283)
+    assert dict(zip(attacked["method"], flag_rows(attacked, 5.0, True)))["fedosd"] == ""
+    # A NaN success (scaled-update: no trigger to test) leaves the L2 test in place.
+    nan = _attacked(table, fedavg=math.nan, fedretrain=math.nan, fedosd=math.nan)
+    assert dict(zip(nan["method"], flag_rows(nan, 5.0, True)))["fedosd"].startswith("forgot")
+
+
+@given(
+    kept=st.floats(0, 1),
+    retrained=st.floats(0, 1),
+    gap=st.floats(0, 50),
+    accuracy_below=st.floats(0, 0.5),
+)
+def test_a_row_more_than_the_gap_above_on_attack_or_below_on_accuracy_is_always_flagged(
+    kept, retrained, gap, accuracy_below
+):
+    table = _table(fedavg=(0.98, 3.0), fedretrain=(0.98, 0.0), m=(0.98 - accuracy_below, 2.0))
+    table = _attacked(table, fedavg=1.0, fedretrain=retrained, m=kept)
+    flag = dict(zip(table["method"], flag_rows(table, gap, True)))["m"]
+    if 100 * accuracy_below > gap + 1e-9 or 100 * (kept - retrained) > gap + 1e-9:
+        assert flag != ""
+    elif 100 * accuracy_below < gap - 1e-9 and 100 * (kept - retrained) < gap - 1e-9:
+        assert flag == ""
