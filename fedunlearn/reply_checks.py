@@ -48,6 +48,11 @@ class RefusedReply(FedUnlearnError, ValueError):
         super().__init__(reason)
 
 
+class NonFiniteReply(RefusedReply):
+    """A reply refused for a value that is not finite: what honest clients send when the model
+    they were asked to train from diverges in their training."""
+
+
 def check_array_specs(sent: Mapping[str, ArraySpec], received: Mapping[str, ArraySpec]) -> None:
     """The reply's arrays have exactly the sent keys, and each the sent shape and dtype."""
     _same_names("arrays", sent, received)
@@ -88,7 +93,7 @@ def check_finite_arrays(arrays: Iterable[tuple[str, np.ndarray]]) -> None:
     for name, array in arrays:
         if array.dtype.kind in "fc" and not np.isfinite(array).all():
             bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
-            raise RefusedReply(f"array {name!r} holds {bad} non-finite value(s)")
+            raise NonFiniteReply(f"array {name!r} holds {bad} non-finite value(s)")
 
 
 def check_metrics(
@@ -102,7 +107,7 @@ def check_metrics(
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise RefusedReply(f"metric {name!r} = {value!r} is not a number")
         if not math.isfinite(float(value)):
-            raise RefusedReply(f"metric {name!r} = {value!r} is not finite")
+            raise NonFiniteReply(f"metric {name!r} = {value!r} is not finite")
         values[name] = value
     return values
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from flwr.app import ArrayRecord, Message
 
 from fedunlearn.reply_checks import (
+    NonFiniteReply,
     RefusedReply,
     check_evaluate_reply,
     check_training_reply,
@@ -76,6 +77,10 @@ class ReplyScreen:
         self.run = run
         self.in_a_row: dict[int, int] = {}
         self.refused = 0
+        #: The last screened round's refused nodes, and those of them refused for a non-finite
+        #: value (every one of them: the model sent diverged in the clients' training).
+        self.last_refused: set[int] = set()
+        self.last_non_finite: set[int] = set()
         self.seconds = 0.0
 
     # ------------------------------------------------------------------ sending
@@ -127,7 +132,7 @@ class ReplyScreen:
         """The non-error replies ``check(reply, partition)`` accepts and that ``outliers()``
         (the round's senders to refuse, with why) does not name; the others are refused."""
         started = time.perf_counter()
-        kept, refused = [], set()
+        kept, refused, non_finite = [], set(), set()
         for reply in replies:
             if reply.has_error():
                 continue
@@ -137,12 +142,15 @@ class ReplyScreen:
             except RefusedReply as refusal:
                 self._refuse(phase, server_round, node, refusal.reason)
                 refused.add(node)
+                if isinstance(refusal, NonFiniteReply):
+                    non_finite.add(node)
                 continue
             kept.append(reply)
         for node, reason in (outliers() if outliers else {}).items():
             self._refuse(phase, server_round, node, reason)
             refused.add(node)
         kept = [r for r in kept if r.metadata.src_node_id not in refused]
+        self.last_refused, self.last_non_finite = refused, non_finite
         self._account(phase, server_round, {r.metadata.src_node_id for r in kept}, refused)
         self.seconds += time.perf_counter() - started
         return kept

@@ -225,6 +225,21 @@ def fedavg_rounds(
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
+class DivergedRound(RuntimeError):
+    """A round failed because the clients' training diverged from the model sent: every refused
+    reply was refused for a non-finite value, and no reply was an error. The caller may report
+    the model it sent as diverged instead of ending the run."""
+
+
+def _diverged(screen, failed) -> bool:
+    return (
+        screen is not None
+        and not failed
+        and bool(screen.last_refused)
+        and screen.last_refused == screen.last_non_finite
+    )
+
+
 def _train_round(grid, strategy, config, server_round, arrays, train_config, screen, phase, log):
     """One training round: configure, send, screen, aggregate. Returns (new arrays, aggregated
     metrics, valid replies); fails when fewer than ``min-reply-fraction`` of the asked replied
@@ -241,6 +256,12 @@ def _train_round(grid, strategy, config, server_round, arrays, train_config, scr
     if screen is not None:
         valid = screen.training(phase, server_round, arrays, valid)
     needed = max(1, math.ceil(config.min_reply_fraction * len(messages) - 1e-9))
+    if len(valid) < needed and _diverged(screen, failed):
+        raise DivergedRound(
+            f"{phase} round {server_round}: {len(screen.last_refused)} of {len(messages)} "
+            "replies refused, every one for a value that is not finite: the model sent diverged "
+            "in the clients' training"
+        )
     if len(valid) < needed:
         reasons = failure_reasons(failed) or "no error replies"
         raise RuntimeError(

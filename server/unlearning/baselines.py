@@ -21,7 +21,12 @@ from fedunlearn.training.model_state import state_sum
 from fedunlearn.unlearning.fedau import AuxiliaryHeads, fedau_unlearn, split_head
 from fedunlearn.unlearning.pga import reference_model
 from server.progress import count
-from server.training.rounds import evaluate_run_model, fedavg_rounds, participant_strategy
+from server.training.rounds import (
+    DivergedRound,
+    evaluate_run_model,
+    fedavg_rounds,
+    participant_strategy,
+)
 from server.unlearning.participation import target_requests, targets_model
 
 
@@ -140,7 +145,16 @@ def post_trained(context, name: str, unlearned, did: str):
     accuracy = _accuracy(context, unlearned)
     context.log(f"{name}: {did}; test accuracy {accuracy:.4f} before post-training")
     rounds = context.outcome.config.post_training_rounds
-    state, curve = rounds_from(context, name, unlearned, rounds)
+    try:
+        state, curve = rounds_from(context, name, unlearned, rounds)
+    except DivergedRound as diverged:
+        # the unlearned model broke the remaining clients' training: its row, flagged, not a crash
+        context.log(f"{name}: {diverged}; its row is the model before post-training, flagged")
+        return unlearned, {
+            "did": f"{did}; post-training diverged",
+            "diverged": str(diverged),
+            "accuracy_after_unlearning": accuracy,
+        }
     return state, {
         "did": f"{did}, then {rounds} post-training round(s)",
         "accuracy_after_unlearning": accuracy,

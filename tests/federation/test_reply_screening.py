@@ -333,3 +333,44 @@ def test_a_reply_the_cheap_checks_refuse_is_never_decoded():
     kept = screen.training("train", 1, ArrayRecord(MODEL), replies)
     assert [r.metadata.src_node_id for r in kept] == [101, 103]
     assert "has shape (9, 9)" in lines[0] and "decode" not in lines[0]
+
+
+# ----------------------------------------------------------------- a round that diverged
+def _round(monkeypatch, replies):
+    """``_train_round`` of the real screen over ``replies`` (asked of all three nodes)."""
+    from types import SimpleNamespace
+
+    import server.training.rounds as rounds
+
+    screen = ReplyScreen(members(), max_refusals=3, log=lambda _: None)
+    sent = ArrayRecord(MODEL)
+    strategy = Mock()
+    strategy.configure_train.return_value = [Mock(spec=Message) for _ in NODES]
+    monkeypatch.setattr(rounds, "collect_replies", lambda *a, **k: replies)
+    config = SimpleNamespace(min_reply_fraction=0.5, reply_timeout=1.0)
+    return lambda: rounds._train_round(None, strategy, config, 1, sent, {}, screen, "pga", print)
+
+
+def test_a_round_whose_every_refusal_is_non_finite_fails_as_diverged(monkeypatch):
+    from server.training.rounds import DivergedRound
+
+    nan = [
+        reply(101, hostile("nan", 0)),
+        reply(102, hostile("nan-loss")),
+        reply(103, honest_content(2)),
+    ]
+    with pytest.raises(DivergedRound, match="2 of 3 replies refused, every one for a value"):
+        _round(monkeypatch, nan)()
+
+
+@pytest.mark.parametrize("other", ["spoofed-partition", "error"])
+def test_a_round_failed_for_any_other_reason_is_no_divergence(monkeypatch, other):
+    # one non-finite reply beside a hostile or failed one: the run stops as before, not "diverged"
+    from server.training.rounds import DivergedRound
+
+    second = reply(102, hostile(other) if other != "error" else {}, error=other == "error")
+    second.error.reason = "client raised"
+    replies = [reply(101, hostile("inf", 0)), second]
+    with pytest.raises(RuntimeError, match="fewer than min-reply-fraction") as failure:
+        _round(monkeypatch, replies)()
+    assert not isinstance(failure.value, DivergedRound)

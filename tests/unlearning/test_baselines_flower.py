@@ -160,3 +160,35 @@ def test_an_attachment_travels_beside_the_model_and_a_stack_member_gets_its_own_
     assert torch.equal(content["anchor"].to_torch_state_dict()["w"], torch.ones(2))
     stacked = {"anchor": {"members.0.w": torch.zeros(1), "members.1.w": torch.ones(1)}}
     assert member_states(stacked, 1) == {"anchor": {"w": torch.ones(1)}}
+
+
+def test_a_post_training_that_diverged_gives_a_flagged_row_not_a_crash(monkeypatch):
+    # PGA without its distance stop ascends to the ball's edge (loss 2e5 on MNIST): the remaining
+    # clients' training from that model returns NaN, every reply is refused. The request keeps the
+    # other methods' rows; this one's is the model before post-training, flagged "diverged".
+    import pandas as pd
+
+    import server.unlearning.baselines as baselines
+    from server.training.rounds import DivergedRound
+    from server.unlearning.request import with_verdicts
+
+    def diverges(*args, **kwargs):
+        raise DivergedRound("pga round 1: 9 of 9 replies refused, every one for a value ...")
+
+    monkeypatch.setattr(baselines, "rounds_from", diverges)
+    monkeypatch.setattr(baselines, "_accuracy", lambda context, state: 0.0892)
+    config = SimpleNamespace(post_training_rounds=2)
+    context = SimpleNamespace(outcome=SimpleNamespace(config=config), log=lambda _: None)
+    unlearned = {"w": torch.ones(2)}
+    state, details = baselines.post_trained(context, "pga", unlearned, "ascended")
+    assert state is unlearned and details["accuracy_after_unlearning"] == 0.0892
+    assert details["did"] == "ascended; post-training diverged"
+    table = pd.DataFrame(
+        [
+            {"method": m, "test_accuracy": a, "test_loss": 0.1, "l2_to_fedretrain": 1.0}
+            for m, a in (("fedavg", 0.98), ("fedretrain", 0.98), ("pga", 0.98))
+        ]
+    ).assign(l2_to_original=[0.0, 1.0, 1.0])
+    flagged = with_verdicts(table, {"pga": details}, 5.0)
+    assert flagged.set_index("method").loc["pga", "flag"].startswith("diverged: pga round 1")
+    assert flagged.set_index("method").loc["fedretrain", "flag"] == ""
