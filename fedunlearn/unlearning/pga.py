@@ -102,7 +102,7 @@ def _floating_keys(state: State, keys: Sequence[str] | None) -> list[str]:
     return list(keys)
 
 
-def _distance(a: State, b: State, keys: Sequence[str]) -> float:
+def parameter_distance(a: State, b: State, keys: Sequence[str]) -> float:
     """‖a - b‖ over ``keys`` taken as one vector, in float64."""
     total = sum(
         float((a[k].detach().double().cpu() - b[k].detach().double().cpu()).pow(2).sum())
@@ -123,7 +123,7 @@ def project_to_ball(
         raise ConfigError("radius", radius, "a finite number >= 0")
     keys = _floating_keys(state, keys)
     out = {k: t.detach().clone() for k, t in state.items()}
-    distance = _distance(state, center, keys)
+    distance = parameter_distance(state, center, keys)
     if distance <= radius:
         return out
     scale = radius / distance
@@ -155,7 +155,7 @@ def ball_radius(
     squares = []
     for j in range(int(num_models)):
         params = dict(build(seed + j).named_parameters())
-        squares.append(_distance(params, reference, list(params)) ** 2)
+        squares.append(parameter_distance(params, reference, list(params)) ** 2)
     return math.sqrt(fraction * sum(squares) / len(squares))
 
 
@@ -183,7 +183,7 @@ def _project_model(model: nn.Module, center: State, radius: float) -> float:
     projected = project_to_ball(params, center, radius, list(params))
     for name, p in params.items():
         p.copy_(projected[name])
-    return _distance(params, center, list(params))
+    return parameter_distance(params, center, list(params))
 
 
 def _stop_reason(model, x, y, device, stop_accuracy, anchor, stop_distance, accuracy):
@@ -195,7 +195,7 @@ def _stop_reason(model, x, y, device, stop_accuracy, anchor, stop_distance, accu
             return "accuracy", accuracy
     if anchor is not None:
         params = {k: p.detach() for k, p in model.named_parameters()}
-        if _distance(params, anchor, list(params)) ** 2 > stop_distance:
+        if parameter_distance(params, anchor, list(params)) ** 2 > stop_distance:
             return "distance", accuracy
     return None, accuracy
 

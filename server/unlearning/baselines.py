@@ -19,7 +19,7 @@ from fedunlearn.store.history import load_policy
 from fedunlearn.training.local import resolve_device
 from fedunlearn.training.model_state import state_sum
 from fedunlearn.unlearning.fedau import AuxiliaryHeads, fedau_unlearn, split_head
-from fedunlearn.unlearning.pga import reference_model
+from fedunlearn.unlearning.pga import parameter_distance, reference_model
 from server.progress import count
 from server.training.rounds import (
     DivergedRound,
@@ -27,7 +27,12 @@ from server.training.rounds import (
     fedavg_rounds,
     participant_strategy,
 )
-from server.unlearning.participation import target_requests, targets_model
+from server.unlearning.participation import (
+    mean_model,
+    target_requests,
+    target_updates,
+    targets_model,
+)
 
 
 def rounds_from(
@@ -193,9 +198,35 @@ def pga(context, name: str):
     requests = target_requests(context, name, epochs=config.pga_epochs, extra=extra)
     # each target's anchor: its own model of the last round, M^{T-1} + U_k (the code's stop rule)
     anchors = {k: state_sum(start, updates[k]) for k in context.targets if k in updates}
-    unlearned, replied = targets_model(context, requests, reference, anchors=anchors)
+    ascended = target_updates(context, requests, reference, anchors=anchors)
     did = (
-        f"reference of round {last}'s other clients; client(s) {replied} ascended up to "
+        f"reference of round {last}'s other clients; client(s) {sorted(ascended)} ascended up to "
         f"{config.pga_epochs} epoch(s) in its ball"
     )
-    return post_trained(context, name, unlearned, did)
+    ascent = _ascent(context, reference, ascended, anchors)
+    state, details = post_trained(context, name, mean_model(context, reference, ascended), did)
+    return state, {**details, "ascent": ascent}
+
+
+def _ascent(context, reference, ascended, anchors) -> dict[int, dict[str, float]]:
+    """How far each target's ascent went, over the model's parameters (the client's distances):
+    ``moved`` ‖w_k − w_ref‖, and the squared distance to its own last model before
+    (``start_distance2``) and after (``end_distance2``); a distance stop that leaves no room is
+    said in the log (the authors' 2.2 is for their MNIST network)."""
+    config = context.outcome.config
+    keys = [k for k, _ in context.outcome.new_model().named_parameters()]
+    out = {}
+    for k, update in sorted(ascended.items()):
+        unlearned = state_sum(reference, update)
+        row = {"moved": parameter_distance(unlearned, reference, keys)}
+        if k in anchors:
+            row["start_distance2"] = parameter_distance(reference, anchors[k], keys) ** 2
+            row["end_distance2"] = parameter_distance(unlearned, anchors[k], keys) ** 2
+            if 0 < config.pga_stop_distance <= row["start_distance2"]:
+                context.log(
+                    f"pga: client {k}'s reference is already {row['start_distance2']:.3g} (squared) "
+                    f"from its own model, past pga-stop-distance {config.pga_stop_distance:g}: "
+                    "its ascent stopped at the first step; raise pga-stop-distance for this model"
+                )
+        out[k] = {key: round(value, 6) for key, value in row.items()}
+    return out

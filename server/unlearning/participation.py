@@ -70,18 +70,17 @@ def sizes(context, clients) -> list[int]:
     return [context.outcome.members.num_examples[k] for k in clients]
 
 
-def targets_model(
+def target_updates(
     context,
     requests: ClientUpdates,
     start: Mapping[str, torch.Tensor],
     server_round: int = 0,
     *,
     anchors: Mapping[int, Mapping[str, torch.Tensor]] | None = None,
-) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """``start`` plus the sample-weighted mean of the targets' updates (ours for several targets:
-    each runs the method's step from ``start``); returns the model and the targets that replied.
-    ``anchors``: a state attached to each target's own message (then one message each). No reply
-    at all is refused: the method did nothing."""
+) -> dict[int, dict[str, torch.Tensor]]:
+    """Each replying target's update from ``start`` (its step of the method). ``anchors``: a state
+    attached to each target's own message (then one message each). No reply at all is refused:
+    the method did nothing."""
     if anchors:
         updates = {}
         for k in context.targets:
@@ -93,6 +92,25 @@ def targets_model(
         raise RuntimeError(
             f"{requests.phase}: no leaving client replied; nothing was unlearned by it"
         )
+    return updates
+
+
+def mean_model(context, start: Mapping[str, torch.Tensor], updates) -> dict[str, torch.Tensor]:
+    """``start`` plus the sample-weighted mean of the targets' ``updates`` (ours for several
+    targets: each ran the method's step from ``start``)."""
     clients = sorted(updates)
     step = weighted_average([updates[k] for k in clients], sizes(context, clients))
-    return state_sum(dict(start), step), clients
+    return state_sum(dict(start), step)
+
+
+def targets_model(
+    context,
+    requests: ClientUpdates,
+    start: Mapping[str, torch.Tensor],
+    server_round: int = 0,
+    *,
+    anchors: Mapping[int, Mapping[str, torch.Tensor]] | None = None,
+) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """:func:`mean_model` of the :func:`target_updates`; the model and the targets that replied."""
+    updates = target_updates(context, requests, start, server_round, anchors=anchors)
+    return mean_model(context, start, updates), sorted(updates)

@@ -5,6 +5,8 @@ during the request and after it."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 
 import pytest
 from fake_grid import SpyGrid
@@ -78,3 +80,11 @@ def test_every_baseline_runs_and_the_target_receives_only_its_own_step(tmp_path,
     table = seen["table"].set_index("method")
     assert set(methods) <= set(table.index)
     assert (table.loc["fedau", "client_epochs"] == 0) if "fedau" in methods else True
+    # PGA says how far the target's ascent went: it moved, and the distances obey the triangle
+    # inequality through w_ref (start: w_ref to its own model; end: the unlearned one to it).
+    first = json.loads((tmp_path / "baselines" / "unlearning_log.jsonl").open().readline())
+    if "pga" in methods:
+        ascent = first["details"]["pga"]["ascent"]["0"]
+        start, end = math.sqrt(ascent["start_distance2"]), math.sqrt(ascent["end_distance2"])
+        assert ascent["moved"] > 0
+        assert abs(start - end) - 1e-4 <= ascent["moved"] <= start + end + 1e-4
