@@ -11,10 +11,12 @@ gets where FedRetrain gets). PGA and FedQUIT ask the leaving client for its step
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
 
+from fedunlearn.data.poisoning import poisoning_success_rate
 from fedunlearn.store.history import load_policy
 from fedunlearn.training.local import resolve_device
 from fedunlearn.training.model_state import state_sum
@@ -147,8 +149,12 @@ def post_trained(context, name: str, unlearned, did: str):
     """The model after the leaving clients' step (``did`` says what it was), post-trained for
     ``post-training-rounds`` rounds by the remaining clients; with the method's details (its test
     accuracy before and after each post-training round)."""
-    accuracy = _accuracy(context, unlearned)
-    context.log(f"{name}: {did}; test accuracy {accuracy:.4f} before post-training")
+    accuracy, attack = _accuracy(context, unlearned), _attack_success(context, unlearned)
+    attacked = "" if math.isnan(attack) else f", attack success {attack:.4f}"
+    context.log(f"{name}: {did}; test accuracy {accuracy:.4f}{attacked} before post-training")
+    before = {"accuracy_after_unlearning": accuracy}
+    if not math.isnan(attack):  # post-training may bring a removed backdoor back
+        before["attack_success_after_unlearning"] = attack
     rounds = context.outcome.config.post_training_rounds
     try:
         state, curve = rounds_from(context, name, unlearned, rounds)
@@ -158,13 +164,26 @@ def post_trained(context, name: str, unlearned, did: str):
         return unlearned, {
             "did": f"{did}; post-training diverged",
             "diverged": str(diverged),
-            "accuracy_after_unlearning": accuracy,
+            **before,
         }
     return state, {
         "did": f"{did}, then {rounds} post-training round(s)",
-        "accuracy_after_unlearning": accuracy,
+        **before,
         "accuracy_by_round": curve,
     }
+
+
+def _attack_success(context, state) -> float:
+    """The attack's success on ``state`` (NaN without a data-poisoning attack; a judge stack's
+    models are not measured here)."""
+    outcome = context.outcome
+    attack = getattr(outcome.data, "attack", None)
+    if attack is None or not any(k.startswith("head.") for k in state):
+        return math.nan
+    model = outcome.new_model()
+    model.load_state_dict(dict(state))
+    device = resolve_device(outcome.config.device)
+    return poisoning_success_rate(model, attack, outcome.data.splits.test, device=device)
 
 
 def _accuracy(context, state) -> float:

@@ -5,20 +5,24 @@ FL?*, 2022) by its authors' public code (github.com/IBM/federated-unlearning, no
 samples of the other classes relabelled 9, erased by PGA then post-trained; retraining without it
 as the baseline).
 
-Reduced to fit two busy CPU cores (about 10 minutes a side): the full setting trains 10 rounds of
-full local epochs on 12,000 samples per client, which the notebook does in about two hours on these
-cores. Both sides run 3 training rounds and 3 post-training rounds (``REDUCED``):
+Reduced to fit two CPU cores (``--reduction``; ``--full`` runs the TOML as written: 10 rounds of
+full local epochs on 12,000 samples per client, which the notebook does in about two hours here):
 
-- theirs: ``num_fl_rounds = 3`` (so 3 post-training rounds too), every local epoch of the training
-  rounds capped at 16 batches of 128 (``num_updates_in_epoch = 15``; the notebook: None, a full
-  epoch), post-training epochs at 6 batches (``num_updates_in_epoch = 5``; the notebook: 50), and
-  accuracies measured on the first 2,000 test images and on their triggered copies (the notebook:
-  all 10,000). The unlearning step is the notebook's, unchanged (5 epochs at most, lr 0.01,
-  momentum 0.9, gradient clipped at 5, radius from 10 random models, stop at squared distance 2.2).
-- ours: ``rounds = 3``, ``post-training-rounds = 3`` and ``train-samples = 10240`` (2,048 samples a
-  client: one local epoch is 16 batches of 128, as many steps as theirs, on fewer distinct samples);
-  post-training and retraining run full local epochs (16 batches; theirs: 6 in post-training).
-  ``--full`` runs the TOML as written (10 rounds, 12,000 samples a client) instead.
+- ``r10`` (the default; about 22 minutes for theirs on one core): 10 training rounds and 10
+  post-training rounds. Theirs: every local epoch of the training rounds capped at 31 batches of
+  128 (``num_updates_in_epoch = 30``; the notebook: None, a full epoch), post-training epochs at 21
+  batches (``num_updates_in_epoch = 20``; the notebook: 50), the full test set. Ours:
+  ``rounds = 10``, ``post-training-rounds = 10``, ``train-samples = 19840`` (3,968 samples a
+  client: one local epoch is 31 batches of 128, as many steps as theirs, on fewer distinct
+  samples); post-training and retraining run full local epochs (31 batches; theirs: 21 in
+  post-training). Their numbers: ``results/reference_pga_theirs_r10.csv``.
+- ``r3`` (about 10 minutes a side): 3 training and 3 post-training rounds; theirs capped at 16
+  batches a training epoch (``num_updates_in_epoch = 15``) and 6 a post-training one, accuracies on
+  the first 2,000 test images; ours ``train-samples = 10240``. Their model collapsed to always
+  predicting class 9 (``results/reference_pga_theirs.csv``): nothing to compare.
+
+In both, the unlearning step is the notebook's, unchanged (5 epochs at most, lr 0.01, momentum 0.9,
+gradient clipped at 5, radius from 10 random models, stop at squared distance 2.2).
 
 How their numbers (``results/reference_pga_theirs.csv``) were measured: the notebook's code cells
 extracted in order into one script, run with the authors' ``utils/`` on the project's environment
@@ -27,10 +31,11 @@ extracted in order into one script, run with the authors' ``utils/`` on the proj
 (ART imports ``pkg_resources``). Changes, each marked in the script: matplotlib's Agg backend; two
 torch threads; ART's data folder pointed at a ``mnist.npz`` written from the local MNIST IDX files
 (the same arrays in the same order as the ``mnist.npz`` ART downloads; no network); the reduction
-above through ``R1=3 K1=15 K2=5 EVAL_N=2000``; a summary print at the end. Command::
+above through ``R1=10 K1=30 K2=20`` (``r10``) or ``R1=3 K1=15 K2=5 EVAL_N=2000`` (``r3``); a
+summary print at the end. Command (``r10``)::
 
-    R1=3 K1=15 K2=5 EVAL_N=2000 THREADS=2 PYTHONPATH=ART_PACKAGES \\
-        nice -n 15 python run_notebook.py        # in the exported repository
+    R1=10 K1=30 K2=20 THREADS=1 PYTHONPATH=ART_PACKAGES \\
+        nice -n 10 python run_notebook.py        # in the exported repository
 
 Their stages: "trained" is the FedAvg model after the training rounds (cell "Train the FL Model"),
 "unlearned" the PGA model before post-training, "post-trained" after it, "retrained" their
@@ -46,16 +51,14 @@ the triggered images of the other classes only (``docs/poisoning.md``).
 
 Our stages come from one run of the TOML, ``post``: "trained" is its ``fedavg`` row (the original
 model), "post-trained" its ``pga`` row, "retrained" its ``fedretrain`` row (``rounds`` rounds
-without client 0, full epochs; theirs has ``rounds`` plus the post-training rounds). For
-"unlearned" our run records only the clean accuracy of PGA's model before post-training
-(``accuracy_after_unlearning`` in ``unlearning_log.jsonl``); its backdoor success is not measured
-(a run with ``post-training-rounds = 0`` would, but must retrain too: PGA runs alongside
-FedRetrain or FedEraser), so that cell is empty.
+without client 0, full epochs; theirs has ``rounds`` plus the post-training rounds). "Unlearned"
+is PGA's model before post-training (``accuracy_after_unlearning`` and
+``attack_success_after_unlearning`` in ``unlearning_log.jsonl``).
 
 Usage::
 
     python -m simulations.benchmarks.reference_pga [--output-dir results/reference_pga]
-        [--data-root DIR] [--full] [--set key=value ...] [--summarize-only]
+        [--data-root DIR] [--reduction r10|r3] [--full] [--set key=value ...] [--summarize-only]
 
 Writes ``reference_pga.csv``/``.md`` (stage, then clean accuracy and backdoor success of theirs
 and ours, in %) to ``--output-dir``.
@@ -74,9 +77,19 @@ from simulations.benchmarks.repeat import add_run_options, run_point
 
 SIMULATIONS = Path(__file__).resolve().parents[1]
 CONFIG = SIMULATIONS / "reference_pga_mnist.toml"
-THEIRS = SIMULATIONS / "benchmarks" / "results" / "reference_pga_theirs.csv"
-#: The reduction both sides ran on two CPU cores (see the docstring for theirs).
-REDUCED = ("rounds=3", "post-training-rounds=3", "train-samples=10240")
+RESULTS = SIMULATIONS / "benchmarks" / "results"
+#: The reductions both sides ran on two CPU cores (see the docstring for theirs): our overrides
+#: and the file of their numbers.
+REDUCTIONS = {
+    "r3": (
+        ("rounds=3", "post-training-rounds=3", "train-samples=10240"),
+        "reference_pga_theirs.csv",
+    ),
+    "r10": (
+        ("rounds=10", "post-training-rounds=10", "train-samples=19840"),
+        "reference_pga_theirs_r10.csv",
+    ),
+}
 STAGES = ("trained", "unlearned", "post-trained", "retrained")
 #: Rows of the table: our stages and their extra retraining (see the docstring).
 TABLE_STAGES = (*STAGES, "retrained-alongside")
@@ -93,7 +106,8 @@ def our_rows(run: Path) -> pd.DataFrame:
     rows = []
     for stage in STAGES:
         if stage == "unlearned":
-            clean, backdoor = details["accuracy_after_unlearning"], float("nan")
+            clean = details["accuracy_after_unlearning"]
+            backdoor = details.get("attack_success_after_unlearning", float("nan"))
         else:
             row = table.loc[OURS[stage]]
             clean, backdoor = float(row["test_accuracy"]), float(row["attack_success"])
@@ -117,19 +131,26 @@ def side_by_side(theirs: pd.DataFrame, ours: pd.DataFrame) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--full", action="store_true", help="run the TOML as written, not the 2-core reduction"
+        "--full", action="store_true", help="run the TOML as written, not a 2-core reduction"
     )
-    parser.add_argument("--theirs", type=Path, default=THEIRS, help="their measured numbers")
+    parser.add_argument(
+        "--reduction", choices=sorted(REDUCTIONS), default="r10", help="which 2-core reduction"
+    )
+    parser.add_argument(
+        "--theirs", type=Path, help="their measured numbers (default: the reduction's)"
+    )
     add_run_options(parser, "results/reference_pga")
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
-    sets = [*([] if args.full else REDUCED), *args.set]
+    reduced, theirs_file = REDUCTIONS[args.reduction]
+    args.theirs = args.theirs or RESULTS / theirs_file
+    sets = [*([] if args.full else reduced), *args.set]
     if not args.summarize_only:
         run_point(CONFIG, output, "post", sets, data_root=args.data_root, app=args.app)
     theirs = pd.read_csv(args.theirs)
     table = side_by_side(theirs, our_rows(output / "post"))
     table.to_csv(output / "reference_pga.csv", index=False)
-    setting = "the TOML as written" if args.full else f"reduced: {', '.join(REDUCED)}"
+    setting = "the TOML as written" if args.full else f"reduced: {', '.join(reduced)}"
     text = (
         "## PGA: the authors' code and ours on one setting (clean accuracy, backdoor success, %)\n\n"
         f"Ours: `{CONFIG.name}`, {setting}. Theirs: `{args.theirs.name}` "

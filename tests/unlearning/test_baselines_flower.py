@@ -177,11 +177,13 @@ def test_a_post_training_that_diverged_gives_a_flagged_row_not_a_crash(monkeypat
 
     monkeypatch.setattr(baselines, "rounds_from", diverges)
     monkeypatch.setattr(baselines, "_accuracy", lambda context, state: 0.0892)
+    monkeypatch.setattr(baselines, "_attack_success", lambda context, state: 0.0)
     config = SimpleNamespace(post_training_rounds=2)
     context = SimpleNamespace(outcome=SimpleNamespace(config=config), log=lambda _: None)
     unlearned = {"w": torch.ones(2)}
     state, details = baselines.post_trained(context, "pga", unlearned, "ascended")
     assert state is unlearned and details["accuracy_after_unlearning"] == 0.0892
+    assert details["attack_success_after_unlearning"] == 0.0  # the backdoor before post-training
     assert details["did"] == "ascended; post-training diverged"
     table = pd.DataFrame(
         [
