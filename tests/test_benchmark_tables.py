@@ -78,3 +78,40 @@ def test_the_suites_method_rows_count_flags_and_give_the_worst_gap_per_partition
     assert row["gap shards"] == "-16.00 (worst -30.0)"
     assert row["client-epochs share"] == "0.25"
     assert list(by_method(long)["method"]) == ["federaser"]
+
+
+def test_the_pga_stop_table_reads_the_ascent_and_both_backdoor_measures(tmp_path):
+    import json
+
+    from simulations.benchmarks.pga_stop import figure, point
+
+    run = tmp_path / "iid-stop8-seed0"
+    run.mkdir()
+    pd.DataFrame(
+        [
+            {
+                "method": "fedretrain",
+                "test_accuracy": 0.98,
+                "attack_success": 0.003,
+                "client_epochs": 180,
+                "flag": "",
+            },
+            {
+                "method": "pga",
+                "test_accuracy": 0.95,
+                "attack_success": 0.04,
+                "client_epochs": 23,
+                "flag": "kept the attack: ...",
+            },
+        ]  # fmt: skip
+    ).to_csv(run / "unlearning.csv", index=False)
+    details = {"attack_success_after_unlearning": 0.0, "ascent": {"3": {"moved": 2.1}}}
+    details["ascent"]["3"]["start_distance2"] = 2.0
+    (run / "unlearning_log.jsonl").write_text(json.dumps({"details": {"pga": details}}) + "\n")
+    row = point(run, 8.0, "iid", 0)
+    assert row["backdoor_before_post"] == 0.0 and row["backdoor_after_post"] == 0.04
+    assert round(row["gap_points"], 6) == -3.0 and round(row["client_epochs_share"], 4) == 0.1278
+    assert row["moved"] == 2.1 and row["start_distance2"] == 2.0
+    assert row["flag"].startswith("kept the attack")
+    figure(pd.DataFrame([row, {**row, "partitioning": "shards"}]), tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 0
