@@ -30,7 +30,13 @@ from fedunlearn.training.stacked import ModelStack
 from fedunlearn.unlearning.fedau import auxiliary_targets, train_auxiliary_head
 from fedunlearn.unlearning.fedosd import client_gradient
 from fedunlearn.unlearning.fedquit import fedquit_epochs
-from fedunlearn.unlearning.pga import PGA_DEFAULTS, ball_radius, projected_gradient_ascent
+from fedunlearn.unlearning.pga import (
+    PGA_DEFAULTS,
+    ball_radius,
+    parameter_distance,
+    projected_gradient_ascent,
+    stop_distance,
+)
 from fedunlearn.unlearning.rapid_retraining import rapid_retraining_epochs
 
 
@@ -73,7 +79,8 @@ def _pga(model, x, y, config, setup, settings, attached=None) -> float:
     within the L2 ball of radius delta (the authors' rule, from seeded random models) around the
     reference model it received (w_ref, the mean of the other clients' models), stopping once
     its squared distance to its own last model (the ``anchor`` attached) exceeds
-    ``pga-stop-distance`` (the authors' code), or its accuracy falls below ``pga-stop-accuracy``."""
+    ``pga-stop-distance`` (the authors' code) or, when set, ``pga-stop-ratio`` times where it
+    started (ours), or its accuracy falls below ``pga-stop-accuracy``."""
     reference = {k: v.detach().clone() for k, v in model.state_dict().items()}
     seed = int(config.get("model-seed", setup.config.training_seed))
 
@@ -95,7 +102,7 @@ def _pga(model, x, y, config, setup, settings, attached=None) -> float:
         momentum=PGA_DEFAULTS["momentum"],
         clip_norm=PGA_DEFAULTS["clip_norm"],
         stop_accuracy=float(config["pga-stop-accuracy"]) or None,
-        **_anchor(attached, config),
+        **_anchor(attached, config, reference, [k for k, _ in model.named_parameters()]),
         **settings,
     )
     return float(result["last_loss"])
@@ -115,12 +122,19 @@ def _gradient_step(loss: str) -> Callable[..., float]:
     return step
 
 
-def _anchor(attached, config) -> dict:
-    """PGA's distance stop: the attached anchor (the client's last model) and its threshold."""
+def _anchor(attached, config, reference, keys) -> dict:
+    """PGA's distance stop: the attached anchor (the client's last model) and its threshold,
+    ``pga-stop-ratio`` times the reference's squared distance to it over the parameters ``keys``
+    when set (ours), else ``pga-stop-distance`` (:func:`fedunlearn.unlearning.pga.stop_distance`)."""
     anchor = (attached or {}).get("anchor")
-    if anchor is None or float(config.get("pga-stop-distance", 0.0)) <= 0:
+    absolute, ratio = (
+        float(config.get("pga-stop-distance", 0.0)),
+        float(config.get("pga-stop-ratio", 0.0)),
+    )
+    if anchor is None or (absolute <= 0 and ratio <= 0):
         return {}
-    return {"anchor": anchor, "stop_distance": float(config["pga-stop-distance"])}
+    start = parameter_distance(reference, anchor, keys) ** 2
+    return {"anchor": anchor, "stop_distance": stop_distance(start, absolute, ratio)}
 
 
 def member_states(attached, member: int) -> dict:

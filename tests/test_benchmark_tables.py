@@ -85,7 +85,7 @@ def test_the_pga_stop_table_reads_the_ascent_and_both_backdoor_measures(tmp_path
 
     from simulations.benchmarks.pga_stop import figure, point
 
-    run = tmp_path / "iid-stop8-seed0"
+    run = tmp_path / "iid-pga-stop-ratio4.9-seed0"
     run.mkdir()
     pd.DataFrame(
         [
@@ -108,7 +108,7 @@ def test_the_pga_stop_table_reads_the_ascent_and_both_backdoor_measures(tmp_path
     details = {"attack_success_after_unlearning": 0.0, "ascent": {"3": {"moved": 2.1}}}
     details["ascent"]["3"]["start_distance2"] = 2.0
     (run / "unlearning_log.jsonl").write_text(json.dumps({"details": {"pga": details}}) + "\n")
-    row = point(run, 8.0, "iid", 0)
+    row = point(run, "pga-stop-ratio=4.9", "iid", 0)
     assert row["backdoor_before_post"] == 0.0 and row["backdoor_after_post"] == 0.04
     assert round(row["gap_points"], 6) == -3.0 and round(row["client_epochs_share"], 4) == 0.1278
     assert row["moved"] == 2.1 and row["start_distance2"] == 2.0

@@ -272,6 +272,13 @@ class RunParameters:
         "PGA: the ascent stops once its squared distance to the leaving client's own last model "
         "exceeds this (the authors' code; 0: off)",
     )
+    pga_stop_ratio: float = unlearning(
+        0.0,
+        NON_NEGATIVE,
+        "PGA (ours): when > 0, each target's ascent stops once its squared distance to its own "
+        "model exceeds this multiple of where it started (w_ref's), in place of "
+        "pga-stop-distance; the authors' stored run stops at 2.2 from a start of 0.45 (4.9x)",
+    )
     pga_stop_accuracy: float = unlearning(
         0.0,
         Interval(NUMBER, 0.0, 1.0),

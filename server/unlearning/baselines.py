@@ -21,7 +21,7 @@ from fedunlearn.store.history import load_policy
 from fedunlearn.training.local import resolve_device
 from fedunlearn.training.model_state import state_sum
 from fedunlearn.unlearning.fedau import AuxiliaryHeads, fedau_unlearn, split_head
-from fedunlearn.unlearning.pga import parameter_distance, reference_model
+from fedunlearn.unlearning.pga import parameter_distance, reference_model, stop_distance
 from server.progress import count
 from server.training.rounds import (
     DivergedRound,
@@ -201,7 +201,8 @@ def pga(context, name: str):
     of the last training round (its policy keeps that round); each leaving client runs projected
     gradient ascent from w_ref within the ball around it (``pga-epochs`` at ``pga-lr``, stopping
     once its squared distance to its own last model passes ``pga-stop-distance``, the authors'
-    code's rule, or its accuracy on its data falls below ``pga-stop-accuracy``); then
+    code's rule, or ``pga-stop-ratio`` times where it started, ours, or its accuracy on its data
+    falls below ``pga-stop-accuracy``); then
     ``post-training-rounds`` rounds of the run's aggregation by the remaining clients."""
     config, history = context.outcome.config, context.history(name)
     last = history.rounds()[-1]
@@ -213,6 +214,7 @@ def pga(context, name: str):
         "pga-lr": config.pga_lr,
         "pga-stop-accuracy": config.pga_stop_accuracy,
         "pga-stop-distance": config.pga_stop_distance,
+        "pga-stop-ratio": config.pga_stop_ratio,
     }
     requests = target_requests(context, name, epochs=config.pga_epochs, extra=extra)
     # each target's anchor: its own model of the last round, M^{T-1} + U_k (the code's stop rule)
@@ -241,11 +243,14 @@ def _ascent(context, reference, ascended, anchors) -> dict[int, dict[str, float]
         if k in anchors:
             row["start_distance2"] = parameter_distance(reference, anchors[k], keys) ** 2
             row["end_distance2"] = parameter_distance(unlearned, anchors[k], keys) ** 2
-            if 0 < config.pga_stop_distance <= row["start_distance2"]:
+            row["stop_distance2"] = stop_distance(
+                row["start_distance2"], config.pga_stop_distance, config.pga_stop_ratio
+            )
+            if 0 < row["stop_distance2"] <= row["start_distance2"]:
                 context.log(
                     f"pga: client {k}'s reference is already {row['start_distance2']:.3g} (squared) "
-                    f"from its own model, past pga-stop-distance {config.pga_stop_distance:g}: "
-                    "its ascent stopped at the first step; raise pga-stop-distance for this model"
+                    f"from its own model, past the stop at {row['stop_distance2']:.3g}: its ascent "
+                    "stopped at the first step; raise pga-stop-distance or set pga-stop-ratio"
                 )
         out[k] = {key: round(value, 6) for key, value in row.items()}
     return out

@@ -1,9 +1,11 @@
 """PGA's headline (Halimi et al. 2022: the leaving client's projected gradient ascent removes the
 backdoor it planted, at a small fraction of retraining's client-epochs) against its stop rule, over
 partitions and seeds: ``simulations/pga_backdoor_mnist.toml`` (one backdoored client of 10, erased
-by PGA beside FedRetrain) run for every ``--stops`` value of ``pga-stop-distance`` (the squared
-distance to the client's own model at which the ascent stops; the authors' 2.2 is for their
-FLNet, where the reference starts 0.45 from that model), every ``--partitionings`` and seed.
+by PGA beside FedRetrain) run for every ``--variants`` of its stop rule, every ``--partitionings``
+and seed: ``pga-stop-distance=2.2`` (the authors' code: the squared distance to the client's own
+model at which the ascent stops, for their FLNet, where the reference starts 0.45 from that model
+in the run their notebook stores) against ``pga-stop-ratio=4.9`` (ours: each target stops at 4.9
+times its own start, the ratio of that stored run).
 
 Each point is one ``fedunlearn-run`` (skipped when its directory already holds a result). Writes
 into ``--output-dir``:
@@ -12,12 +14,13 @@ into ``--output-dir``:
   own effect) and after it, FedRetrain's, the test accuracy gap to FedRetrain, PGA's client-epochs
   as a share of FedRetrain's, how far the ascent moved and where it started (squared distance to the
   client's model), and the row's flag;
-* ``pga_stop.png``: backdoor success before and after post-training against the stop, one panel per
+* ``pga_stop.png``: backdoor success before and after post-training by stop rule, one panel per
   partition, each seed a dot.
 
 Usage::
 
-    python -m simulations.benchmarks.pga_stop [--stops 2.2 8] [--partitionings iid shards]
+    python -m simulations.benchmarks.pga_stop [--variants pga-stop-distance=2.2 pga-stop-ratio=4.9]
+        [--partitionings iid shards]
         [--seeds 3] [--output-dir results/pga_stop] [--data-root DIR] [--set key=value ...]
 """
 
@@ -40,7 +43,7 @@ from simulations.benchmarks.repeat import add_run_options, run_point  # noqa: E4
 CONFIG = Path(__file__).resolve().parents[1] / "pga_backdoor_mnist.toml"
 
 
-def point(run: Path, stop: float, partitioning: str, seed: int) -> dict:
+def point(run: Path, variant: str, partitioning: str, seed: int) -> dict:
     """One run's row: PGA against FedRetrain, and what its ascent did."""
     table = pd.read_csv(run / "unlearning.csv").set_index("method")
     request = json.loads((run / "unlearning_log.jsonl").read_text().splitlines()[-1])
@@ -48,7 +51,7 @@ def point(run: Path, stop: float, partitioning: str, seed: int) -> dict:
     details = request["details"]["pga"]
     ascent = next(iter(details.get("ascent", {}).values()), {})
     return {
-        "stop": stop,
+        "variant": variant,
         "partitioning": partitioning,
         "seed": seed,
         "backdoor_before_post": details.get("attack_success_after_unlearning", float("nan")),
@@ -58,6 +61,7 @@ def point(run: Path, stop: float, partitioning: str, seed: int) -> dict:
         "client_epochs_share": pga["client_epochs"] / retrained["client_epochs"],
         "moved": ascent.get("moved", float("nan")),
         "start_distance2": ascent.get("start_distance2", float("nan")),
+        "stop_distance2": ascent.get("stop_distance2", float("nan")),
         "flag": pga["flag"] if isinstance(pga["flag"], str) else "",
     }
 
@@ -72,9 +76,9 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
             ("backdoor_after_post", "PGA, after post-training", "o"),
             ("backdoor_fedretrain", "FedRetrain", "s"),
         ):
-            ax.scatter(part["stop"].astype(str), 100 * part[column], label=label, marker=marker)
-        ax.set_title(f"{partitioning}: backdoor success by pga-stop-distance")
-        ax.set_xlabel("pga-stop-distance (squared distance to the client's model)")
+            ax.scatter(part["variant"], 100 * part[column], label=label, marker=marker)
+        ax.set_title(f"{partitioning}: backdoor success by PGA's stop rule")
+        ax.set_xlabel("stop rule")
         ax.set_ylabel("backdoor success (%)")
         ax.set_ylim(-5, 105)
     axes[0][0].legend(loc="upper right")
@@ -83,7 +87,9 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stops", nargs="+", type=float, default=[2.2, 8.0])
+    parser.add_argument(
+        "--variants", nargs="+", default=["pga-stop-distance=2.2", "pga-stop-ratio=4.9"]
+    )
     parser.add_argument("--partitionings", nargs="+", default=["iid", "shards"])
     parser.add_argument("--seeds", type=int, default=3)
     add_run_options(parser, "results/pga_stop")
@@ -91,19 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output_dir.resolve()
     rows = []
     for partitioning in args.partitionings:
-        for stop in args.stops:
+        for variant in args.variants:
             for seed in range(args.seeds):
-                name = f"{partitioning}-stop{stop:g}-seed{seed}"
-                sets = [
-                    f"partitioning='{partitioning}'",
-                    f"pga-stop-distance={stop}",
-                    f"seed={seed}",
-                    *args.set,
-                ]
+                name = f"{partitioning}-{variant.replace('=', '')}-seed{seed}"
+                sets = [f"partitioning='{partitioning}'", variant, f"seed={seed}", *args.set]
                 if not args.summarize_only:
                     run_point(CONFIG, output, name, sets, data_root=args.data_root, app=args.app)
                 if (output / name / "unlearning.csv").is_file():
-                    rows.append(point(output / name, stop, partitioning, seed))
+                    rows.append(point(output / name, variant, partitioning, seed))
     table = pd.DataFrame(rows)
     table.to_csv(output / "pga_stop.csv", index=False)
     text = "## PGA's backdoor removal by its stop rule\n\n" + table.to_markdown(

@@ -225,3 +225,32 @@ def test_last_round_retention_state_round_trip_and_forget():
         with pytest.raises(StoreCorruptionError):
             LastRoundRetention.from_state(bad)
     assert LastRoundRetention.from_config(None).state_dict() == {"format": 1, "last_round": None}
+
+
+def test_the_stop_is_the_authors_absolute_distance_or_a_multiple_of_the_start():
+    from fedunlearn.unlearning.pga import stop_distance
+
+    assert stop_distance(2.0, 2.2, 0.0) == 2.2  # the authors' code: absolute
+    assert stop_distance(2.0, 2.2, 4.9) == pytest.approx(9.8)  # ours: 4.9x where it started
+    assert stop_distance(0.45, 0.0, 4.9) == pytest.approx(2.205)  # their stored run's ratio
+    for args, name in (((-1.0, 2.2, 0.0), "start_distance2"), ((1.0, math.inf, 0.0), "pga-stop-distance"),
+                       ((1.0, 2.2, -0.5), "pga-stop-ratio"), ((1.0, 2.2, math.nan), "pga-stop-ratio")):  # fmt: skip
+        with pytest.raises(ConfigError, match=name):
+            stop_distance(*args)
+
+
+def test_the_client_sets_its_stop_from_its_own_start_when_a_ratio_is_sent():
+    # w_ref = (0, 0), its own model (3, 4): squared distance 25 over the parameters; the buffer
+    # "n" (not a parameter) counts for nothing.
+    from clients.objectives import _anchor
+
+    reference = {"w": torch.zeros(2), "n": torch.tensor(100.0)}
+    anchor = {"w": torch.tensor([3.0, 4.0]), "n": torch.tensor(0.0)}
+    ratio = _anchor(
+        {"anchor": anchor}, {"pga-stop-distance": 2.2, "pga-stop-ratio": 2.0}, reference, ["w"]
+    )
+    assert ratio["stop_distance"] == pytest.approx(50.0) and ratio["anchor"] is anchor
+    absolute = _anchor({"anchor": anchor}, {"pga-stop-distance": 2.2}, reference, ["w"])
+    assert absolute["stop_distance"] == 2.2
+    assert _anchor({"anchor": anchor}, {"pga-stop-distance": 0.0}, reference, ["w"]) == {}
+    assert _anchor(None, {"pga-stop-ratio": 2.0}, reference, ["w"]) == {}
