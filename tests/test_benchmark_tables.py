@@ -90,6 +90,13 @@ def test_the_pga_stop_table_reads_the_ascent_and_both_backdoor_measures(tmp_path
     pd.DataFrame(
         [
             {
+                "method": "fedavg",
+                "test_accuracy": 0.984,
+                "attack_success": 0.99,
+                "client_epochs": 0,
+                "flag": "",
+            },
+            {
                 "method": "fedretrain",
                 "test_accuracy": 0.98,
                 "attack_success": 0.003,
@@ -110,6 +117,7 @@ def test_the_pga_stop_table_reads_the_ascent_and_both_backdoor_measures(tmp_path
     (run / "unlearning_log.jsonl").write_text(json.dumps({"details": {"pga": details}}) + "\n")
     row = point(run, "pga-stop-ratio=4.9", "iid", 0)
     assert row["backdoor_before_post"] == 0.0 and row["backdoor_after_post"] == 0.04
+    assert row["backdoor_original"] == 0.99 and row["backdoor_fedretrain"] == 0.003
     assert round(row["gap_points"], 6) == -3.0 and round(row["client_epochs_share"], 4) == 0.1278
     assert row["moved"] == 2.1 and row["start_distance2"] == 2.0
     assert row["flag"].startswith("kept the attack")

@@ -14,8 +14,9 @@ into ``--output-dir``:
   own effect) and after it, FedRetrain's, the test accuracy gap to FedRetrain, PGA's client-epochs
   as a share of FedRetrain's, how far the ascent moved and where it started (squared distance to the
   client's model), and the row's flag;
-* ``pga_stop.png``: backdoor success before and after post-training by stop rule, one panel per
-  partition, each seed a dot.
+* ``pga_stop.png``: per partition, the backdoor's success (the original model, PGA before and
+  after post-training, FedRetrain) and PGA's accuracy gap to FedRetrain by stop rule, each seed a
+  dot.
 
 Usage::
 
@@ -54,6 +55,7 @@ def point(run: Path, variant: str, partitioning: str, seed: int) -> dict:
         "variant": variant,
         "partitioning": partitioning,
         "seed": seed,
+        "backdoor_original": table.loc["fedavg", "attack_success"],
         "backdoor_before_post": details.get("attack_success_after_unlearning", float("nan")),
         "backdoor_after_post": pga["attack_success"],
         "backdoor_fedretrain": retrained["attack_success"],
@@ -67,21 +69,31 @@ def point(run: Path, variant: str, partitioning: str, seed: int) -> dict:
 
 
 def figure(rows: pd.DataFrame, path: Path) -> None:
+    """Per partition: the backdoor's success (original, PGA before and after post-training,
+    FedRetrain) and PGA's test accuracy gap to FedRetrain, by stop rule, each seed a dot."""
     partitions = list(dict.fromkeys(rows["partitioning"]))
-    fig, axes = plt.subplots(1, len(partitions), figsize=(5 * len(partitions), 4), squeeze=False)
-    for ax, partitioning in zip(axes[0], partitions):
+    fig, axes = plt.subplots(
+        2, len(partitions), figsize=(5 * len(partitions), 7), squeeze=False, sharex=True
+    )
+    for column, partitioning in enumerate(partitions):
         part = rows[rows["partitioning"] == partitioning]
-        for column, label, marker in (
+        top, bottom = axes[0][column], axes[1][column]
+        for key, label, marker in (
+            ("backdoor_original", "original (poisoned)", "x"),
             ("backdoor_before_post", "PGA, before post-training", "v"),
             ("backdoor_after_post", "PGA, after post-training", "o"),
             ("backdoor_fedretrain", "FedRetrain", "s"),
         ):
-            ax.scatter(part["variant"], 100 * part[column], label=label, marker=marker)
-        ax.set_title(f"{partitioning}: backdoor success by PGA's stop rule")
-        ax.set_xlabel("stop rule")
-        ax.set_ylabel("backdoor success (%)")
-        ax.set_ylim(-5, 105)
-    axes[0][0].legend(loc="upper right")
+            top.scatter(part["variant"], 100 * part[key], label=label, marker=marker)
+        top.set_title(f"{partitioning}: backdoor success")
+        top.set_ylabel("backdoor success (%)")
+        top.set_ylim(-5, 105)
+        bottom.scatter(part["variant"], part["gap_points"], marker="o", color="tab:orange")
+        bottom.axhline(0, color="black", linewidth=0.8)
+        bottom.set_title(f"{partitioning}: PGA's test accuracy gap to FedRetrain")
+        bottom.set_ylabel("points")
+        bottom.set_xlabel("stop rule")
+    axes[0][0].legend(loc="center right")
     save_figure(fig, path)
 
 
