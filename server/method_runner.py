@@ -6,7 +6,9 @@ A method is called as ``implementation(context, name)`` and returns the new mode
 ``(state dict, details)``, or None when it does not apply to this run (it logs why; it then has no
 model, no time and no row). Statistics several methods need (``MethodSpec.needs``, e.g. the head's
 sums) are gathered once through :class:`SharedStatistics`; a method's time is its own work plus the
-gathering of every statistic it needs, whichever method happened to gather it first.
+gathering of every statistic it needs, whichever method happened to gather it first. A method
+whose rounds diverged in the clients' training gets a row flagged "diverged" (its model: the one
+the diverged round sent), not a crash that would take the other methods' rows with it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.training.model_state import State
 from server.federation.metering import Cost, MeteredGrid
 from server.progress import Log
+from server.training.rounds import DivergedRound
 
 
 class SharedStatistics:
@@ -110,8 +113,8 @@ class MethodRunner:
                     self.costs[spec.name] = context.grid.cost
                 self.time(
                     spec.name,
-                    lambda implementation=implementation, name=spec.name: implementation(
-                        context, name
+                    lambda implementation=implementation, name=spec.name: self._flag_divergence(
+                        implementation, context, name
                     ),
                     model_file=spec.model_file or f"model_{spec.name}",
                     needs=spec.needs,
@@ -119,6 +122,18 @@ class MethodRunner:
         finally:
             if grid is not None:
                 context.grid = grid
+
+    def _flag_divergence(self, implementation, context, name: str):
+        """``implementation(context, name)``; when one of its rounds diverged in the clients'
+        training (:class:`DivergedRound`), the model that round sent, with ``details["diverged"]``
+        (a flagged row, never adopted) instead of a crash that would end every other row."""
+        try:
+            return implementation(context, name)
+        except DivergedRound as diverged:
+            if diverged.state is None:
+                raise
+            self.log(f"{self.label}{name}: {diverged}; its row is the model that round sent")
+            return diverged.state, {"did": f"{name} diverged", "diverged": str(diverged)}
 
     def publish(
         self,

@@ -3,7 +3,9 @@ and which model an unlearning request may adopt.
 
 A row of the comparison table is flagged (``flag`` column, the console, the figures) when
 
-* its model is not finite, or its test loss is not (it diverged);
+* its model is not finite, or its test loss is not, or its rounds diverged in the clients'
+  training (``diverged``: its model is the one that round sent; a diverged FedRetrain is no
+  reference);
 * it is more than ``flag-gap`` points of test accuracy below the reference (FedRetrain, the model
   retrained without the targets), or, without a reference in the run, below the original model;
 * it kept the attack: when the request forgets a poisoning client (``attack_forgotten``) and
@@ -34,13 +36,14 @@ later request builds on it, so ``auto`` never adopts a flagged model: it takes t
 (FedEraser before FedRetrain) that is unflagged and, when FedRetrain ran, within
 ``adopt-tolerance`` points of its test accuracy. When nothing qualifies the request is refused
 (:class:`AdoptionRefused`) before anything is deleted. A method named explicitly is the user's
-decision: it is adopted, flagged or not, and a flag is stated in the reason the log records.
+decision: it is adopted, flagged or not, and a flag is stated in the reason the log records; a
+diverged one is refused even then (its trajectory stops where it diverged, or is not finite).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -56,6 +59,8 @@ COLLAPSED_SHARE = 0.5
 #: A model within this share of the original's distance to the reference, from the original,
 #: forgot nothing.
 FORGOT_NOTHING_SHARE = 0.25
+#: How a diverged row's flag begins; such a model is never adopted, not even when named.
+DIVERGED = "diverged"
 
 
 def _points(value: float) -> float:
@@ -97,7 +102,7 @@ def row_flag(
     if row["method"] == ORIGINAL:
         return ""
     if not _finite(row["test_loss"]) or not _finite(row.get("l2_to_original", 0.0)):
-        return "diverged: its model or test loss is not finite"
+        return f"{DIVERGED}: its model or test loss is not finite"
     anchor, anchor_name = (
         (reference, REFERENCE) if reference is not None else (original, "original")
     )
@@ -121,16 +126,26 @@ def row_flag(
     return ""
 
 
-def flag_rows(table: pd.DataFrame, flag_gap: float, attack_forgotten: bool = False) -> list[str]:
+def flag_rows(
+    table: pd.DataFrame,
+    flag_gap: float,
+    attack_forgotten: bool = False,
+    diverged: Mapping[str, str] | None = None,
+) -> list[str]:
     """:func:`row_flag` for every row of a comparison table (columns ``method``,
     ``test_accuracy``, ``test_loss``, ``l2_to_fedretrain``, ``l2_to_original``, and
-    ``attack_success`` where the run was poisoned)."""
+    ``attack_success`` where the run was poisoned); ``diverged``: why each method whose rounds
+    diverged in the clients' training did (its row's model is finite, the one the diverged round
+    sent, so only this says so)."""
+    diverged = dict(diverged or {})
     rows = {row["method"]: row for _, row in table.iterrows()}
     reference, original = rows.get(REFERENCE), rows.get(ORIGINAL)
-    if reference is not None and not _finite(reference["test_loss"]):
+    if reference is not None and (not _finite(reference["test_loss"]) or REFERENCE in diverged):
         reference = None  # a diverged reference measures nothing: held to the original instead
     return [
-        row_flag(row, reference, original, flag_gap, attack_forgotten)
+        f"{DIVERGED}: {diverged[row['method']]}"
+        if row["method"] in diverged
+        else row_flag(row, reference, original, flag_gap, attack_forgotten)
         for _, row in table.iterrows()
     ]
 
@@ -181,14 +196,15 @@ def choose_adoption(
     tolerance: float,
 ) -> Adoption:
     """Which of ``candidates`` (adoptable methods that wrote a trajectory, in preference order)
-    the request adopts: ``explicit`` (``unlearn-adopt`` other than auto), flagged or not; else the
-    first unflagged candidate within ``tolerance`` points of FedRetrain (when it ran).
+    the request adopts: ``explicit`` (``unlearn-adopt`` other than auto), flagged or not unless it
+    diverged; else the first unflagged candidate within ``tolerance`` points of FedRetrain (when it
+    ran).
 
     Raises :class:`AdoptionRefused` naming every candidate's problem when none qualifies."""
     accuracy = dict(zip(table["method"], table["test_accuracy"]))
     flagged = {m: f for m, f in zip(table["method"], flags) if f}
     problems = []
-    if explicit and explicit in accuracy:
+    if explicit in accuracy and not flagged.get(explicit, "").startswith(DIVERGED):
         warning = f"; it is FLAGGED ({flagged[explicit]})" if explicit in flagged else ""
         return Adoption(explicit, "unlearn-adopt names it" + warning)
     for method in [explicit] if explicit else candidates:

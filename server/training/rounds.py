@@ -228,7 +228,12 @@ def fedavg_rounds(
 class DivergedRound(RuntimeError):
     """A round failed because the clients' training diverged from the model sent: every refused
     reply was refused for a non-finite value, and no reply was an error. The caller may report
-    the model it sent as diverged instead of ending the run."""
+    the model it sent (``state``: that round's start model, CPU tensors) as diverged instead of
+    ending the run."""
+
+    def __init__(self, message: str, state: dict[str, torch.Tensor] | None = None) -> None:
+        super().__init__(message)
+        self.state = state
 
 
 def _diverged(screen, failed) -> bool:
@@ -260,7 +265,8 @@ def _train_round(grid, strategy, config, server_round, arrays, train_config, scr
         raise DivergedRound(
             f"{phase} round {server_round}: {len(screen.last_refused)} of {len(messages)} "
             "replies refused, every one for a value that is not finite: the model sent diverged "
-            "in the clients' training"
+            "in the clients' training",
+            state={k: v.detach().cpu().clone() for k, v in arrays.to_torch_state_dict().items()},
         )
     if len(valid) < needed:
         reasons = failure_reasons(failed) or "no error replies"

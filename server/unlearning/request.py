@@ -458,10 +458,8 @@ def with_verdicts(
         for m, d in zip(table["method"], own)
     ]
     table["rollback_round"] = [d.get("rollback_round", float("nan")) for d in own]
-    table["flag"] = [
-        f"diverged: {d['diverged']}" if d.get("diverged") else flag
-        for d, flag in zip(own, flag_rows(table, flag_gap, attack_forgotten))
-    ]
+    diverged = {m: d["diverged"] for m, d in zip(table["method"], own) if d.get("diverged")}
+    table["flag"] = flag_rows(table, flag_gap, attack_forgotten, diverged)
     return table
 
 

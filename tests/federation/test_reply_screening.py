@@ -359,8 +359,12 @@ def test_a_round_whose_every_refusal_is_non_finite_fails_as_diverged(monkeypatch
         reply(102, hostile("nan-loss")),
         reply(103, honest_content(2)),
     ]
-    with pytest.raises(DivergedRound, match="2 of 3 replies refused, every one for a value"):
+    with pytest.raises(DivergedRound, match="2 of 3 replies refused, every one for a value") as e:
         _round(monkeypatch, nan)()
+    # the model the round sent goes with it: the row the method's caller reports, flagged
+    assert {k: v.tolist() for k, v in e.value.state.items()} == {
+        k: v.tolist() for k, v in MODEL.items()
+    }
 
 
 @pytest.mark.parametrize("other", ["spoofed-partition", "error"])
