@@ -89,6 +89,9 @@ class MethodSpec:
         Unlearning only: the aggregations (:data:`AGGREGATIONS`) its math assumes; a run with
         another ``strategy`` is refused before training, naming both. None: any (a method that only
         retrains, with the run's own aggregation).
+    sampling, sampling_note : bool, str
+        Unlearning only: whether it holds when clients are sampled per round (``fraction-train``
+        < 1; else such a run is refused before training), and how, or why not (the refusal's text).
     target_participates : bool
         Unlearning only: the leaving client works for it during the request (PGA, FedOSD, FedQUIT),
         a different promise from the others' (the target receives no message after the request):
@@ -116,6 +119,8 @@ class MethodSpec:
     trajectory_keeps: str | None = None
     norms_suffice: bool = False
     aggregations: tuple[str, ...] | None = None
+    sampling: bool = False
+    sampling_note: str = "not verified with clients sampled per round"
     target_participates: bool = False
     default: bool = True
     model_file: str | None = None
@@ -161,6 +166,12 @@ class MethodSpec:
         if self.aggregations is None or strategy in self.aggregations:
             return None
         return f"{self.name} assumes {' or '.join(self.aggregations)}, not {strategy}"
+
+    def sampling_problem(self, fraction_train: float) -> str | None:
+        """Why it cannot run with ``fraction_train`` of the clients per round (None: it can)."""
+        if fraction_train >= 1 or self.sampling:
+            return None
+        return f"{self.name}: {self.sampling_note}"
 
     def trajectory_serves(self) -> tuple[str, ...]:
         """The policies whose history its adopted trajectory keeps (:attr:`trajectory_keeps`)."""
@@ -302,7 +313,8 @@ def run_retention(config) -> list[RetentionPolicy]:
 def methods_table():
     """One row per unlearning method (``fedunlearn methods``, docs/baselines.md): whether the run
     lists it by default, what its policy keeps during training, the aggregations its math assumes,
-    whether the leaving client works during the request, and what it is."""
+    whether it runs with clients sampled per round, whether the leaving client works during the
+    request, and what it is."""
     import pandas as pd
 
     rows = []
@@ -314,6 +326,7 @@ def methods_table():
                 "default": "yes" if spec.default else "",
                 "keeps during training": policy.name if policy is not None else "",
                 "aggregations": ", ".join(spec.aggregations or ("any",)),
+                "sampled rounds": "yes" if spec.sampling else "",
                 "leaving client works": "yes (allow-target-participation)"
                 if spec.target_participates
                 else "",
@@ -351,6 +364,8 @@ UNLEARNING.register(
     trajectory_keeps="own",  # M̃^{t_j} and each applied Ũ_k, at Δt
     norms_suffice=True,
     aggregations=WEIGHTED_MEAN,  # eq. 2-3 rebuild a weighted mean of the calibrated updates
+    sampling=True,
+    sampling_note="eq. 2 over each retained round's remaining participants",
     description="calibrated reconstruction from retained updates (Algorithm 1)",
 )
 UNLEARNING.register(
@@ -358,6 +373,8 @@ UNLEARNING.register(
     f"{_UNLEARNING}:fedaccum",
     retention=_INTERVAL,
     aggregations=WEIGHTED_MEAN,  # eq. 5 sums the weighted mean's terms
+    sampling=True,
+    sampling_note="each retained round adds its remaining participants' updates",
     description="the remaining clients' retained updates, accumulated uncalibrated (eq. 5)",
 )
 UNLEARNING.register(
@@ -367,6 +384,8 @@ UNLEARNING.register(
     messages=_TRAIN,
     adoptable=True,
     trajectory_keeps="every",  # it retrains under every policy of the run
+    sampling=True,
+    sampling_note="retrains sampling the same fraction from the remaining clients",
     description="FedAvg from the same initial model without the targets (the reference)",
 )
 UNLEARNING.register(
@@ -376,6 +395,7 @@ UNLEARNING.register(
     messages=_TRAIN,
     default=False,
     aggregations=WEIGHTED_MEAN,  # Algorithm 2 aggregates estimated updates by their mean
+    sampling_note="its L-BFGS estimates need each client's update in every round",
     description="retraining with L-BFGS-estimated client updates (Cao et al. 2023, Algorithm 2)",
 )
 UNLEARNING.register(
@@ -414,6 +434,7 @@ UNLEARNING.register(
     messages=_TRAIN,
     target_participates=True,
     default=False,
+    sampling_note="a sampled target may lack the last round's anchor",
     description="the leaving client's projected gradient ascent, then post-training (Halimi et al. 2022)",
 )
 UNLEARNING.register(
@@ -438,6 +459,7 @@ UNLEARNING.register(
     f"{_BASELINES}:fedau",
     retention="fedunlearn.unlearning.fedau:AuxiliaryHeads",
     default=False,
+    sampling_note="a sampled target may lack the last round's auxiliary head",
     description="the head combined with the target's auxiliary head, no client work (Gu et al. 2024)",
 )
 

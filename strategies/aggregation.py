@@ -47,13 +47,15 @@ def aggregation_strategy(
     participants: int | None = None,
     fraction_evaluate: float = 0.0,
     min_evaluate_nodes: int = 1,
+    sampled: bool = False,
 ) -> Strategy:
-    """The Flower strategy ``config.strategy`` names, every client trained each round: all
-    ``num-clients`` of the run, or the ``participants`` nodes a phase trains (the training run's
-    ``min_available_nodes`` is the federation's size)."""
+    """The Flower strategy ``config.strategy`` names, every client it is shown trained each round:
+    all ``num-clients`` of the run, or the ``participants`` nodes a phase trains (the training
+    run's ``min_available_nodes`` is the federation's size); ``sampled``: the wrapper shows it
+    only the round's sample (:class:`strategies.retaining.Retaining`'s ``sampler``), of any size."""
     if config.strategy not in _CLASSES:
         raise ConfigError("strategy", config.strategy, f"one of {', '.join(AGGREGATIONS)}")
-    size = config.num_clients if participants is None else participants
+    size = 1 if sampled else config.num_clients if participants is None else participants
     kwargs = participant_minimums(
         {"fraction_train": 1.0, "fraction_evaluate": fraction_evaluate}, size
     )

@@ -29,6 +29,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.store.retention import (
     AUXILIARY_KEY,
     AUXILIARY_REQUEST,
+    PARTICIPANTS_KEY,
     RECORD_KEY,
     STATE_KEY,
     RetentionPolicy,
@@ -149,6 +150,12 @@ class Retaining(Strategy):
         line says they were sampled). Default: every node.
     on_retained : callable, optional
         Called with ``(server_round, partition_ids)`` after a round was committed to the store.
+    sampler : callable, optional
+        ``sampler(server_round, nodes)``: the nodes of ``nodes`` (the participants connected) that
+        the round trains, when clients are sampled per round
+        (:func:`server.federation.members.round_sampler`); the wrapped strategy then trains every
+        node it is shown, and the store records who took part in each round (``participants``).
+        Default: every participant, every round.
 
     Notes
     -----
@@ -165,6 +172,7 @@ class Retaining(Strategy):
         policies: Iterable[RetentionPolicy] = (),
         participants: Collection[int] | None = None,
         on_retained: Callable[[int, list[int]], None] | None = None,
+        sampler: Callable[[int, list[int]], Collection[int]] | None = None,
     ) -> None:
         for key in ("weighted_by_key", "arrayrecord_key"):
             if not hasattr(strategy, key):
@@ -175,6 +183,7 @@ class Retaining(Strategy):
         self.store = store
         self.on_retained = on_retained
         self.participants = None if participants is None else frozenset(participants)
+        self.sampler = sampler
         self.policies = _by_name(policies, store)
         self.record = RetentionRecord.empty(self.policies)
         self._sent_arrays: dict[int, ArrayRecord] = {}
@@ -201,6 +210,10 @@ class Retaining(Strategy):
             # a crash after a settlement was saved but before its deletions: finish them
             self._delete_unkept([r for r in self.store.rounds() if r <= last_round])
         states = metadata.get(STATE_KEY, {}).get(str(last_round), {})
+        if PARTICIPANTS_KEY in metadata:
+            recorded = metadata[PARTICIPANTS_KEY]
+            kept = {r: p for r, p in recorded.items() if int(r) <= last_round}
+            self.store.set_metadata(**{PARTICIPANTS_KEY: kept})
         for name, policy in self.policies.items():
             if name in states:
                 policy.load_state_dict(states[name])
@@ -217,7 +230,11 @@ class Retaining(Strategy):
             if any(p.wants_auxiliary(server_round) for p in self.policies.values()):
                 epochs = int(config.get("local-epochs", 1))
                 config = ConfigRecord({**dict(config), AUXILIARY_REQUEST: epochs})
-        return self.strategy.configure_train(server_round, arrays, config, self._sampled_from(grid))
+        offered = self._sampled_from(grid)
+        if self.sampler is not None:
+            chosen = self.sampler(server_round, list(offered.get_node_ids()))
+            offered = _ParticipantGrid(grid, frozenset(chosen))
+        return self.strategy.configure_train(server_round, arrays, config, offered)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -248,8 +265,18 @@ class Retaining(Strategy):
         sent = [_shallow_arrays(m, self.arrayrecord_key) for m in valid] if retaining else []
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         if self.store is not None and arrays is not None:
+            if self.sampler is not None:
+                self._record_participants(server_round, valid)
             self._retain(server_round, valid, sent)
         return arrays, metrics
+
+    def _record_participants(self, server_round: int, replies: list[Message]) -> None:
+        """Who took part in ``server_round`` (the partitions whose replies were aggregated), in
+        the store's metadata; a resumed run drops the rounds after its checkpoint."""
+        assert self.store is not None
+        took_part = sorted(p for error, p in map(_partition_order, replies) if not error)
+        recorded = dict(self.store.metadata.get(PARTICIPANTS_KEY, {}))
+        self.store.set_metadata(**{PARTICIPANTS_KEY: {**recorded, str(server_round): took_part}})
 
     def _retain(self, server_round: int, replies: list[Message], sent: list) -> None:
         """Ask every policy what it keeps of this round (and, of one that settles, what it finally

@@ -141,6 +141,15 @@ class RunParameters:
     fraction_evaluate: float = training(
         0.0, Interval(NUMBER, 0.0, 1.0), "fraction of clients evaluating the global model per round"
     )
+    fraction_train: float = training(
+        1.0,
+        Interval(NUMBER, 0.0, 1.0, closed="right"),
+        "fraction of the clients trained per round: max(int(K x fraction), min-train-clients), "
+        "drawn by partition with the run's seed; below 1 only methods that hold under sampling run",
+    )
+    min_train_clients: int = training(
+        2, AT_LEAST_1, "at least this many clients train per round when fraction-train < 1"
+    )
     strategy: str = training(
         "fedavg",
         Options(AGGREGATIONS),

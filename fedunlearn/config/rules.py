@@ -236,6 +236,39 @@ def check_aggregation(config: RunParameters) -> None:
         )
 
 
+def check_sampling(config: RunParameters) -> None:
+    """With ``fraction-train`` < 1 every unlearning method holds under sampling
+    (:meth:`fedunlearn.registry.MethodSpec.sampling_problem`), neither DP-FedAvg's accountant nor a
+    judge run's stacked federations (both assume every client in every round) is on, and
+    ``min-train-clients`` does not exceed the federation."""
+    fraction = config.fraction_train
+    if fraction >= 1:
+        return
+    problems = [p for spec in _specs(config) if (p := spec.sampling_problem(fraction))]
+    if problems:
+        keep = [s.name for s in _specs(config) if not s.sampling_problem(fraction)]
+        raise ConfigError(
+            "fraction-train",
+            fraction,
+            f"1.0 for methods that need every client in every round ({'; '.join(problems)}), or "
+            f"unlearn-methods without them (e.g. '{','.join(keep) or 'fedretrain'}')",
+        )
+    for on, what in (
+        (config.dp_noise_multiplier > 0, "DP-FedAvg (dp-noise-multiplier > 0), whose accountant"),
+        (bool(config.judge_models), "a judge run (judge-models), whose stacked federations"),
+    ):
+        if on:
+            raise ConfigError(
+                "fraction-train", fraction, f"1.0 with {what} assume every client in every round"
+            )
+    if _size_known(config) and config.min_train_clients > config.num_clients:
+        raise ConfigError(
+            "min-train-clients",
+            config.min_train_clients,
+            f"at most num-clients ({config.num_clients}) when fraction-train < 1",
+        )
+
+
 def check_target_participation(config: RunParameters) -> None:
     """Methods whose leaving client works during the request run only when the config opts in."""
     participating = [spec.name for spec in _specs(config) if spec.target_participates]
@@ -494,6 +527,7 @@ RULES: tuple[tuple[str | None, Rule], ...] = (
     (None, check_retention_for_methods),
     (None, check_retain_mode),
     (None, check_aggregation),
+    (None, check_sampling),
     (None, check_target_participation),
     (None, check_adoptable_method),
     (None, check_recipes),

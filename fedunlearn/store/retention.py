@@ -30,6 +30,9 @@ from fedunlearn.errors import ConfigError, StoreCorruptionError
 State = Mapping[str, torch.Tensor]
 #: The store metadata keys of the policies' selections and of their states.
 RECORD_KEY, STATE_KEY = "retention", "retention-state"
+#: The store metadata key of who took part in each round when clients are sampled (``fraction-train``
+#: < 1): round -> the partitions whose replies were aggregated.
+PARTICIPANTS_KEY = "participants"
 #: The policy FedEraser's schedule is kept under (a need of :data:`fedunlearn.registry.NEEDS`).
 INTERVAL = "retained-updates"
 #: ``retain-mode``: keep whole updates at every retained round, or whole at t_1 and norms after.

@@ -24,6 +24,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.messages import DESCRIBE
 from fedunlearn.preflight import CHECKS_NEEDING_K
 from fedunlearn.reply_checks import DESCRIBE_METRICS, RefusedReply, check_count, check_metrics
+from fedunlearn.training.sampling import round_seed, sample_partitions
 from server.federation.queries import query_nodes
 from server.progress import Log
 
@@ -57,6 +58,25 @@ class FederationMembers:
     def partition_of(self, node: int) -> int | None:
         """The partition ``node`` is bound to, or ``None`` for a node discovery did not map."""
         return self._partition_of_node.get(node)
+
+
+def round_sampler(members: FederationMembers, config, phase: str):
+    """``sample(server_round, nodes)``: the nodes of ``nodes`` that a round of ``phase`` trains,
+    drawn by partition with the run's seed (:func:`fedunlearn.training.sampling.sample_partitions`:
+    the same clients in a rerun, whatever node ids they got); None at ``fraction-train`` 1."""
+    if config.fraction_train >= 1:
+        return None
+
+    def sample(server_round: int, nodes: Collection[int]) -> list[int]:
+        by_partition = {members.partition_of(n): n for n in nodes}
+        by_partition.pop(None, None)
+        seed = round_seed(config.seed, phase, server_round)
+        chosen = sample_partitions(
+            by_partition, config.fraction_train, config.min_train_clients, seed
+        )
+        return [by_partition[p] for p in chosen]
+
+    return sample
 
 
 def failure_reasons(replies) -> str:

@@ -46,7 +46,12 @@ from fedunlearn.training.stacked import (
     member_seeds,
 )
 from fedunlearn.unlearning.verdicts import training_flag
-from server.federation.members import FederationMembers, discover_clients, failure_reasons
+from server.federation.members import (
+    FederationMembers,
+    discover_clients,
+    failure_reasons,
+    round_sampler,
+)
 from server.federation.queries import collect_replies
 from server.federation.reply_screening import ReplyScreen
 from server.progress import Log, count
@@ -291,12 +296,15 @@ def participant_strategy(
     nodes: list[int],
     store: UpdateStore | None = None,
     policies: Iterable[RetentionPolicy] = (),
+    sampler=None,
 ) -> Retaining:
     """The run's aggregation (``strategy``) over the nodes ``nodes`` only: each round samples,
     configures and messages exactly them (FedRetrain without the forgotten clients, a baseline's
-    rounds); with ``store`` it retains what ``policies`` select."""
-    inner = aggregation_strategy(config, participants=len(set(nodes)))
-    return Retaining(inner, store, policies=policies, participants=nodes)
+    rounds), or the round's sample of them (``sampler``,
+    :func:`server.federation.members.round_sampler`); with ``store`` it retains what
+    ``policies`` select."""
+    inner = aggregation_strategy(config, participants=len(set(nodes)), sampled=sampler is not None)
+    return Retaining(inner, store, policies=policies, participants=nodes, sampler=sampler)
 
 
 def participant_rounds(
@@ -326,7 +334,7 @@ def participant_rounds(
 
     return fedavg_rounds(
         grid,
-        participant_strategy(config, nodes),
+        participant_strategy(config, nodes, sampler=round_sampler(outcome.members, config, name)),
         model,
         config,
         on_round=progress,
@@ -372,7 +380,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
             config, run, data, members, store, initial_state, run.load_model("model_final"), screen
         )
     log(_run_description(config, data, members))
-    retaining, strategy = _training_strategy(config, store, log)
+    retaining, strategy = _training_strategy(config, store, log, members)
     recorder = _RoundRecorder(config, run, store, model, retaining, started, log)
     first_round = 1
     if resuming:
@@ -437,10 +445,13 @@ def _run_description(config: ExperimentConfig, data: FederatedData, members) -> 
     )
 
 
-def _training_strategy(config: ExperimentConfig, store: UpdateStore | None, log: Log):
+def _training_strategy(
+    config: ExperimentConfig, store: UpdateStore | None, log: Log, members: FederationMembers
+):
     """(the retaining strategy, the strategy the rounds run): the same, or DP around it. The
     retaining strategy wraps the run's aggregation (``strategy``: FedAvg, FedProx, FedMedian,
-    FedTrimmedAvg or Krum, :mod:`strategies.aggregation`)."""
+    FedTrimmedAvg or Krum, :mod:`strategies.aggregation`) and samples ``fraction-train`` of the
+    clients each round (:func:`server.federation.members.round_sampler`)."""
     if store is not None:
         store.set_metadata(
             dataset=config.dataset,
@@ -449,9 +460,15 @@ def _training_strategy(config: ExperimentConfig, store: UpdateStore | None, log:
             seed=config.seed,
             model=resolve_model_name(config.model, config.dataset),
         )
-    aggregation = aggregation_strategy(config, fraction_evaluate=config.fraction_evaluate)
+    sampler = round_sampler(members, config, "train")
+    aggregation = aggregation_strategy(
+        config, fraction_evaluate=config.fraction_evaluate, sampled=sampler is not None
+    )
     retaining = Retaining(
-        aggregation, store, policies=run_retention(config) if store is not None else ()
+        aggregation,
+        store,
+        policies=run_retention(config) if store is not None else (),
+        sampler=sampler,
     )
     if config.dp_noise_multiplier <= 0:
         return retaining, retaining

@@ -54,6 +54,7 @@ from fedunlearn.unlearning.verdicts import (
     flag_rows,
     training_flag,
 )
+from server.federation.members import round_sampler
 from server.federation.queries import collect_replies
 from server.method_runner import MethodRunner
 from server.progress import Log, count
@@ -345,7 +346,8 @@ def _fedretrain(
     # An adopted retraining keeps what the training run kept (every method's retention), so
     # that a later request can run any of the run's methods on the new history.
     policies = run_retention(config) if trajectory is not None else ()
-    strategy = participant_strategy(config, remaining_nodes, trajectory, policies)
+    sampler = round_sampler(outcome.members, config, "fedretrain")
+    strategy = participant_strategy(config, remaining_nodes, trajectory, policies, sampler)
     model = outcome.new_model()
     model.load_state_dict(outcome.initial_state)
     curve: list[float] = []
@@ -373,7 +375,8 @@ def _fedretrain(
         "rounds": config.rounds,
         "clients": len(remaining_nodes),
         "accuracy_by_round": curve,
-        "did": f"retrained {config.rounds} round(s) with {len(remaining_nodes)} client(s)",
+        "did": f"retrained {config.rounds} round(s) with {len(remaining_nodes)} client(s)"
+        + (f", {config.fraction_train:g} of them a round" if sampler is not None else ""),
     }
 
 

@@ -379,3 +379,40 @@ def test_a_crash_between_crabs_record_and_its_deletions_is_finished_on_resume(tm
     assert store.rounds() == expected and resumed.policies["selected-history"].open_rounds == [3]
     for server_round in set(kept) - {1}:
         assert store.clients(server_round) == kept[server_round]
+
+
+def test_a_sampled_round_trains_its_sample_and_the_store_records_who_took_part(tmp_path):
+    # the sampler (round, nodes offered) -> nodes: only they are messaged; the replies that were
+    # aggregated are recorded per round, a failed one is not; a resumed run forgets later rounds
+    from flwr.serverapp.strategy import FedAvg
+
+    from fedunlearn.store.retention import PARTICIPANTS_KEY
+    from strategies.retaining import Retaining
+
+    store = UpdateStore(tmp_path / "store")
+    offered = []
+
+    def sampler(server_round, nodes):
+        offered.append(sorted(nodes))
+        return [101, 303] if server_round == 1 else [202]
+
+    inner = FedAvg(min_train_nodes=1, min_available_nodes=1)
+    strategy = Retaining(inner, store, [IntervalRetention(1)], sampler=sampler)
+    for server_round, (nodes, replies) in enumerate(
+        [
+            ([101, 303], [_reply(_state(1), 10, 0, 101), _reply(_state(3), 10, 2, 303)]),
+            ([202], [_reply(_state(2), 10, 1, 202), _reply(_state(9), 10, 0, 101, error=True)]),
+            ([202], [_reply(_state(2), 10, 1, 202)]),
+        ],
+        start=1,
+    ):
+        sent = strategy.configure_train(
+            server_round, ArrayRecord(_state(0)), ConfigRecord(), _grid()
+        )
+        assert sorted(m.metadata.dst_node_id for m in sent) == nodes
+        strategy.aggregate_train(server_round, replies)
+    assert offered == [[101, 202, 303]] * 3  # every connected participant is offered
+    assert store.metadata[PARTICIPANTS_KEY] == {"1": [0, 2], "2": [1], "3": [1]}
+    assert store.clients(1) == [0, 2] and store.clients(2) == [1]
+    Retaining(inner, store, [IntervalRetention(1)], sampler=sampler).resume(2)
+    assert store.metadata[PARTICIPANTS_KEY] == {"1": [0, 2], "2": [1]}

@@ -1,0 +1,121 @@
+"""Clients sampled per round (``fraction-train = 0.5``), through the real ClientApp in this process
+(no Ray): each round trains the seeded draw of partitions, whatever node ids the clients have; the
+store records who took part; FedRetrain draws from the remaining clients; FedEraser calibrates each
+retained round over that round's remaining participants; the forgotten client receives nothing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from test_malicious_clients import ClientAppGrid, K
+
+from fedunlearn.config import ExperimentConfig
+from fedunlearn.messages import CALIBRATE
+from fedunlearn.store.retention import PARTICIPANTS_KEY
+from fedunlearn.training.sampling import round_seed, sample_partitions
+from server.training.rounds import train_federated
+from server.unlearning.request import run_unlearning
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
+
+VALUES = {
+    "num-clients": K,
+    "rounds": 4,
+    "local-epochs": 1,
+    "retain-interval": 1,
+    "fraction-train": 0.5,
+    "min-train-clients": 2,
+    "unlearn-clients": "0",
+    "unlearn-methods": "federaser,fedaccum,fedretrain",
+    "node-wait-seconds": 5,
+}
+
+
+class SampledGrid(ClientAppGrid):
+    """The real ClientApp behind node ids ``first + step * partition``; records each message as
+    (phase, partition, message type, round)."""
+
+    def __init__(self, run_config: dict, first: int = 100, step: int = 1):
+        super().__init__(run_config)
+        self.first, self.step, self.phase, self.sent = first, step, "training", []
+
+    def get_node_ids(self):
+        return [self.first + self.step * k for k in range(K)]
+
+    def answer(self, message):
+        partition = (message.metadata.dst_node_id - self.first) // self.step
+        config = message.content.config_records.get("config")
+        server_round = int(config.get("server-round", 0)) if config is not None else 0
+        self.sent.append((self.phase, partition, message.metadata.message_type, server_round))
+        message.metadata.dst_node_id = 100 + partition  # the parent's node numbering
+        reply = super().answer(message)
+        reply.metadata.src_node_id = self.first + self.step * partition
+        return reply
+
+
+def _draw(phase: str, server_round: int, clients) -> list[int]:
+    return sample_partitions(clients, 0.5, 2, round_seed(0, phase, server_round))
+
+
+def _by_round(sent, phase: str) -> dict[int, list[int]]:
+    """The partitions each round's training messages of ``phase`` went to (Flower sends a round's
+    messages in an order of its own)."""
+    rounds: dict[int, list[int]] = {}
+    for when, partition, kind, server_round in sent:
+        if when == phase and kind == "train":
+            rounds.setdefault(server_round, []).append(partition)
+    return {r: sorted(p) for r, p in rounds.items()}
+
+
+def _trained(tmp_path, name: str, **grid):
+    values = {**VALUES, "output-dir": str(tmp_path), "run-name": name}
+    spy = SampledGrid(values, **grid)
+    outcome = train_federated(spy, ExperimentConfig.from_run_config(values), log=lambda _: None)
+    return spy, outcome
+
+
+def test_each_round_trains_the_seeded_draw_and_the_store_records_it(tmp_path):
+    spy, outcome = _trained(tmp_path, "sampled")
+    assert _by_round(spy.sent, "training") == {r: _draw("train", r, range(K)) for r in range(1, 5)}
+    recorded = outcome.store.metadata[PARTICIPANTS_KEY]
+    assert recorded == {str(r): _draw("train", r, range(K)) for r in range(1, 5)}
+    assert len({tuple(v) for v in recorded.values()}) > 1  # not the same two every round
+    for r in range(1, 5):  # FedEraser's retained rounds hold exactly who took part
+        assert outcome.store.clients(r) == recorded[str(r)]
+    # other node ids (the SuperNodes' random ids of another run): the same clients, the same model
+    _, again = _trained(tmp_path, "renumbered", first=9000, step=37)
+    assert again.store.metadata[PARTICIPANTS_KEY] == recorded
+    assert all(torch.equal(again.final_state[k], v) for k, v in outcome.final_state.items())
+
+
+def test_unlearning_draws_from_the_remaining_and_calibrates_over_each_rounds_participants(
+    tmp_path,
+):
+    spy, outcome = _trained(tmp_path, "forget")
+    recorded = outcome.store.metadata[PARTICIPANTS_KEY]
+    spy.phase, lines = "unlearn", []
+    table = run_unlearning(spy, outcome, [0], log=lines.append).set_index("method")
+    assert not [s for s in spy.sent if s[0] == "unlearn" and s[1] == 0]  # the target: nothing
+    # FedEraser: round 1's remaining updates uncalibrated, then one calibration per retained
+    # round, asked of exactly its remaining participants; a round with none is skipped
+    steps = [
+        (int(m[1]), int(m[2]))
+        for line in lines
+        if (m := re.match(r"federaser: retained round (\d+), (\d+) client", line))
+    ]
+    remaining = {r: [p for p in recorded[str(r)] if p != 0] for r in range(1, 5)}
+    assert steps == [(r, len(remaining[r])) for r in range(1, 5) if remaining[r]]
+    first = next(r for r in range(1, 5) if remaining[r])
+    calibrated = sorted(p for phase, p, kind, _ in spy.sent if kind == CALIBRATE)
+    assert calibrated == sorted(p for r in range(first + 1, 5) for p in remaining[r])
+    # FedRetrain: its own draw, from the three remaining clients, two a round
+    assert _by_round(spy.sent, "unlearn") == {
+        r: _draw("fedretrain", r, [1, 2, 3]) for r in range(1, 5)
+    }
+    assert "0.5 of them a round" in table.loc["fedretrain", "did"]
+    assert (
+        table.loc["federaser", "test_accuracy"] > 0.3
+        and table.loc["fedaccum", "client_epochs"] == 0
+    )
