@@ -436,10 +436,11 @@ def _run_description(config: ExperimentConfig, data: FederatedData, members) -> 
     mode = ", norms after t_1" if config.retain_mode == "norms" else ""
     retention = f"{needs} (Δt = {config.retain_interval}{mode}), {config.store_dtype}"
     retention = retention if config.retain else "off"
+    sampled = f", {config.fraction_train:g} of them a round" if config.fraction_train < 1 else ""
     return (
         f"{config.dataset}: {sum(map(len, data.partitions))} of {len(splits.train)} training "
         f"samples over {count(config.num_clients, 'client')} "
-        f"({config.partitioning}), {len(splits.test)} test samples; {config.rounds} rounds x "
+        f"({config.partitioning}{sampled}), {len(splits.test)} test samples; {config.rounds} rounds x "
         f"{config.local_epochs} local epochs; retention {retention}"
         + (f"; {members.cuda_clients} client(s) on CUDA" if members.cuda_clients else "")
     )
