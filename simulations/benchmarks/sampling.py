@@ -1,0 +1,138 @@
+"""FedEraser when clients are sampled per round: the main job (``simulations/digits.toml``: digits,
+K = 10, 20 rounds of 10 local epochs, Δt = 2, forget client 0) with ``fraction-train`` 1 and 0.5, on
+IID, Dirichlet(0.1) and label-shard partitions, over seeds. With sampling, FedRetrain samples the
+same fraction of the remaining clients, and FedEraser calibrates each retained round over its
+remaining participants (docs/scale.md); the acceptance compares the two within 1 point.
+
+Each point is one ``fedunlearn-run`` (skipped when its directory already holds a result). Writes
+into ``--output-dir``:
+
+* ``sampling.csv`` / ``.md``: per point FedEraser's and FedAccum's test accuracy gap to FedRetrain
+  (points), FedRetrain's accuracy, FedEraser's client-epochs as a share of FedRetrain's, and the
+  rows' flags; then per partition and fraction the mean and the worst gap;
+* ``sampling.png``: per partition, FedEraser's gap to FedRetrain at each fraction, each seed a dot,
+  the ±1 point band shaded.
+
+Usage::
+
+    python -m simulations.benchmarks.sampling [--fractions 1.0 0.5]
+        [--partitionings iid dirichlet-0.1 shards] [--seeds 3] [--output-dir results/sampling]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from fedunlearn.plots import save_figure  # noqa: E402
+from simulations.benchmarks.repeat import add_run_options, run_point  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[1] / "digits.toml"
+PARTITIONS = {
+    "iid": ["partitioning='iid'"],
+    "dirichlet-0.1": ["partitioning='dirichlet'", "alpha=0.1"],
+    "shards": ["partitioning='shards'"],
+}
+
+
+def point(run: Path, partitioning: str, fraction: float, seed: int) -> dict:
+    """One run's row: FedEraser and FedAccum against FedRetrain (both sampled alike)."""
+    table = pd.read_csv(run / "unlearning.csv").set_index("method")
+    retrained = table.loc["fedretrain"]
+
+    def gap(method: str) -> float:
+        return 100 * (table.loc[method, "test_accuracy"] - retrained["test_accuracy"])
+
+    def flag(method: str) -> str:
+        value = table.loc[method, "flag"]
+        return value if isinstance(value, str) else ""
+
+    return {
+        "partitioning": partitioning,
+        "fraction_train": fraction,
+        "seed": seed,
+        "fedretrain_accuracy": retrained["test_accuracy"],
+        "federaser_gap": gap("federaser"),
+        "fedaccum_gap": gap("fedaccum"),
+        "federaser_client_epochs_share": table.loc["federaser", "client_epochs"]
+        / retrained["client_epochs"],
+        "federaser_flag": flag("federaser"),
+        "fedaccum_flag": flag("fedaccum"),
+    }
+
+
+def summary(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per partition and fraction: FedEraser's mean and worst gap, seeds within 1 point."""
+    grouped = rows.groupby(["partitioning", "fraction_train"], sort=False)["federaser_gap"]
+    return grouped.agg(
+        seeds="count",
+        mean_gap="mean",
+        worst_gap="min",
+        within_1_point=lambda gaps: f"{int((gaps.abs() <= 1).sum())} of {len(gaps)}",
+    ).reset_index()
+
+
+def figure(rows: pd.DataFrame, path: Path) -> None:
+    """Per partition, FedEraser's gap to FedRetrain at each fraction, each seed a dot."""
+    partitions = list(dict.fromkeys(rows["partitioning"]))
+    fig, axes = plt.subplots(
+        1, len(partitions), figsize=(4.5 * len(partitions), 4.5), squeeze=False
+    )
+    for axis, partitioning in zip(axes[0], partitions):
+        part = rows[rows["partitioning"] == partitioning]
+        labels = [f"{f:g}" for f in part["fraction_train"]]
+        axis.axhspan(-1, 1, color="tab:green", alpha=0.15, label="within 1 point")
+        axis.scatter(labels, part["federaser_gap"], color="tab:blue", label="FedEraser, a seed")
+        axis.axhline(0, color="black", linewidth=0.8)
+        axis.set_title(f"{partitioning}")
+        axis.set_xlabel("fraction-train (clients a round)")
+        axis.set_ylabel("test accuracy gap to FedRetrain (points)")
+    axes[0][0].legend(loc="lower left")
+    fig.suptitle("FedEraser vs FedRetrain, both with the clients sampled per round (digits)")
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fractions", type=float, nargs="+", default=[1.0, 0.5])
+    parser.add_argument("--partitionings", nargs="+", default=list(PARTITIONS))
+    parser.add_argument("--seeds", type=int, default=3)
+    add_run_options(parser, "results/sampling")
+    args = parser.parse_args(argv)
+    output = args.output_dir.resolve()
+    rows = []
+    for partitioning in args.partitionings:
+        for fraction in args.fractions:
+            for seed in range(args.seeds):
+                name = f"{partitioning}-fraction{fraction:g}-seed{seed}"
+                sets = [*PARTITIONS[partitioning], f"fraction-train={fraction}", f"seed={seed}"]
+                if not args.summarize_only:
+                    run_point(
+                        CONFIG, output, name, [*sets, *args.set], data_root=None, app=args.app
+                    )
+                if (output / name / "unlearning.csv").is_file():
+                    rows.append(point(output / name, partitioning, fraction, seed))
+    table = pd.DataFrame(rows)
+    table.to_csv(output / "sampling.csv", index=False)
+    text = (
+        "## FedEraser with the clients sampled per round\n\n"
+        + table.to_markdown(index=False, floatfmt=".2f")
+        + "\n\n"
+        + summary(table).to_markdown(index=False, floatfmt=".2f")
+    )
+    (output / "sampling.md").write_text(text + "\n")
+    figure(table, output / "sampling.png")
+    print(text)
+    print(f"results in {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
