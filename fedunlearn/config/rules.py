@@ -267,6 +267,18 @@ def check_sampling(config: RunParameters) -> None:
             config.min_train_clients,
             f"at most num-clients ({config.num_clients}) when fraction-train < 1",
         )
+    if config.strategy == "krum" and _size_known(config):
+        from fedunlearn.training.sampling import sample_size
+
+        remaining = config.num_clients - len(config.unlearn_targets)  # FedRetrain's pool
+        n = sample_size(remaining, fraction, config.min_train_clients)
+        if n <= 2 * config.krum_malicious + 2:
+            raise ConfigError(
+                "fraction-train",
+                fraction,
+                f"a fraction whose rounds keep Krum's condition n > 2f + 2 (krum-malicious = "
+                f"{config.krum_malicious}; a retraining round would train {n} clients)",
+            )
 
 
 def check_target_participation(config: RunParameters) -> None:

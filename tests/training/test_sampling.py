@@ -89,9 +89,26 @@ def test_the_config_refuses_a_sampled_run_with_a_method_that_needs_every_client(
         ({"dp-noise-multiplier": 1.0}, "DP-FedAvg"),
         ({"judge-models": 4}, "a judge run"),
         ({"num-clients": 3, "min-train-clients": 4}, r"at most num-clients \(3\)"),
+        (  # 10 clients, one forgotten: FedRetrain's rounds train int(9 x 0.5) = 4 <= 2f + 2
+            {
+                "num-clients": 10,
+                "strategy": "krum",
+                "krum-malicious": 1,
+                "unlearn-methods": "fedretrain",
+            },
+            "Krum's condition n > 2f [+] 2 .* would train 4 clients",
+        ),
     ],
 )
 def test_sampling_is_refused_where_every_client_every_round_is_assumed(extra, says):
     with pytest.raises(ConfigError, match=says):
         ExperimentConfig.from_run_config({"fraction-train": 0.5, **extra})
     ExperimentConfig.from_run_config({"fraction-train": 1.0, **extra})  # not refused at 1
+
+
+def test_krum_with_sampling_runs_when_every_round_keeps_its_condition():
+    values = {"num-clients": 10, "strategy": "krum", "krum-malicious": 1}
+    config = ExperimentConfig.from_run_config(
+        {**values, "unlearn-methods": "fedretrain", "fraction-train": 0.6}
+    )
+    assert config.fraction_train == 0.6  # int(9 x 0.6) = 5 > 2f + 2 = 4
