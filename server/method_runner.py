@@ -7,8 +7,9 @@ A method is called as ``implementation(context, name)`` and returns the new mode
 model, no time and no row). Statistics several methods need (``MethodSpec.needs``, e.g. the head's
 sums) are gathered once through :class:`SharedStatistics`; a method's time is its own work plus the
 gathering of every statistic it needs, whichever method happened to gather it first. A method
-whose rounds diverged in the clients' training gets a row flagged "diverged" (its model: the one
-the diverged round sent), not a crash that would take the other methods' rows with it.
+whose rounds diverged in the clients' training gets, in the unlearning request, a row flagged
+"diverged" (its model: the one the diverged round sent), not a crash that would take the other
+methods' rows with it.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ class MethodRunner:
 
     ``label`` prefixes each method's log line (``"scrub "``); ``suffix`` ends each model file's
     name (``-<request>`` for a later unlearning request); ``shared``: the statistics the phase's
-    methods share (their context holds the same object).
+    methods share (their context holds the same object); ``flag_divergence``: a method whose
+    rounds diverged gets a row (the model the diverged round sent, ``details["diverged"]``) for a
+    phase whose table flags it (the unlearning request's); elsewhere the phase ends, loudly.
     """
 
     def __init__(
@@ -59,8 +62,10 @@ class MethodRunner:
         label: str = "",
         suffix: str = "",
         shared: SharedStatistics | None = None,
+        flag_divergence: bool = False,
     ) -> None:
         self.run = run
+        self.flag_divergence = flag_divergence
         self.log = log
         self.label = label
         self.suffix = suffix
@@ -113,7 +118,7 @@ class MethodRunner:
                     self.costs[spec.name] = context.grid.cost
                 self.time(
                     spec.name,
-                    lambda implementation=implementation, name=spec.name: self._flag_divergence(
+                    lambda implementation=implementation, name=spec.name: self._guarded(
                         implementation, context, name
                     ),
                     model_file=spec.model_file or f"model_{spec.name}",
@@ -123,14 +128,14 @@ class MethodRunner:
             if grid is not None:
                 context.grid = grid
 
-    def _flag_divergence(self, implementation, context, name: str):
+    def _guarded(self, implementation, context, name: str):
         """``implementation(context, name)``; when one of its rounds diverged in the clients'
         training (:class:`DivergedRound`), the model that round sent, with ``details["diverged"]``
         (a flagged row, never adopted) instead of a crash that would end every other row."""
         try:
             return implementation(context, name)
         except DivergedRound as diverged:
-            if diverged.state is None:
+            if diverged.state is None or not self.flag_divergence:
                 raise
             self.log(f"{self.label}{name}: {diverged}; its row is the model that round sent")
             return diverged.state, {"did": f"{name} diverged", "diverged": str(diverged)}

@@ -60,6 +60,18 @@ class JudgeSets:
     backdoor_class: int
 
 
+def drop_diverged(runner: MethodRunner, log: Log) -> dict[str, str]:
+    """The methods whose rounds diverged (``details["diverged"]``, e.g. a post-training whose every
+    reply was refused as not finite), taken out of the judge with why: the population of a model a
+    diverged method left behind is no verdict on the method."""
+    diverged = {m: d["diverged"] for m, d in runner.details.items() if d.get("diverged")}
+    for method, why in diverged.items():
+        runner.models.pop(method, None)
+        runner.seconds.pop(method, None)
+        log(f"judge: FLAGGED {method}: diverged ({why}); it is not judged")
+    return diverged
+
+
 def run_judge(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> JudgeData:
     """Train, unlearn and retrain N federations as stacks; write ``judge.csv/.md/.png``."""
     started = time.perf_counter()
@@ -78,6 +90,7 @@ def run_judge(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> Judg
     runner.add(ORIGINAL, outcome.final_state)
     runner.seconds[ORIGINAL] = training_seconds
     runner.run_all([UNLEARNING[name] for name in config.methods], context)
+    diverged = drop_diverged(runner, log)
     runner.time(
         INDEPENDENT,
         lambda: independent_retrain(grid, outcome, remaining, log=log),
@@ -95,7 +108,12 @@ def run_judge(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> Judg
     seconds = time.perf_counter() - started
     outcome.run.write_json(
         "judge.json",
-        {"models": config.judge_models, "seconds": seconds, "separated": separated(table)},
+        {
+            "models": config.judge_models,
+            "seconds": seconds,
+            "separated": separated(table),
+            "diverged": diverged,
+        },
     )
     log(f"judge: {config.judge_models} models per population in {seconds:.1f}s")
     log("judge:\n" + (outcome.run.path / "judge.md").read_text())

@@ -141,7 +141,7 @@ def run_unlearning(
         f"unlearning client(s) {targets} with {', '.join(config.methods)}; "
         f"{len(context.remaining_nodes)} client(s) remain"
     )
-    runner = MethodRunner(outcome.run, log=log, suffix=suffix)
+    runner = MethodRunner(outcome.run, log=log, suffix=suffix, flag_divergence=True)
     runner.add("fedavg", outcome.final_state)
     runner.run_all([UNLEARNING[name] for name in config.methods], context)
     for staging in context.staging.values():

@@ -43,7 +43,7 @@ def test_a_diverged_method_gets_the_model_its_round_sent_and_the_next_method_sti
         raise DivergedRound("fedretrain round 2: 3 of 3 replies refused ...", state=sent)
 
     lines, run = [], _Run()
-    runner = MethodRunner(run, log=lines.append)
+    runner = MethodRunner(run, log=lines.append, flag_divergence=True)  # the request's runner
     runner.run_all(
         [_spec("fedretrain", diverges), _spec("fedaccum", lambda c, n: {"w": torch.ones(2)})],
         SimpleNamespace(),
@@ -54,11 +54,34 @@ def test_a_diverged_method_gets_the_model_its_round_sent_and_the_next_method_sti
     assert any("its row is the model that round sent" in line for line in lines)
 
 
+def test_a_phase_whose_table_flags_nothing_still_ends_on_a_divergence():
+    # scrubbing's and the judge's tables do not read "diverged": a row there would pass silently
+    def diverges(context, name):
+        raise DivergedRound("retrain round 2 ...", state={"w": torch.zeros(1)})
+
+    runner = MethodRunner(_Run(), log=lambda _: None, label="scrub ")
+    with pytest.raises(DivergedRound, match="retrain round 2"):
+        runner.run_all([_spec("finetune", diverges)], SimpleNamespace())
+    assert runner.models == {}
+
+
+def test_the_judge_takes_a_method_that_diverged_out_and_says_so():
+    from server.audit.judge import drop_diverged
+
+    runner, lines = MethodRunner(_Run(), log=lambda _: None), []
+    runner.models = {"original": {}, "pga": {}, "fedquit": {}}
+    runner.seconds = {"original": 1.0, "pga": 2.0, "fedquit": 3.0}
+    runner.details = {"pga": {"diverged": "pga round 1: 9 of 9 refused"}, "fedquit": {"did": "x"}}
+    assert drop_diverged(runner, lines.append) == {"pga": "pga round 1: 9 of 9 refused"}
+    assert set(runner.models) == set(runner.seconds) == {"original", "fedquit"}
+    assert lines == ["judge: FLAGGED pga: diverged (pga round 1: 9 of 9 refused); it is not judged"]
+
+
 def test_a_divergence_without_the_model_sent_still_ends_the_phase():
     def diverges(context, name):
         raise DivergedRound("no model to report")
 
-    runner = MethodRunner(_Run(), log=lambda _: None)
+    runner = MethodRunner(_Run(), log=lambda _: None, flag_divergence=True)
     with pytest.raises(DivergedRound, match="no model to report"):
         runner.run_all([_spec("fedretrain", diverges)], SimpleNamespace())
     assert "fedretrain" not in runner.models
