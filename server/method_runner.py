@@ -15,7 +15,7 @@ methods' rows with it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import pandas as pd
 
@@ -25,6 +25,11 @@ from fedunlearn.training.model_state import State
 from server.federation.metering import Cost, MeteredGrid
 from server.progress import Log
 from server.training.rounds import DivergedRound
+
+
+def diverged_methods(details: Mapping[str, Mapping]) -> dict[str, str]:
+    """Why each method whose rounds diverged did (its ``details["diverged"]``), by method."""
+    return {m: str(d["diverged"]) for m, d in details.items() if d.get("diverged")}
 
 
 class SharedStatistics:

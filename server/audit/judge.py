@@ -35,7 +35,7 @@ from fedunlearn.seeding import derive_seed
 from fedunlearn.store.history import forget_clients
 from fedunlearn.training.local import resolve_device
 from fedunlearn.training.model_state import State
-from server.method_runner import MethodRunner
+from server.method_runner import MethodRunner, diverged_methods
 from server.progress import Log, count
 from server.training.rounds import (
     TrainingOutcome,
@@ -64,7 +64,7 @@ def drop_diverged(runner: MethodRunner, log: Log) -> dict[str, str]:
     """The methods whose rounds diverged (``details["diverged"]``, e.g. a post-training whose every
     reply was refused as not finite), taken out of the judge with why: the population of a model a
     diverged method left behind is no verdict on the method."""
-    diverged = {m: d["diverged"] for m, d in runner.details.items() if d.get("diverged")}
+    diverged = diverged_methods(runner.details)
     for method, why in diverged.items():
         runner.models.pop(method, None)
         runner.seconds.pop(method, None)

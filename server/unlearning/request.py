@@ -56,7 +56,7 @@ from fedunlearn.unlearning.verdicts import (
 )
 from server.federation.members import round_sampler
 from server.federation.queries import collect_replies
-from server.method_runner import MethodRunner
+from server.method_runner import MethodRunner, diverged_methods
 from server.progress import Log, count
 from server.training.rounds import (
     TrainingOutcome,
@@ -461,8 +461,7 @@ def with_verdicts(
         for m, d in zip(table["method"], own)
     ]
     table["rollback_round"] = [d.get("rollback_round", float("nan")) for d in own]
-    diverged = {m: d["diverged"] for m, d in zip(table["method"], own) if d.get("diverged")}
-    table["flag"] = flag_rows(table, flag_gap, attack_forgotten, diverged)
+    table["flag"] = flag_rows(table, flag_gap, attack_forgotten, diverged_methods(details))
     return table
 
 
