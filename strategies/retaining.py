@@ -38,6 +38,8 @@ from fedunlearn.store.retention import (
 )
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import state_difference
+from fedunlearn.training.streaming import DEFAULT_WINDOW
+from strategies.streaming import StreamingRound, folds_replies
 
 logger = logging.getLogger(__name__)
 
@@ -270,31 +272,74 @@ class Retaining(Strategy):
             self._retain(server_round, valid, sent)
         return arrays, metrics
 
-    def _record_participants(self, server_round: int, replies: list[Message]) -> None:
-        """Who took part in ``server_round`` (the partitions whose replies were aggregated), in
-        the store's metadata; a resumed run drops the rounds after its checkpoint."""
-        assert self.store is not None
-        took_part = sorted(p for error, p in map(_partition_order, replies) if not error)
-        recorded = dict(self.store.metadata.get(PARTICIPANTS_KEY, {}))
-        self.store.set_metadata(**{PARTICIPANTS_KEY: {**recorded, str(server_round): took_part}})
+    def stream_train(
+        self,
+        server_round: int,
+        expected: Mapping[int, int],
+        *,
+        window: int = DEFAULT_WINDOW,
+        gated: bool = False,
+    ) -> StreamingRound | None:
+        """Round ``server_round`` folded reply by reply (:class:`strategies.streaming.StreamingRound`;
+        ``expected``: partition id -> declared N_k of each client asked; ``gated``: nothing folded
+        before the round's end, see :class:`~fedunlearn.training.streaming.ReorderBuffer`), or
+        None where the round
+        must be aggregated whole: an aggregation other than the weighted mean, or a policy that
+        must see the round's updates before it chooses (no :meth:`RetentionPolicy.plan`)."""
+        if not folds_replies(self.strategy) or not expected:
+            return None
+        plans = {name: policy.plan(server_round) for name, policy in self.policies.items()}
+        if self.store is not None and (
+            any(plan is None for plan in plans.values())
+            or any(p.wants_auxiliary(server_round) for p in self.policies.values())
+        ):
+            return None
+        if self.store is None:
+            self._sent_arrays.pop(server_round, None)
+        return StreamingRound(self, server_round, expected, plans, window=window, gated=gated)
 
-    def _retain(self, server_round: int, replies: list[Message], sent: list) -> None:
-        """Ask every policy what it keeps of this round (and, of one that settles, what it finally
-        keeps of earlier ones); write the union and the record, then delete what is left unkept."""
+    def started_from(self, server_round: int) -> dict[str, torch.Tensor]:
+        """M^t, the model ``configure_train`` sent in ``server_round`` (read once)."""
         started_from = self._sent_arrays.pop(server_round, None)
         if started_from is None:
             raise RuntimeError(
                 f"round {server_round} is a retained round but configure_train was not called for it; "
                 "the global model M^t it started from is unknown"
             )
-        global_state = started_from.to_torch_state_dict()
+        return started_from.to_torch_state_dict()
+
+    def record_round(self, server_round: int, clients: list[int], plans: Mapping) -> None:
+        """After a folded round: who took part, each policy's planned selection over ``clients``
+        (the partitions aggregated), the record and states saved."""
+        if self.store is None:
+            return
+        if self.sampler is not None:
+            self._save_participants(server_round, clients)
+        chosen, settled = self._choose(server_round, lambda name, _: plans[name].selection(clients))
+        self._after_round(server_round, Selection.merge(chosen.values()), settled)
+
+    def _record_participants(self, server_round: int, replies: list[Message]) -> None:
+        """Who took part in ``server_round`` (the partitions whose replies were aggregated), in
+        the store's metadata; a resumed run drops the rounds after its checkpoint."""
+        took_part = sorted(p for error, p in map(_partition_order, replies) if not error)
+        self._save_participants(server_round, took_part)
+
+    def _save_participants(self, server_round: int, took_part: list[int]) -> None:
+        assert self.store is not None
+        recorded = dict(self.store.metadata.get(PARTICIPANTS_KEY, {}))
+        self.store.set_metadata(**{PARTICIPANTS_KEY: {**recorded, str(server_round): took_part}})
+
+    def _retain(self, server_round: int, replies: list[Message], sent: list) -> None:
+        """Ask every policy what it keeps of this round (and, of one that settles, what it finally
+        keeps of earlier ones); write the union and the record, then delete what is left unkept."""
+        global_state = self.started_from(server_round)
         updates, counts = self._updates(server_round, replies, sent, global_state)
         loss = _start_loss(replies, self.weighted_by_key)
         for policy in self.policies.values():
             if policy.wants_auxiliary(server_round):
                 policy.observe(server_round, _auxiliary(replies))
-        chosen, settled = {}, set()
-        for name, policy in self.policies.items():
+
+        def select(name: str, policy: RetentionPolicy) -> Selection:
             selection = policy.select(
                 server_round,
                 global_state,
@@ -304,14 +349,9 @@ class Retaining(Strategy):
             )
             if not isinstance(selection, Selection):
                 raise TypeError(f"policy {name}'s select returned {selection!r}, not a Selection")
-            self.record.add(name, server_round, selection)
-            chosen[name] = selection
-            for decided, clients in policy.settle().items():
-                self.record.settle(name, decided, clients)
-                if decided == server_round:
-                    chosen[name] = Selection(clients is not None, frozenset(clients or ()))
-                else:
-                    settled.add(decided)
+            return selection
+
+        chosen, settled = self._choose(server_round, select)
         kept = Selection.merge(chosen.values())
         if kept is not None:
             assert self.store is not None
@@ -321,6 +361,26 @@ class Retaining(Strategy):
                     writer.add_update(partition_id, updates[partition_id], counts[partition_id])
                 for partition_id in sorted(kept.norms):
                     writer.add_norms(partition_id, updates[partition_id], counts[partition_id])
+        self._after_round(server_round, kept, settled)
+
+    def _choose(self, server_round: int, select) -> tuple[dict[str, Selection], set[int]]:
+        """Each policy's selection of ``server_round`` (``select(name, policy)``), recorded, and
+        the earlier rounds some policy settled meanwhile."""
+        chosen, settled = {}, set()
+        for name, policy in self.policies.items():
+            selection = select(name, policy)
+            self.record.add(name, server_round, selection)
+            chosen[name] = selection
+            for decided, clients in policy.settle().items():
+                self.record.settle(name, decided, clients)
+                if decided == server_round:
+                    chosen[name] = Selection(clients is not None, frozenset(clients or ()))
+                else:
+                    settled.add(decided)
+        return chosen, settled
+
+    def _after_round(self, server_round: int, kept: Selection | None, settled: set[int]) -> None:
+        """The record and states saved, settled rounds' unkept blobs deleted, ``on_retained``."""
         # A round no policy kept, with no policy state to carry, leaves the record as it was:
         # the header is rewritten only when something changed (not every round).
         states = self._states()

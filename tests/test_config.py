@@ -49,6 +49,7 @@ def test_the_main_job_is_the_app_defaults_with_ten_clients():
         ("run-name", "a/b", "without path separators"),
         ("train-samples", -1, ">= 0"),
         ("resume", "yes", "true or false"),
+        ("max-update-ratio", 0.5, "0.0 (off) or a number in [1.0, 1e+12]"),
     ],
 )
 def test_each_bad_value_names_parameter_value_and_what_is_allowed(key, value, fragment):

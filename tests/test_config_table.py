@@ -88,6 +88,8 @@ def test_each_interval_error_says_what_the_page_says():
         if not isinstance(constraint, Interval):
             continue
         outside = constraint.low if not constraint.closed_low else constraint.low - 1
+        if outside == constraint.off:  # the value that turns it off is allowed: between them
+            outside = (constraint.low + constraint.off) / 2
         with pytest.raises(ConfigError) as info:
             ExperimentConfig.from_run_config({row.key: outside, "unlearn-clients": ""})
         assert (info.value.parameter, info.value.allowed) == (row.key, constraint.allowed)

@@ -86,7 +86,8 @@ def _bound(value: float) -> str:
 
 class Interval(Constraint):
     """A whole number (``kind=int``) or a number (``kind=float``) between ``low`` and ``high``
-    (``None``: unbounded), each end ``closed`` ("both", "left", "right", "neither") or open."""
+    (``None``: unbounded), each end ``closed`` ("both", "left", "right", "neither") or open;
+    ``off``, a value outside them, that turns the setting off (``max-update-ratio = 0``)."""
 
     def __init__(
         self,
@@ -96,8 +97,9 @@ class Interval(Constraint):
         *,
         closed: str = "both",
         note: str = "",
+        off: float | None = None,
     ) -> None:
-        self.kind, self.low, self.high, self.note = kind, low, high, note
+        self.kind, self.low, self.high, self.note, self.off = kind, low, high, note, off
         self.closed_low = closed in ("both", "left")
         self.closed_high = closed in ("both", "right")
 
@@ -111,9 +113,12 @@ class Interval(Constraint):
         else:
             left, right = "[" if self.closed_low else "(", "]" if self.closed_high else ")"
             text = f"{noun} in {left}{_bound(self.low)}, {_bound(self.high)}{right}"
+        text = text if self.off is None else f"{_bound(self.off)} (off) or {text}"
         return f"{text} ({self.note})" if self.note else text
 
     def check(self, key: str, value: Any) -> None:
+        if self.off is not None and value == self.off:
+            return
         low_ok = self.low is None or (value >= self.low if self.closed_low else value > self.low)
         high = self.high
         high_ok = high is None or (value <= high if self.closed_high else value < high)

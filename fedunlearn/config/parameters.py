@@ -238,9 +238,10 @@ class RunParameters:
     )
     max_update_ratio: float = federation(
         100.0,
-        Interval(NUMBER, 1.0, 1e12),
+        Interval(NUMBER, 1.0, 1e12, off=0.0),
         "a training reply whose update's norm is over this many times the median of the round's "
-        "other updates is refused",
+        "other updates is refused; 0: no such bound, and a FedAvg round then folds each reply "
+        "into its sum as it arrives (docs/scale.md)",
     )
     # ------------------------------------------------------------------ unlearning
     unlearn_clients: str = unlearning(

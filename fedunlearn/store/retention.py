@@ -80,6 +80,36 @@ class Selection:
         return cls(any(s.keep_global for s in chosen), clients, norms)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A selection decided before a round's updates: the global model, and of every client that
+    took part its whole update (``updates``) or only its norms (``norms``)."""
+
+    keep_global: bool = False
+    updates: bool = False
+    norms: bool = False
+
+    def selection(self, clients: Iterable[int]) -> Selection:
+        """The :class:`Selection` this plan makes of a round with ``clients``."""
+        clients = frozenset(clients)
+        kept = clients if self.updates else frozenset()
+        return Selection(self.keep_global, kept, clients if self.norms else frozenset())
+
+    @classmethod
+    def merge(cls, plans: Iterable[Plan]) -> Plan:
+        """What the store keeps for all plans at once (a whole update wins over norms)."""
+        plans = list(plans)
+        updates = any(p.updates for p in plans)
+        return cls(
+            any(p.keep_global for p in plans) or updates,
+            updates,
+            any(p.norms for p in plans) and not updates,
+        )
+
+    def keeps_anything(self) -> bool:
+        return self.keep_global or self.updates or self.norms
+
+
 class RetentionPolicy(ABC):
     """Decides, after each training round, what one method needs kept of it (a method's
     retention: :attr:`fedunlearn.registry.MethodSpec.retention`).
@@ -136,6 +166,13 @@ class RetentionPolicy(ABC):
     ) -> Selection:
         """What to keep of ``server_round``: M^t and which clients' U_k^t (``loss``: L^t when
         :attr:`wants_start_loss`, else None)."""
+
+    def plan(self, server_round: int) -> Plan | None:
+        """What it keeps of ``server_round``, known before the round's updates arrive (None: it
+        must see them, :meth:`select`). A plan lets the server write each update or norms row as
+        its reply arrives (:mod:`strategies.streaming`); :meth:`select` over the round's updates
+        must then return ``plan.selection(clients)``."""
+        return None
 
     def settle(self) -> Mapping[int, Collection[int] | None]:
         """The final choice of earlier rounds decided since the last call (``{round: clients}``,

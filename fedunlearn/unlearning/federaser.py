@@ -37,7 +37,7 @@ import torch
 
 from fedunlearn.config.table import validated_parameters
 from fedunlearn.errors import ConfigError
-from fedunlearn.store.retention import INTERVAL, RetentionPolicy, Selection
+from fedunlearn.store.retention import INTERVAL, Plan, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import State, state_sum, weighted_average
 
@@ -338,9 +338,13 @@ class IntervalRetention(RetentionPolicy):
     def from_config(cls, config) -> IntervalRetention:
         return cls(config.retain_interval, config.retain_mode)
 
-    def select(self, server_round, global_state, updates, num_examples, *, loss=None) -> Selection:
+    def plan(self, server_round: int) -> Plan:
+        """Decided by the round number alone: nothing, every client's norms, or every update."""
         if not is_retained_round(server_round, self.retain_interval):
-            return Selection(False, frozenset())
+            return Plan()
         if self.mode == "norms" and server_round > 1:
-            return Selection(False, frozenset(), frozenset(updates))
-        return Selection(True, frozenset(updates))
+            return Plan(norms=True)
+        return Plan(keep_global=True, updates=True)
+
+    def select(self, server_round, global_state, updates, num_examples, *, loss=None) -> Selection:
+        return self.plan(server_round).selection(updates)

@@ -50,9 +50,7 @@ def check_sources(
     return {asked[node]: reply for node, reply in check_nodes(replies, asked, op, who).items()}
 
 
-def check_nodes(
-    replies, asked: Mapping[int, int | None], op: str, who: str
-) -> dict[int, Message]:
+def check_nodes(replies, asked: Mapping[int, int | None], op: str, who: str) -> dict[int, Message]:
     """:func:`check_sources` keyed by node; a node whose partition is not known yet (``None`` in
     ``asked``, e.g. at discovery) is named by its node id alone."""
 
@@ -117,10 +115,12 @@ def collect_replies(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     in_flight: int | None = -1,
+    on_reply: Callable[[Message], None] | None = None,
 ) -> list[Message]:
     """Send ``messages`` and return their replies in arrival order once all have arrived or
     ``timeout`` seconds have passed (a missing reply is simply absent; error replies are kept; a
-    message still unsent at the timeout is not sent).
+    message still unsent at the timeout is not sent). With ``on_reply``, each reply is handed to
+    it as it arrives and none is kept (the list returned is empty): a round folded reply by reply.
 
     Parameters
     ----------
@@ -141,6 +141,8 @@ def collect_replies(
     in_flight : int or None (default: :func:`in_flight_limit` of ``grid``)
         Messages pushed but unanswered at most; the next are pushed as replies come in, and
         the pulls then come every ``PULL_SECONDS[0]`` so the clients never wait. None: all at once.
+    on_reply : callable, optional
+        ``on_reply(reply)`` for each reply as it arrives, instead of returning it.
     """
     unsent = deque(messages)
     limit = in_flight_limit(grid) if in_flight == -1 else in_flight
@@ -153,19 +155,27 @@ def collect_replies(
     deadline = clock() + timeout
     pending: set[str] = set()
     replies: list[Message] = []
+    answered = 0
     _push(grid, unsent, pending, limit, always=True)  # even an empty round is sent, as before
     while pending:
         arrived = list(grid.pull_messages(pending))
-        replies += arrived
         pending -= {reply.metadata.reply_to_message_id for reply in arrived}
+        answered += len(arrived)
+        got_some = bool(arrived)
+        if on_reply is None:
+            replies += arrived
+        else:
+            for reply in arrived:
+                on_reply(reply)
+            del arrived[:]  # let each reply go once it is folded
         if clock() >= deadline:
             break
         _push(grid, unsent, pending, limit)
         if not pending:
             break
         if heartbeat is not None:
-            heartbeat.beat(len(replies))
-        fast = arrived or limit is not None  # a window refills only when it is pulled
+            heartbeat.beat(answered)
+        fast = got_some or limit is not None  # a window refills only when it is pulled
         pause = PULL_SECONDS[0] if fast else min(2 * pause, PULL_SECONDS[1])
         sleep(pause)
     return replies

@@ -58,7 +58,7 @@ class ReplyScreen:
         Where ``refused_replies.jsonl`` goes.
     max_update_ratio : float, optional
         A training reply whose update's norm is over this many times the median of the round's
-        other updates is refused (``max-update-ratio``; default: no bound).
+        other updates is refused (``max-update-ratio``; default, or 0: no bound).
     """
 
     def __init__(
@@ -72,7 +72,7 @@ class ReplyScreen:
     ) -> None:
         self.members = members
         self.max_refusals = max_refusals
-        self.max_update_ratio = max_update_ratio
+        self.max_update_ratio = math.inf if max_update_ratio == 0 else max_update_ratio
         self.log = log
         self.run = run
         self.in_a_row: dict[int, int] = {}
@@ -95,6 +95,26 @@ class ReplyScreen:
     ) -> list[Message]:
         """The replies (``train`` or ``train.calibrate``) that pass every check; error replies
         (a failed client, not a hostile one) are left out without counting as refusals."""
+        check, outliers = self._training_checks(sent)
+        return self._screen(phase, server_round, replies, check, outliers)
+
+    @property
+    def screens_each_reply_alone(self) -> bool:
+        """Whether every check of a training reply reads that reply alone (no ``max-update-ratio``,
+        which compares it with the round's other updates): what a round folding each reply as it
+        arrives needs (:meth:`training_screening`)."""
+        return math.isinf(self.max_update_ratio)
+
+    def training_screening(self, phase: str, server_round: int, sent: ArrayRecord) -> Screening:
+        """One round's screening of training replies, a reply at a time as they arrive; the
+        ``max-update-ratio`` check, which compares each update with the round's others, refuses
+        at :meth:`Screening.close` (unless :attr:`screens_each_reply_alone`)."""
+        check, outliers = self._training_checks(sent)
+        return Screening(self, phase, server_round, check, outliers)
+
+    def _training_checks(self, sent: ArrayRecord):
+        """``check(reply, partition)`` of one training reply, and ``outliers()``: the round's
+        senders whose update norm is over ``max-update-ratio`` times the others' median."""
         spec = {name: (tuple(array.shape), array.dtype) for name, array in sent.items()}
         sent_arrays, norms = decoded_arrays(sent), {}
 
@@ -108,12 +128,15 @@ class ReplyScreen:
                 declared_examples=self.members.num_examples[partition],
                 arrays=_decoded_into(received, arrays),
             )
-            norms[reply.metadata.src_node_id] = update_norm(received, sent_arrays)
+            norm = update_norm(received, sent_arrays)
+            if not math.isfinite(norm):  # finite values of 3e38 overflow: refused, bound or not
+                raise RefusedReply("its update's norm overflows")
+            norms[reply.metadata.src_node_id] = norm
 
         def outliers() -> dict[int, str]:
             return norm_outliers(norms, self.max_update_ratio)
 
-        return self._screen(phase, server_round, replies, check, outliers)
+        return check, outliers
 
     def evaluation(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """The ``evaluate`` replies that pass every check."""
@@ -131,29 +154,10 @@ class ReplyScreen:
     def _screen(self, phase, server_round, replies, check, outliers=None) -> list[Message]:
         """The non-error replies ``check(reply, partition)`` accepts and that ``outliers()``
         (the round's senders to refuse, with why) does not name; the others are refused."""
-        started = time.perf_counter()
-        kept, refused, non_finite = [], set(), set()
-        for reply in replies:
-            if reply.has_error():
-                continue
-            node = reply.metadata.src_node_id
-            try:
-                check(reply, self._partition(node))
-            except RefusedReply as refusal:
-                self._refuse(phase, server_round, node, refusal.reason)
-                refused.add(node)
-                if isinstance(refusal, NonFiniteReply):
-                    non_finite.add(node)
-                continue
-            kept.append(reply)
-        for node, reason in (outliers() if outliers else {}).items():
-            self._refuse(phase, server_round, node, reason)
-            refused.add(node)
-        kept = [r for r in kept if r.metadata.src_node_id not in refused]
-        self.last_refused, self.last_non_finite = refused, non_finite
-        self._account(phase, server_round, {r.metadata.src_node_id for r in kept}, refused)
-        self.seconds += time.perf_counter() - started
-        return kept
+        screening = Screening(self, phase, server_round, check, outliers)
+        kept = [r for r in replies if not r.has_error() and screening.accept(r) is not None]
+        refused = screening.close()
+        return [r for r in kept if r.metadata.src_node_id not in refused]
 
     # ------------------------------------------------------------------ internals
     def _partition(self, node: int) -> int:
@@ -221,3 +225,55 @@ class ReplyScreen:
                     **what,
                 },
             )
+
+
+class Screening:
+    """One round of one phase screened reply by reply (:meth:`ReplyScreen.training_screening`):
+    :meth:`accept` checks a reply as it arrives, :meth:`close` ends the round (its cross-reply
+    checks, the refusals in a row, the dropped nodes)."""
+
+    def __init__(
+        self, screen: ReplyScreen, phase: str, server_round: int, check, outliers=None
+    ) -> None:
+        self.screen, self.phase, self.round, self.check = screen, phase, server_round, check
+        self.outliers = outliers
+        self.accepted: set[int] = set()
+        self.refused: set[int] = set()
+        self.non_finite: set[int] = set()
+
+    def accept(self, reply: Message) -> int | None:
+        """The partition of a reply that passes every check; None for a refused one (logged and
+        counted). Error replies are the caller's: they are not screened."""
+        started = time.perf_counter()
+        node = reply.metadata.src_node_id
+        try:
+            partition = self.screen._partition(node)
+            self.check(reply, partition)
+        except RefusedReply as refusal:
+            self.screen._refuse(self.phase, self.round, node, refusal.reason)
+            self.refused.add(node)
+            if isinstance(refusal, NonFiniteReply):
+                self.non_finite.add(node)
+            return None
+        finally:
+            self.screen.seconds += time.perf_counter() - started
+        self.accepted.add(node)
+        return partition
+
+    def refuse(self, node: int, reason: str) -> None:
+        """Refuse ``node``'s reply without checking it (logged and counted)."""
+        self.screen._refuse(self.phase, self.round, node, reason)
+        self.refused.add(node)
+        self.accepted.discard(node)
+
+    def close(self) -> set[int]:
+        """End the round: refuse what ``outliers()`` names, count refusals in a row; returns
+        every node refused this round."""
+        started = time.perf_counter()
+        for node, reason in (self.outliers() if self.outliers else {}).items():
+            self.screen._refuse(self.phase, self.round, node, reason)
+            self.refused.add(node)
+        self.screen.last_refused, self.screen.last_non_finite = self.refused, self.non_finite
+        self.screen._account(self.phase, self.round, self.accepted - self.refused, self.refused)
+        self.screen.seconds += time.perf_counter() - started
+        return set(self.refused)

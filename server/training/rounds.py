@@ -9,7 +9,6 @@ unlearning.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ from fedunlearn.unlearning.verdicts import training_flag
 from server.federation.members import (
     FederationMembers,
     discover_clients,
-    failure_reasons,
     round_sampler,
 )
 from server.federation.queries import collect_replies
@@ -61,6 +59,7 @@ from server.training.resume import (
     resume_point,
     training_finished,
 )
+from server.training.round_step import DivergedRound, round_label, train_round  # noqa: F401 - re-exported
 from server.unlearning import journal as request_journal
 from server.unlearning.adoption import finish_pending
 from strategies.aggregation import aggregation_strategy
@@ -196,7 +195,7 @@ def fedavg_rounds(
         started = time.perf_counter()
         refused_before = screen.refused if screen is not None else 0
         checks_before = screen.seconds if screen is not None else 0.0
-        arrays, train_metrics, replied = _train_round(
+        arrays, train_metrics, replied = train_round(
             grid, strategy, config, server_round, arrays, train_config, screen, phase, log
         )
         evaluate_messages = strategy.configure_evaluate(
@@ -208,7 +207,7 @@ def fedavg_rounds(
             grid,
             evaluate_messages,
             timeout=config.reply_timeout,
-            label=f"{_round_label(phase, server_round)} evaluation",
+            label=f"{round_label(phase, server_round)} evaluation",
             log=log,
         )
         if screen is not None:
@@ -228,67 +227,6 @@ def fedavg_rounds(
                 metrics["check-seconds"] = screen.seconds - checks_before
             on_round(server_round, result, metrics, replied, time.perf_counter() - started)
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
-class DivergedRound(RuntimeError):
-    """A round failed because the clients' training diverged from the model sent: every refused
-    reply was refused for a non-finite value, and no reply was an error. The caller may report
-    the model it sent (``state``: that round's start model, CPU tensors) as diverged instead of
-    ending the run."""
-
-    def __init__(self, message: str, state: dict[str, torch.Tensor] | None = None) -> None:
-        super().__init__(message)
-        self.state = state
-
-
-def _diverged(screen, failed) -> bool:
-    return (
-        screen is not None
-        and not failed
-        and bool(screen.last_refused)
-        and screen.last_refused == screen.last_non_finite
-    )
-
-
-def _train_round(grid, strategy, config, server_round, arrays, train_config, screen, phase, log):
-    """One training round: configure, send, screen, aggregate. Returns (new arrays, aggregated
-    metrics, valid replies); fails when fewer than ``min-reply-fraction`` of the asked replied
-    validly."""
-    messages = list(
-        strategy.configure_train(server_round, arrays, ConfigRecord(dict(train_config)), grid)
-    )
-    if screen is not None:
-        messages = screen.active(messages)
-    label = _round_label(phase, server_round)
-    replies = collect_replies(grid, messages, timeout=config.reply_timeout, label=label, log=log)
-    failed = [r for r in replies if r.has_error()]
-    valid = [r for r in replies if not r.has_error()]
-    if screen is not None:
-        valid = screen.training(phase, server_round, arrays, valid)
-    needed = max(1, math.ceil(config.min_reply_fraction * len(messages) - 1e-9))
-    if len(valid) < needed and _diverged(screen, failed):
-        raise DivergedRound(
-            f"{phase} round {server_round}: {len(screen.last_refused)} of {len(messages)} "
-            "replies refused, every one for a value that is not finite: the model sent diverged "
-            "in the clients' training",
-            state={k: v.detach().cpu().clone() for k, v in arrays.to_torch_state_dict().items()},
-        )
-    if len(valid) < needed:
-        reasons = failure_reasons(failed) or "no error replies"
-        raise RuntimeError(
-            f"{phase} round {server_round}: {len(valid)} valid replies of {len(messages)} asked, "
-            f"fewer than min-reply-fraction={config.min_reply_fraction:g} requires ({needed}); "
-            f"failures: {reasons}; refused replies are listed above"
-        )
-    new_arrays, train_metrics = strategy.aggregate_train(server_round, valid)
-    if new_arrays is None:
-        raise RuntimeError(f"{phase} round {server_round}: no client returned an update")
-    return new_arrays, train_metrics, len(valid)
-
-
-def _round_label(phase: str, server_round: int) -> str:
-    """How a round is named in its heartbeat lines: ``round 3`` in training, else with its phase."""
-    return f"round {server_round}" if phase == "train" else f"{phase} round {server_round}"
 
 
 def participant_strategy(

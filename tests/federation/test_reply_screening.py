@@ -13,6 +13,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fedunlearn.config import ExperimentConfig
 from fedunlearn.reply_checks import (
     RefusedReply,
     check_evaluate_reply,
@@ -296,6 +297,20 @@ def test_an_update_far_outside_the_rounds_is_refused_the_honest_ones_kept(scale)
     assert "max-update-ratio=100" in lines[0] or "overflows" in lines[0]
 
 
+def test_max_update_ratio_zero_is_no_bound_but_per_reply_checks_still_refuse():
+    assert ExperimentConfig.from_run_config({"max-update-ratio": 0}).max_update_ratio == 0
+    lines: list[str] = []
+    screen = ReplyScreen(members(), max_refusals=3, log=lines.append, max_update_ratio=0)
+    assert screen.screens_each_reply_alone
+    big = honest_content(1, step=0.1 * 1e6 / 2)  # 10^6 x the others: no bound refuses it
+    replies = [reply(101, honest_content(0)), reply(102, big), reply(103, honest_content(2))]
+    assert len(screen.training("train", 1, ArrayRecord(MODEL), replies)) == 3 and not lines
+    overflowing = honest_content(1, step=1e200)  # inf in float32: refused alone
+    replies = [reply(101, honest_content(0)), reply(102, overflowing)]
+    kept = screen.training("train", 2, ArrayRecord(MODEL), replies)
+    assert [r.metadata.src_node_id for r in kept] == [101] and "node 102" in lines[0]
+
+
 def test_honest_updates_of_different_sizes_are_all_kept():
     # steps 0.1, 0.2, 0.3: norms within 3x of each other, far inside the bound
     screen = ReplyScreen(members(), max_refusals=3, log=lambda _: None, max_update_ratio=10)
@@ -337,10 +352,11 @@ def test_a_reply_the_cheap_checks_refuse_is_never_decoded():
 
 # ----------------------------------------------------------------- a round that diverged
 def _round(monkeypatch, replies):
-    """``_train_round`` of the real screen over ``replies`` (asked of all three nodes)."""
+    """``train_round`` of the real screen over ``replies`` (asked of all three nodes), the round
+    aggregated whole (a strategy that cannot fold its replies)."""
     from types import SimpleNamespace
 
-    import server.training.rounds as rounds
+    import server.training.round_step as rounds
 
     screen = ReplyScreen(members(), max_refusals=3, log=lambda _: None)
     sent = ArrayRecord(MODEL)
@@ -348,7 +364,7 @@ def _round(monkeypatch, replies):
     strategy.configure_train.return_value = [Mock(spec=Message) for _ in NODES]
     monkeypatch.setattr(rounds, "collect_replies", lambda *a, **k: replies)
     config = SimpleNamespace(min_reply_fraction=0.5, reply_timeout=1.0)
-    return lambda: rounds._train_round(None, strategy, config, 1, sent, {}, screen, "pga", print)
+    return lambda: rounds.train_round(None, strategy, config, 1, sent, {}, screen, "pga", print)
 
 
 def test_a_round_whose_every_refusal_is_non_finite_fails_as_diverged(monkeypatch):

@@ -1,0 +1,152 @@
+"""One training round on the grid: configure, send, screen, aggregate; whole or reply by reply.
+
+A round is aggregated reply by reply (:class:`strategies.streaming.StreamingRound`) where the
+strategy can fold (``Retaining.stream_train``: FedAvg or FedProx, retention decided before the
+round): each reply is screened as it arrives, then waits in the reorder buffer (``window`` replies
+in memory, the rest on disk) for its turn to be added to the sum and written to the store, and the
+server never holds the round's K replies at once. With ``max-update-ratio`` (on by default), which
+compares each update's norm with the round's others, the buffer is gated: every reply waits for
+the round's end, the outliers are withdrawn, then the rest are folded. Otherwise (FedMedian,
+FedTrimmedAvg, Krum, DP-FedAvg, a policy that must see the round first) the round's replies are
+collected, screened together and aggregated whole. Both give the same model, bit for bit, when
+every client asked replies with its declared count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from flwr.app import ConfigRecord, Message
+
+from server.federation.members import failure_reasons
+from server.federation.queries import collect_replies
+from strategies.retaining import Retaining
+
+
+class DivergedRound(RuntimeError):
+    """A round failed because the clients' training diverged from the model sent: every refused
+    reply was refused for a non-finite value, and no reply was an error. The caller may report
+    the model it sent (``state``: that round's start model, CPU tensors) as diverged instead of
+    ending the run."""
+
+    def __init__(self, message: str, state: dict[str, torch.Tensor] | None = None) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+def round_label(phase: str, server_round: int) -> str:
+    """How a round is named in its heartbeat lines: ``round 3`` in training, else with its phase."""
+    return f"round {server_round}" if phase == "train" else f"{phase} round {server_round}"
+
+
+def train_round(grid, strategy, config, server_round, arrays, train_config, screen, phase, log):
+    """One training round: configure, send, screen, aggregate. Returns (new arrays, aggregated
+    metrics, valid replies); fails when fewer than ``min-reply-fraction`` of the asked replied
+    validly."""
+    messages = list(
+        strategy.configure_train(server_round, arrays, ConfigRecord(dict(train_config)), grid)
+    )
+    if screen is not None:
+        messages = screen.active(messages)
+    folding = _folding(strategy, server_round, messages, screen)
+    if folding is not None:
+        return _folded_round(
+            grid, folding, config, server_round, arrays, messages, screen, phase, log
+        )
+    label = round_label(phase, server_round)
+    replies = collect_replies(grid, messages, timeout=config.reply_timeout, label=label, log=log)
+    failed = [r for r in replies if r.has_error()]
+    valid = [r for r in replies if not r.has_error()]
+    if screen is not None:
+        valid = screen.training(phase, server_round, arrays, valid)
+    _check_enough(config, phase, server_round, arrays, len(messages), len(valid), failed, screen)
+    new_arrays, train_metrics = strategy.aggregate_train(server_round, valid)
+    if new_arrays is None:
+        raise RuntimeError(f"{phase} round {server_round}: no client returned an update")
+    return new_arrays, train_metrics, len(valid)
+
+
+def _folding(strategy, server_round: int, messages: list[Message], screen):
+    """The round's :class:`~strategies.streaming.StreamingRound`, or None to aggregate it whole
+    (a strategy that cannot fold, no screen to map nodes to clients); gated when the screen
+    compares each update with the round's others (``max-update-ratio``)."""
+    if not isinstance(strategy, Retaining) or screen is None:
+        return None
+    expected = {}
+    for message in messages:
+        partition = screen.members.partition_of(message.metadata.dst_node_id)
+        if partition is None or partition in expected:
+            return None
+        expected[partition] = screen.members.num_examples[partition]
+    gated = not screen.screens_each_reply_alone  # max-update-ratio refuses at the end
+    return strategy.stream_train(server_round, expected, gated=gated)
+
+
+def _folded_round(grid, folding, config, server_round, arrays, messages, screen, phase, log):
+    """:func:`train_round`, each reply screened and folded as it arrives (sent in partition order,
+    so that the reorder buffer stays short)."""
+    messages = sorted(messages, key=lambda m: screen.members.partition_of(m.metadata.dst_node_id))
+    screening = screen.training_screening(phase, server_round, arrays)
+    failed: list[Message] = []
+    try:
+
+        def on_reply(reply: Message) -> None:
+            if reply.has_error():
+                failed.append(reply)
+                return
+            node = reply.metadata.src_node_id
+            if not folding.waits_for(screen.members.partition_of(node)):
+                screening.refuse(node, "no reply of this node is expected (not asked, or twice)")
+                return
+            partition = screening.accept(reply)
+            if partition is not None:
+                folding.add(partition, reply)
+            else:
+                folding.absent(screen.members.partition_of(node))
+
+        label = round_label(phase, server_round)
+        collect_replies(
+            grid, messages, timeout=config.reply_timeout, label=label, log=log, on_reply=on_reply
+        )
+        for node in screening.close() & screening.accepted:  # refused at the end: outliers
+            folding.withdraw(screen.members.partition_of(node))
+        valid = len(screening.accepted - screening.refused)
+        _check_enough(config, phase, server_round, arrays, len(messages), valid, failed, screen)
+        new_arrays, train_metrics = folding.finish()
+    except BaseException:
+        folding.abort()
+        raise
+    if new_arrays is None:
+        raise RuntimeError(f"{phase} round {server_round}: no client returned an update")
+    return new_arrays, train_metrics, valid
+
+
+def _check_enough(config, phase, server_round, arrays, asked, valid, failed, screen) -> None:
+    """Refuse a round with fewer than ``min-reply-fraction`` of ``asked`` valid replies: as
+    :class:`DivergedRound` when every refusal was a non-finite value and nothing failed."""
+    needed = max(1, math.ceil(config.min_reply_fraction * asked - 1e-9))
+    if valid >= needed:
+        return
+    if _diverged(screen, failed):
+        raise DivergedRound(
+            f"{phase} round {server_round}: {len(screen.last_refused)} of {asked} "
+            "replies refused, every one for a value that is not finite: the model sent diverged "
+            "in the clients' training",
+            state={k: v.detach().cpu().clone() for k, v in arrays.to_torch_state_dict().items()},
+        )
+    reasons = failure_reasons(failed) or "no error replies"
+    raise RuntimeError(
+        f"{phase} round {server_round}: {valid} valid replies of {asked} asked, "
+        f"fewer than min-reply-fraction={config.min_reply_fraction:g} requires ({needed}); "
+        f"failures: {reasons}; refused replies are listed above"
+    )
+
+
+def _diverged(screen, failed) -> bool:
+    return (
+        screen is not None
+        and not failed
+        and bool(screen.last_refused)
+        and screen.last_refused == screen.last_non_finite
+    )
