@@ -69,3 +69,22 @@ def release_free_memory() -> bool:
         return False
     _MALLOC_TRIM(0)
     return True
+
+
+def take_interval_peak_rss_bytes() -> int | None:
+    """This process's peak RSS since the last call (Linux: ``VmHWM`` of ``/proc/self/status``,
+    then reset by writing 5 to ``/proc/self/clear_refs``); ``None`` where either is unavailable.
+
+    What a round or an unlearning step needed at its worst, not the run's peak so far
+    (:func:`peak_rss_bytes`): the figure that shows whether the server's memory within a round
+    grows with the number of clients.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            line = next(line for line in handle if line.startswith("VmHWM:"))
+        peak = int(line.split()[1]) * 1024
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return peak

@@ -28,6 +28,7 @@ from fedunlearn.memory import (
     megabytes,
     peak_rss_bytes,
     release_free_memory,
+    take_interval_peak_rss_bytes,
 )
 from fedunlearn.plots import plot_training_curves
 from fedunlearn.registry import run_retention
@@ -535,4 +536,6 @@ def _row(server_round, result, train_metrics, replied, retained, round_seconds, 
         "round_seconds": round(round_seconds, 3),
         "elapsed_seconds": round(elapsed, 3),
         "server_rss_mb": megabytes(current_rss_bytes()),
+        # the peak within the round (since the last row), not the run's so far
+        "server_round_peak_rss_mb": megabytes(take_interval_peak_rss_bytes()),
     }

@@ -28,7 +28,7 @@ from flwr.serverapp import Grid
 from fedunlearn.console_table import console_table
 from fedunlearn.data.poisoning import poisoning_success_rate
 from fedunlearn.errors import ConfigError
-from fedunlearn.memory import release_free_memory
+from fedunlearn.memory import megabytes, release_free_memory, take_interval_peak_rss_bytes
 from fedunlearn.plots import (
     forgetting_title,
     plot_neuron_angles,
@@ -315,11 +315,16 @@ def _federaser(
     )
     parameters = {name for name, _ in outcome.new_model().named_parameters()}
 
+    peaks: list[float] = []
+    take_interval_peak_rss_bytes()  # each step's peak from here
+
     def progress(step):
+        peaks.append(megabytes(take_interval_peak_rss_bytes()))
         release_free_memory()  # the step's calibration replies are freed
         kind = "calibrated" if step.calibrated else "first step, uncalibrated"
         log(
             f"federaser: retained round {step.retained_round}, {count(len(step.clients), 'client')}, {kind}"
+            f", server peak RSS {peaks[-1]:,.0f} MiB"
         )
 
     reconstruction = eraser.unlearn(
@@ -330,6 +335,7 @@ def _federaser(
         "steps": len(reconstruction.steps),
         "calibrated_rounds": calibrated,
         "calibration_epochs": eraser.calibration_epochs,
+        "step_peak_rss_mb": peaks,
         "did": (
             f"{len(reconstruction.steps)} retained round(s): {calibrated} calibrated "
             f"({eraser.calibration_epochs} epoch(s) each), the first uncalibrated"

@@ -188,6 +188,11 @@ def launcher_argv(args: argparse.Namespace, output: Path, name: str) -> list[str
     return argv + [x for item in args.set for x in ("--set", item)]
 
 
+#: How each column of ``scale.md`` is printed.
+FORMATS = {"test_accuracy": ".4f", "round_wall_seconds": ".2f", "seconds_per_update": ".4f"}
+FORMATS.update(dict.fromkeys(["server_rss_mb", "server_round_peak_rss_mb", "store_mb"], ".1f"))
+
+
 def round_table(metrics: pd.DataFrame) -> pd.DataFrame:
     """One row per round: accuracy, the ServerApp's RSS, the store, the round's wall time (between
     the ends of two consecutive rounds' evaluations: everything the round cost) and that time per
@@ -196,6 +201,8 @@ def round_table(metrics: pd.DataFrame) -> pd.DataFrame:
     table["round_wall_seconds"] = table["elapsed_seconds"].diff()
     table["seconds_per_update"] = table["round_wall_seconds"] / table["clients_replied"]
     columns = ["round", "test_accuracy", "server_rss_mb", "store_mb", "clients_replied"]
+    if "server_round_peak_rss_mb" in table:  # the peak within each round (runs since issue 30)
+        columns.insert(3, "server_round_peak_rss_mb")
     return table[table["round"] >= 1][columns + ["round_wall_seconds", "seconds_per_update"]]
 
 
@@ -207,7 +214,9 @@ def unlearning_costs(run: Path, clients: int, targets: int) -> dict:
         return {}
     table = pd.read_csv(table_path).set_index("method")
     entry = json.loads(log_path.read_text().splitlines()[-1])
-    steps = int(entry["details"].get("federaser", {}).get("steps", 0))
+    details = entry["details"].get("federaser", {})
+    steps = int(details.get("steps", 0))
+    peaks = [float(p) for p in details.get("step_peak_rss_mb", [])]
     updates = max(steps - 1, 0) * (clients - targets)
     seconds = float(table.loc["federaser", "seconds"]) if "federaser" in table.index else 0.0
     return {
@@ -215,6 +224,8 @@ def unlearning_costs(run: Path, clients: int, targets: int) -> dict:
         "federaser_steps": steps,
         "calibration_updates": updates,
         "seconds_per_calibration_update": seconds / updates if updates else float("nan"),
+        "federaser_step_peak_rss_mb": peaks,
+        "federaser_peak_rss_mb": max(peaks, default=float("nan")),
     }
 
 
@@ -254,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "server_rss_mb_first_round": float(rounds["server_rss_mb"].iloc[0]),
         "server_rss_mb_last_round": float(rounds["server_rss_mb"].iloc[-1]),
+        "server_rss_mb_between_rounds_max": float(rounds["server_rss_mb"].max()),
+        "server_round_peak_rss_mb_max": float(
+            rounds.get("server_round_peak_rss_mb", pd.Series([float("nan")])).max()
+        ),
         "server_rss_slope_mb_per_round": slope(metrics, "server_rss_mb", args.warmup_rounds),
         "store_growth_mb_per_round": slope(metrics, "store_mb", args.warmup_rounds),
         "server_peak_rss_mb_training": trained["server_peak_rss_mb"],
@@ -272,7 +287,7 @@ def write_outputs(output: Path, rounds: pd.DataFrame, probe: TreeProbe, summary,
     (output / "scale_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     rounds.to_csv(output / "scale.csv", index=False)
     (output / "scale.md").write_text(
-        rounds.to_markdown(index=False, floatfmt=("g", ".4f", ".1f", ".1f", "g", ".2f", ".4f"))
+        rounds.to_markdown(index=False, floatfmt=tuple(FORMATS.get(c, "g") for c in rounds))
         + "\n"
     )
     samples = pd.DataFrame(probe.samples, columns=["seconds", "tree_rss_bytes", "server_rss_bytes"])
