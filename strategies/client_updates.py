@@ -16,6 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fedunlearn.training.model_state import state_difference
+from fedunlearn.training.streaming import Contribution, ReorderBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,10 @@ class ClientUpdates:
         Names the requests in logs and in the reply screen's records.
     screen, is_dropped : callable, optional
         The run's reply screen; ``is_dropped(partition)`` for clients dropped from the run.
+    screening : callable, optional
+        ``screening(phase, round, sent) -> Screening``: the run's screen a reply at a time
+        (``ReplyScreen.training_screening``), what :meth:`stream` needs to fold replies as they
+        come.
     """
 
     def __init__(
@@ -57,12 +62,14 @@ class ClientUpdates:
         phase: str = "calibrate",
         screen: Screen | None = None,
         is_dropped: Callable[[int], bool] | None = None,
+        screening: Callable | None = None,
     ) -> None:
         self.send = send
         self.node_of_partition = dict(node_of_partition)
         self.message_type, self.epochs, self.phase = message_type, epochs, phase
         self.train_config = dict(train_config or {})
         self.screen = screen
+        self.screening = screening
         self.is_dropped = is_dropped or (lambda _partition: False)
         self.forbidden_nodes: frozenset[int] = frozenset()
         self.requests = 0  # (round, client) pairs asked
@@ -83,6 +90,67 @@ class ClientUpdates:
         """Send ``model`` to ``clients`` and return their updates Û_k = M̂_k − M̃; each
         ``attachments`` state travels beside it under its name (PGA's anchor)."""
         nodes = self._nodes(server_round, clients)
+        sent, messages = self._messages(server_round, model, nodes, attachments)
+        replies = list(self.send(messages, label=f"{self.phase}, round {server_round}"))
+        self._warn_unanswered(server_round, nodes, {r.metadata.src_node_id for r in replies})
+        if self.screen is not None:
+            failed = [r for r in replies if r.has_error()]
+            replies = failed + self.screen(self.phase, server_round, sent, replies)
+        return self._updates(server_round, model, nodes, replies)
+
+    def stream(
+        self,
+        server_round: int,
+        model: dict[str, torch.Tensor],
+        clients: list[int],
+        fold: Callable[[int, dict[str, torch.Tensor]], None],
+    ) -> None:
+        """:meth:`__call__` reply by reply: ``fold(client, Û_k)`` in ascending client order as the
+        replies come (:class:`~fedunlearn.training.streaming.ReorderBuffer`: 64 wait in memory,
+        the rest on disk), each screened as it arrives; with ``max-update-ratio`` every reply
+        waits for the round's end, when the outliers are known. Without ``screening`` (a run
+        without a reply screen) the replies are collected first."""
+        if self.screening is None:
+            for client, update in sorted(self(server_round, model, clients).items()):
+                fold(client, update)
+            return
+        nodes = self._nodes(server_round, clients)
+        sent, messages = self._messages(server_round, model, nodes, None)
+        screening = self.screening(self.phase, server_round, sent)
+        buffer = ReorderBuffer(nodes.values(), gated=not screening.screen.screens_each_reply_alone)
+        answered: set[int] = set()
+
+        def hand_over(ready) -> None:
+            for contribution in ready:
+                client_model = {n: torch.from_numpy(a) for n, a in contribution.arrays}
+                fold(contribution.key, state_difference(client_model, model))
+
+        def on_reply(reply: Message) -> None:
+            node = reply.metadata.src_node_id
+            answered.add(node)
+            if reply.has_error():
+                self._warn_failed(server_round, reply)
+            elif node in nodes and buffer.waits_for(nodes[node]):
+                if screening.accept(reply) is None:
+                    hand_over(buffer.absent(nodes[node]))
+                else:
+                    arrays = [(n, a.numpy()) for n, a in reply.content["arrays"].items()]
+                    hand_over(buffer.put(Contribution(nodes[node], arrays, 1)))
+            else:
+                screening.refuse(node, f"no {self.phase} reply of this node is expected")
+
+        try:
+            label = f"{self.phase}, round {server_round}"
+            self.send(messages, label=label, on_reply=on_reply)
+            self._warn_unanswered(server_round, nodes, answered)
+            for node in screening.close() & screening.accepted:  # outliers, known at the end
+                buffer.withdraw(nodes[node])
+            hand_over(buffer.close())
+        finally:
+            buffer.discard()
+
+    def _messages(self, server_round, model, nodes, attachments):
+        """The model sent (an ArrayRecord) and one message per node."""
         config = ConfigRecord(
             {**self.train_config, "local-epochs": self.epochs, "server-round": server_round}
         )
@@ -94,8 +162,10 @@ class ClientUpdates:
             for node in nodes
         ]
         self.requests += len(messages)
-        replies = list(self.send(messages, label=f"{self.phase}, round {server_round}"))
-        unanswered = set(nodes) - {r.metadata.src_node_id for r in replies}
+        return sent, messages
+
+    def _warn_unanswered(self, server_round: int, nodes, answered: set[int]) -> None:
+        unanswered = set(nodes) - answered
         if unanswered:
             logger.warning(
                 "%s of round %d: no reply in time from node(s) %s",
@@ -103,10 +173,15 @@ class ClientUpdates:
                 server_round,
                 sorted(unanswered),
             )
-        if self.screen is not None:
-            failed = [r for r in replies if r.has_error()]
-            replies = failed + self.screen(self.phase, server_round, sent, replies)
-        return self._updates(server_round, model, nodes, replies)
+
+    def _warn_failed(self, server_round: int, reply: Message) -> None:
+        logger.warning(
+            "%s of round %d: node %d failed: %s",
+            self.phase,
+            server_round,
+            reply.metadata.src_node_id,
+            reply.error.reason,
+        )
 
     def _nodes(self, server_round: int, clients: list[int]) -> dict[int, int]:
         """node -> partition of the clients to ask (dropped ones left out, forgotten refused)."""
@@ -131,13 +206,7 @@ class ClientUpdates:
         updates: dict[int, dict[str, torch.Tensor]] = {}
         for reply in replies:
             if reply.has_error():
-                logger.warning(
-                    "%s of round %d: node %d failed: %s",
-                    self.phase,
-                    server_round,
-                    reply.metadata.src_node_id,
-                    reply.error.reason,
-                )
+                self._warn_failed(server_round, reply)
                 continue
             partition_id = int(reply.content["metrics"]["partition-id"])
             if nodes.get(reply.metadata.src_node_id) != partition_id:

@@ -59,6 +59,11 @@ class FedEraser:
         leaves its client out of that step.
     is_dropped : callable, optional
         ``is_dropped(partition)``: clients dropped from the run are not asked to calibrate.
+    screening : callable, optional
+        ``screening(phase, round, sent_arrays) -> Screening``: the same screen a reply at a time
+        (``ReplyScreen.training_screening``); with it each calibration reply is folded into the
+        step as it comes (:meth:`strategies.client_updates.ClientUpdates.stream`), and the
+        server holds a few updates at a time, not one per client.
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class FedEraser:
         calibration_order: str = "client",
         screen: Callable[[str, int, ArrayRecord, list[Message]], list[Message]] | None = None,
         is_dropped: Callable[[int], bool] | None = None,
+        screening: Callable | None = None,
     ) -> None:
         self.calibration_epochs = calibration_epochs(local_epochs, calibration_ratio)
         self.calibration_ratio = calibration_ratio
@@ -87,6 +93,7 @@ class FedEraser:
             phase="calibrate",
             screen=screen,
             is_dropped=is_dropped,
+            screening=screening,
         )
 
     def unlearn(
@@ -105,7 +112,7 @@ class FedEraser:
             return federaser(
                 store,
                 targets,
-                self.calibrate,
+                self.requests,
                 layerwise=self.layerwise,
                 scaled_keys=scaled_keys,
                 calibration_order=self.calibration_order,

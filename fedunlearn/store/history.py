@@ -67,10 +67,10 @@ class HistoryView:
             )
         return self.store.read_update(round, client)
 
-    def read_round(self, round: int, clients=None, exclude=()):
+    def read_round(self, round: int, clients=None, exclude=(), *, blobs: str = "all"):
         kept = self._kept(round)
         wanted = kept if clients is None else kept & _as_set(clients)
-        return self.store.read_round(round, clients=sorted(wanted), exclude=exclude)
+        return self.store.read_round(round, clients=sorted(wanted), exclude=exclude, blobs=blobs)
 
     def iter_rounds(self, clients=None, exclude=()) -> Iterator:
         clients = None if clients is None else _as_set(clients)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -77,6 +76,7 @@ from fedunlearn.store.index import (
     StoreIndex,
     StoreReadOnlyError,
 )
+from fedunlearn.store.retained_round import RetainedRound
 from fedunlearn.store.round_writer import RoundWriter
 
 __all__ = [
@@ -88,33 +88,6 @@ __all__ = [
     "StoreReadOnlyError",
     "UpdateStore",
 ]
-
-
-@dataclass
-class RetainedRound:
-    """One retained round: the global model M^t and the selected clients' updates U_k^t.
-
-    A client kept as norms only (``retain-mode = norms``) has ``num_examples`` and ``squares`` but
-    no entry in ``updates``; a round that kept no global model has ``global_model = None``."""
-
-    round: int
-    global_model: dict[str, torch.Tensor] | None
-    updates: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-    num_examples: dict[int, int] = field(default_factory=dict)
-    #: Per client and floating tensor, the squared norm ‖U_k^t[tensor]‖² the store recorded for the
-    #: update: computed from the stored values, or given by the writer (a rewritten history keeps
-    #: the norms of the updates it replaces, which is all FedEraser's eq. 2 reads of them).
-    squares: dict[int, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def clients(self) -> list[int]:
-        """Clients this round kept (an update, or its norms), ascending."""
-        return sorted(self.num_examples)
-
-    @property
-    def norms_only(self) -> list[int]:
-        """Clients of which this round kept only the norms, ascending."""
-        return sorted(set(self.num_examples) - set(self.updates))
 
 
 class UpdateStore(HeaderAndLock):
@@ -341,17 +314,23 @@ class UpdateStore(HeaderAndLock):
         round: int,
         clients: int | Iterable[int] | None = None,
         exclude: int | Iterable[int] = (),
+        *,
+        blobs: str = "all",
     ) -> RetainedRound:
         """Read one round: its global model and the updates of ``clients`` (all when ``None``).
 
         Listed clients without an update in this round are skipped, since participation varies
-        from round to round; clients in ``exclude`` are never read.
+        from round to round; clients in ``exclude`` are never read. ``blobs``: ``"updates"`` reads
+        no global model, ``"none"`` no blob at all (counts and norms rows: a round read a client
+        at a time, :func:`fedunlearn.unlearning.federaser.federaser`).
         """
+        if blobs not in ("all", "updates", "none"):
+            raise ConfigError("blobs", blobs, "one of all, updates, none")
         round_number = self._require_committed(round)
         wanted = None if clients is None else client_set("clients", clients)
         excluded = client_set("exclude", exclude)
         rows = self._rows(round_number)
-        has_global = any(row.kind == "global" for row in rows)
+        has_global = blobs == "all" and any(row.kind == "global" for row in rows)
         retained = RetainedRound(
             round_number, read_blob(self.root, self._global_row(rows)) if has_global else None
         )
@@ -363,7 +342,10 @@ class UpdateStore(HeaderAndLock):
         for row in rows:
             if row.kind != "update" or row.client in excluded:
                 continue
-            if wanted is None or row.client in wanted:
+            if (wanted is None or row.client in wanted) and blobs == "none":
+                retained.num_examples[row.client] = row.num_examples
+                retained.unread.add(row.client)
+            elif wanted is None or row.client in wanted:
                 update, metadata = read_blob(self.root, row, with_metadata=True)
                 retained.updates[row.client] = update
                 retained.num_examples[row.client] = row.num_examples

@@ -48,14 +48,51 @@ def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[
     total = float(sum(weights))
     if not total > 0:
         raise ValueError(f"weighted_average needs a positive total weight (got {total})")
-    out: dict[str, torch.Tensor] = {}
-    for key in states[0]:
-        acc = torch.zeros_like(states[0][key], dtype=torch.float64, device="cpu")
-        for state, weight in zip(states, weights):
-            acc += state[key].detach().cpu().to(torch.float64) * (float(weight) / total)
-        dtype = states[0][key].dtype
-        out[key] = acc.to(dtype) if dtype.is_floating_point else acc.round().to(dtype)
-    return out
+    average = RunningAverage(total)
+    for state, weight in zip(states, weights, strict=True):
+        average.add(state, weight)
+    return average.result()
+
+
+class RunningAverage:
+    """:func:`weighted_average` folded one state at a time: the same float64 operations in the
+    same order, so the result is the same bit for bit when the states are added in the same order
+    and their weights sum to ``expected_total``. When they do not (a client expected but absent),
+    :meth:`result` rescales by ``expected_total`` / the weights added: the same average up to
+    rounding. Memory: one float64 copy of a state, whatever the number of states."""
+
+    def __init__(self, expected_total: float) -> None:
+        self.total = float(expected_total)
+        if not self.total > 0:
+            raise ValueError(f"RunningAverage needs a positive total weight (got {self.total})")
+        self.added = 0.0
+        self.count = 0
+        self._sums: dict[str, torch.Tensor] = {}
+        self._dtypes: dict[str, torch.dtype] = {}
+
+    def add(self, state: State, weight: float) -> None:
+        """Add ``weight`` · ``state`` (the same keys as the first state added)."""
+        if self._sums:
+            _check_same_keys(state, self._sums, "RunningAverage.add")
+        for key, value in state.items():
+            if key not in self._sums:
+                self._sums[key] = torch.zeros_like(value, dtype=torch.float64, device="cpu")
+                self._dtypes[key] = value.dtype
+            self._sums[key] += value.detach().cpu().to(torch.float64) * (float(weight) / self.total)
+        self.added += float(weight)
+        self.count += 1
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The weighted average of the states added (at least one)."""
+        if not self.count:
+            raise ValueError("RunningAverage: no state was added")
+        scale = None if self.added == self.total else self.total / self.added
+        out = {}
+        for key, value in self._sums.items():
+            value = value if scale is None else value * scale
+            dtype = self._dtypes[key]
+            out[key] = value.to(dtype) if dtype.is_floating_point else value.round().to(dtype)
+        return out
 
 
 def state_norm(state: State) -> float:

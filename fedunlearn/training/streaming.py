@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numbers
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,8 +112,9 @@ class ReorderBuffer:
         """Whether ``key`` was expected and was neither put nor declared absent yet."""
         return key in self._unresolved
 
-    def put(self, contribution: Contribution) -> list[Contribution]:
-        """Add ``contribution``; returns the contributions now ready, in key order."""
+    def put(self, contribution: Contribution) -> Iterator[Contribution]:
+        """Add ``contribution``; returns the contributions now ready, in key order, each loaded
+        from disk only when the iteration reaches it (iterate it to the end)."""
         key = self._check_new(contribution.key)
         ready_now = not self.gated and self._order[self._next] == key
         if ready_now:  # handed straight over: it never waits
@@ -126,7 +127,7 @@ class ReorderBuffer:
             self.peak_in_memory = max(self.peak_in_memory, len(self._waiting))
         return self._drain()
 
-    def absent(self, key: int) -> list[Contribution]:
+    def absent(self, key: int) -> Iterator[Contribution]:
         """Declare ``key`` without a contribution; returns the contributions now ready."""
         self.held[self._check_new(key)] = None
         return self._drain()
@@ -143,15 +144,20 @@ class ReorderBuffer:
         self.held[key] = None
         self._waiting.discard(key)
 
-    def close(self) -> list[Contribution]:
-        """Declare every pending key absent (the round's wait is over); the rest, in order."""
+    def close(self) -> Iterator[Contribution]:
+        """Declare every pending key absent (the round's wait is over); the rest, in order, one
+        at a time (the spilled files go once the iteration ends)."""
         for key in self.pending:
             self.held[key] = None
         self._unresolved.clear()
         self.gated = False
-        ready = self._drain()
-        self.discard()
-        return ready
+        return self._closing()
+
+    def _closing(self) -> Iterator[Contribution]:
+        try:
+            yield from self._drain()
+        finally:
+            self.discard()
 
     def discard(self) -> None:
         """Forget what is held and remove the spilled files (a round that failed)."""
@@ -169,8 +175,8 @@ class ReorderBuffer:
         self._unresolved.discard(key)
         return key
 
-    def _drain(self) -> list[Contribution]:
-        ready: list[Contribution] = []
+    def _drain(self) -> Iterator[Contribution]:
+        """The contributions ready, in key order, lazily: one in memory at a time."""
         while (
             not self.gated
             and self._next < len(self._order)
@@ -180,10 +186,9 @@ class ReorderBuffer:
             self._next += 1
             self._waiting.discard(self._order[self._next - 1])
             if isinstance(item, _Spilled):
-                ready.append(item.load())
+                yield item.load()
             elif item is not None:
-                ready.append(item)
-        return ready
+                yield item
 
     def _spill(self, contribution: Contribution) -> _Spilled:
         if self._temporary is None:

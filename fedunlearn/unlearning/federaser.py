@@ -39,7 +39,7 @@ from fedunlearn.config.table import validated_parameters
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.retention import INTERVAL, Plan, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
-from fedunlearn.training.model_state import State, state_sum, weighted_average
+from fedunlearn.training.model_state import RunningAverage, State, state_sum, weighted_average
 
 #: ``calibrate(retained_round, model, clients) -> {client: Û_k}``: the remaining clients' updates
 #: after E_cali epochs of training from ``model`` (Û_k = M̂_k − M̃).
@@ -187,11 +187,12 @@ class Reconstruction:
 
 def fedaccum(store: UpdateStore, targets: Collection[int]) -> Reconstruction:
     """FedAccum (eq. 5 of Liu et al.): M^{t_1} plus every retained round's aggregate of the remaining
-    clients' updates, without calibration. The baseline that shows why calibration is needed."""
+    clients' updates, without calibration. The baseline that shows why calibration is needed.
+    Reads one update at a time."""
     excluded = set(targets)
     model = _initial_model(store)
     steps = []
-    for retained in store.iter_rounds(exclude=excluded):
+    for retained in _rounds(store, excluded):
         clients = _remaining(retained.clients, excluded)
         if not clients:
             continue
@@ -202,9 +203,14 @@ def fedaccum(store: UpdateStore, targets: Collection[int]) -> Reconstruction:
                 "methods that read only the norms of updates after round t_1 (federaser): "
                 f"round {retained.round} kept only norms (retain-mode = norms)",
             )
-        step = aggregate_updates(retained.updates, retained.num_examples)
-        model = state_sum(model, step)
-        steps.append(ReconstructionStep(retained.round, clients, False, _norm(step.values())))
+        step = _Step(retained, clients)
+        for k in clients:
+            step.add(k, _read_update(store, retained, k)[0])
+        update = step.result()
+        model = state_sum(model, update)
+        steps.append(
+            ReconstructionStep(retained.round, step.clients, False, _norm(update.values()))
+        )
     return Reconstruction(model, steps)
 
 
@@ -228,7 +234,11 @@ def federaser(
     ``calibrate`` is called once per retained round after the first, with the round t_j, the current
     calibrated model M̃^{t_j} and the remaining clients that have a retained update in t_j (never a
     target); it returns their calibration updates Û_k^{t_j}. A client missing from its reply is left
-    out of that step. Reads one retained round at a time from ``store``.
+    out of that step. A ``calibrate`` with a ``stream(round, model, clients, fold)`` method is asked
+    through it instead (``calibration_order="client"``): it calls ``fold(client, Û_k)`` as each
+    reply comes, in ascending client order, and the step adds each client's Ũ_k to eq. (3)'s sum
+    then, so that memory holds a few updates, not one per client. Retained updates are read one
+    at a time.
 
     ``trajectory``, an empty store, receives the reconstruction as a history of its own (the
     design's "History after unlearning"): for each step, M̃^{t_j} and per client the update the step
@@ -241,52 +251,122 @@ def federaser(
     excluded = set(targets)
     model = _initial_model(store)
     steps: list[ReconstructionStep] = []
-    for retained in store.iter_rounds(exclude=excluded):
+    for retained in _rounds(store, excluded):
         clients = _remaining(retained.clients, excluded)
         if not clients:
             continue
-        if not steps and not retained.norms_only:  # the first step: no calibration
-            applied = {k: retained.updates[k] for k in clients}
-        else:
-            answers = calibrate(retained.round, model, clients)
-            leaked = set(answers) & excluded
-            if leaked:
-                raise RuntimeError(
-                    f"calibration returned updates of target clients {sorted(leaked)}"
+        step = _Step(retained, clients, trajectory, model)
+        with step:
+            if not steps and not retained.norms_only:  # the first step: no calibration
+                for k in clients:
+                    update, squares = _read_update(store, retained, k)
+                    step.add(k, update, squares)
+            elif calibration_order == "client":
+                _calibrate_each(
+                    store, retained, step, calibrate, model, excluded, layerwise, scaled_keys
                 )
-            answered = sorted(k for k in clients if k in answers)
-            if not answered:
+            else:
+                _calibrate_average(
+                    store, retained, step, calibrate, model, excluded, layerwise, scaled_keys
+                )
+            if not step.clients:
                 raise RuntimeError(f"no client answered the calibration of round {retained.round}")
-            applied = _calibrated(
-                retained, answers, answered, layerwise, scaled_keys, calibration_order
-            )
-        step = aggregate_updates(applied, retained.num_examples)
+        update = step.result()
         record = ReconstructionStep(
-            retained.round, sorted(applied), bool(steps), _norm(step.values())
+            retained.round, step.clients, bool(steps), _norm(update.values())
         )
-        if trajectory is not None:
-            _record_step(trajectory, retained, model, applied)
-        model = state_sum(model, step)
+        model = state_sum(model, update)
         steps.append(record)
         if progress is not None:
             progress(record)
     return Reconstruction(model, steps)
 
 
-def _calibrated(retained, answers, answered, layerwise, scaled_keys, order) -> dict[int, State]:
-    """Ũ_k of every answering client: eq. (2) per client (``order="client"``), or Û_k rescaled by
-    the factors eq. (2) gives the averages (``"average"``, the paper's released code)."""
-    if order == "client":
-        return {
-            k: calibrate_update(
-                retained.updates.get(k, {}),
-                answers[k],
-                layerwise=layerwise,
-                scaled_keys=scaled_keys,
-                retained_squares=retained.squares.get(k),
-            )
-            for k in answered
-        }
+class _Step:
+    """One step of the reconstruction: eq. (3)'s Σ_k N_k Ũ_k / Σ_k N_k folded client by client in
+    ascending order (the same sum, bit for bit, as :func:`aggregate_updates` over the clients
+    that answered, when all answered), and each Ũ_k written to ``trajectory`` as it is added."""
+
+    def __init__(self, retained, clients: list[int], trajectory=None, model=None) -> None:
+        self.retained, self.asked = retained, set(clients)
+        self.average = RunningAverage(sum(retained.num_examples[k] for k in clients))
+        self.clients: list[int] = []
+        self._norms = set(retained.norms_only)
+        self._trajectory, self._model, self._writer = trajectory, model, None
+
+    def __enter__(self) -> _Step:
+        if self._trajectory is not None:
+            model = None if self._norms else self._model
+            self._writer = self._trajectory.begin_round(self.retained.round, model).__enter__()
+        return self
+
+    def __exit__(self, *error) -> None:
+        if self._writer is not None:
+            self._writer.__exit__(*error)
+
+    def add(self, client: int, applied: State, squares: Mapping[str, float] | None = None) -> None:
+        """Add client ``client``'s applied update (after every client before it)."""
+        if client not in self.asked:
+            raise RuntimeError(f"an update of client {client}, which this step did not ask")
+        if self.clients and client <= self.clients[-1]:
+            raise RuntimeError(f"client {client}'s update came after client {self.clients[-1]}'s")
+        count = self.retained.num_examples[client]
+        self.average.add(applied, count)
+        self.clients.append(client)
+        if self._writer is not None:
+            add = self._writer.add_norms if client in self._norms else self._writer.add_update
+            add(client, applied, count, squares=squares)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        return self.average.result()
+
+
+def _rounds(store: UpdateStore, excluded: set[int]):
+    """Each retained round, ascending, without its blobs: counts and norms rows (the whole updates
+    are read a client at a time, :func:`_read_update`)."""
+    for round_number in store.rounds():
+        yield store.read_round(round_number, exclude=excluded, blobs="none")
+
+
+def _read_update(store: UpdateStore, retained, client: int):
+    """(U_k, its recorded squared norms) of a client with a whole update; (None, the norms row)
+    of a client kept as norms only."""
+    if client not in retained.unread:
+        return None, retained.squares[client]
+    one = store.read_round(retained.round, clients=[client], blobs="updates")
+    return one.updates[client], one.squares[client]
+
+
+def _calibrate_each(store, retained, step, calibrate, model, excluded, layerwise, scaled_keys):
+    """Eq. (2) on each answering client, added to the step as its answer comes (``excluded``: the
+    targets, whose answer is an error)."""
+
+    def fold(client: int, answer: State) -> None:
+        if client in excluded:
+            raise RuntimeError(f"calibration returned updates of target clients [{client}]")
+        if client not in step.asked:
+            return
+        _, squares = _read_update(store, retained, client)
+        calibrated = calibrate_update(
+            {}, answer, layerwise=layerwise, scaled_keys=scaled_keys, retained_squares=squares
+        )
+        step.add(client, calibrated, squares)
+
+    clients = sorted(step.asked)
+    if hasattr(calibrate, "stream"):
+        calibrate.stream(retained.round, model, clients, fold)
+        return
+    answers = calibrate(retained.round, model, clients)
+    leaked = sorted(set(answers) & excluded)
+    if leaked:
+        raise RuntimeError(f"calibration returned updates of target clients {leaked}")
+    for client in sorted(answers):
+        fold(client, answers[client])
+
+
+def _calibrate_average(store, retained, step, calibrate, model, excluded, layerwise, scaled_keys):
+    """The released code's order: Û_k rescaled by the factors eq. (2) gives the averages of the
+    retained and the calibration updates (both needed whole: the round is read at once)."""
     if retained.norms_only:
         raise ConfigError(
             "calibration-order",
@@ -294,23 +374,23 @@ def _calibrated(retained, answers, answered, layerwise, scaled_keys, order) -> d
             f"client: round {retained.round} kept only the updates' norms (retain-mode = norms), "
             "and the average's norm needs the whole updates",
         )
+    clients = sorted(step.asked)
+    answers = calibrate(retained.round, model, clients)
+    leaked = sorted(set(answers) & excluded)
+    if leaked:
+        raise RuntimeError(f"calibration returned updates of target clients {leaked}")
+    answered = [k for k in clients if k in answers]
+    if not answered:
+        return
+    whole = store.read_round(retained.round, clients=answered)
     scales = calibration_scales(
-        aggregate_updates({k: retained.updates[k] for k in answered}, retained.num_examples),
+        aggregate_updates({k: whole.updates[k] for k in answered}, retained.num_examples),
         aggregate_updates({k: answers[k] for k in answered}, retained.num_examples),
         layerwise=layerwise,
         scaled_keys=scaled_keys,
     )
-    return {k: apply_scales(answers[k], scales) for k in answered}
-
-
-def _record_step(trajectory: UpdateStore, retained, model: State, applied: Mapping[int, State]):
-    """Round t_j of the trajectory: M̃^{t_j} and each applied update with U_k's recorded norms;
-    kept as the source kept it (a round of norms only keeps only the norms, and no model)."""
-    norms = set(retained.norms_only)
-    with trajectory.begin_round(retained.round, None if norms else model) as writer:
-        for k in sorted(applied):
-            add = writer.add_norms if k in norms else writer.add_update
-            add(k, applied[k], retained.num_examples[k], squares=retained.squares.get(k))
+    for k in answered:
+        step.add(k, apply_scales(answers[k], scales), whole.squares[k])
 
 
 # ------------------------------------------------------------------ retention (Section IV-B)

@@ -312,6 +312,7 @@ def _federaser(
         calibration_order=config.calibration_order,
         screen=outcome.screen.training if outcome.screen is not None else None,
         is_dropped=lambda partition: partition in outcome.members.dropped,
+        screening=outcome.screen.training_screening if outcome.screen is not None else None,
     )
     parameters = {name for name, _ in outcome.new_model().named_parameters()}
 

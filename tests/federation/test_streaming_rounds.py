@@ -35,13 +35,19 @@ class ShuffledGrid(ClientAppGrid):
     def __init__(self, run_config, broken=None, kind="error"):
         super().__init__(run_config)
         self.broken, self.kind, self.round = broken or (lambda p, r: False), kind, 0
+        self.calibration_broken = lambda p, r: False
 
     def answer(self, message):
         config = message.content.config_records.get("config")
         server_round = int(config.get("server-round", 0)) if config is not None else 0
         reply = super().answer(message)
         partition = message.metadata.dst_node_id - 100
-        if message.metadata.message_type == "train" and self.broken(partition, server_round):
+        kind = message.metadata.message_type
+        if kind == "train.calibrate" and self.calibration_broken(partition, server_round):
+            kind = "train"  # an outlying calibration reply, made as a training one would be
+        elif kind == "train" and not self.broken(partition, server_round):
+            kind = ""
+        if kind == "train":
             if self.kind == "error":
                 reply.has_error.return_value = True
                 reply.error.reason = "client lost"
@@ -172,3 +178,59 @@ def test_a_failed_round_leaves_nothing_of_itself_in_the_store(tmp_path, monkeypa
     assert store.rounds() == [1]
     round_two = stores[0].parent / "blobs" / "round_000002"
     assert not round_two.exists() or not any(round_two.iterdir())
+
+
+# ------------------------------------------------------------------ FedEraser's calibration
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [
+        ({"retain-mode": "full"}, None),
+        ({"retain-mode": "norms", "max-update-ratio": 0}, None),
+        ({"retain-mode": "full"}, "outlier"),
+    ],
+    ids=["full", "norms-on-arrival", "an-outlier-calibration"],
+)
+def test_federasers_calibration_folded_as_replies_come_equals_the_collected_one(
+    tmp_path, monkeypatch, values, kind
+):
+    """FedEraser's steps fold each calibration reply as it comes (``ClientUpdates.stream``):
+    the same model, bit for bit, and the same trajectory as the replies collected first; the
+    target's node is never asked; an outlying calibration reply is left out of its step."""
+    from server.unlearning.request import run_unlearning
+    from strategies.client_updates import ClientUpdates
+
+    def broken(partition, server_round):
+        return kind == "outlier" and partition == 3 and server_round == 3
+
+    models, streamed = {}, []
+    original_stream = ClientUpdates.stream
+
+    def stream(self, *args):
+        streamed.append(args[0])
+        return original_stream(self, *args)
+
+    for mode in ("collected", "folded"):
+        grid = ShuffledGrid({**VALUES, **values}, kind="outlier")
+        trained, _ = _train(tmp_path, mode, monkeypatch, grid=lambda v, g=grid: g, **values)
+        grid.calibration_broken = broken  # training was clean; the calibration is not
+        sent: list[int] = []
+        with monkeypatch.context() as patch:
+            if mode == "collected":
+                patch.delattr(ClientUpdates, "stream")
+            else:
+                patch.setattr(ClientUpdates, "stream", stream)
+
+            def answer(message, original=grid.answer, sent=sent):
+                sent.append(message.metadata.dst_node_id)
+                return original(message)
+
+            patch.setattr(grid, "answer", answer)
+            refused_before = trained.screen.refused
+            run_unlearning(grid, trained, [0], log=lambda _: None)
+        assert 100 not in sent  # the target's node: no message
+        assert (trained.screen.refused > refused_before) == (kind == "outlier")
+        models[mode] = trained.run.load_model("model_federaser")
+    assert streamed == [2, 3]  # the folded run's calibrations went reply by reply
+    assert models["folded"].keys() == models["collected"].keys()
+    for key, value in models["collected"].items():
+        assert torch.equal(models["folded"][key], value), key

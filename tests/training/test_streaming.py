@@ -111,12 +111,23 @@ def test_clients_never_answering_are_closed_as_absent():
 def test_a_reply_not_asked_or_twice_is_an_error():
     buffer = ReorderBuffer([1, 2])
     contribution = Contribution(2, [("w", np.zeros(2, np.float32))], 3)
-    assert buffer.put(contribution) == []
+    assert list(buffer.put(contribution)) == []
     with pytest.raises(ValueError, match="client 2 was not asked in this round, or answered"):
         buffer.put(contribution)
     with pytest.raises(ValueError, match="client 5 was not asked"):
         buffer.absent(5)
     assert [c.key for c in buffer.absent(1)] == [2]
+
+
+def test_ready_contributions_are_loaded_one_at_a_time():
+    """A long run of spilled replies made ready at once comes back lazily: never all in memory."""
+    buffer = ReorderBuffer(range(10), window=1, gated=True)
+    for key in range(10):
+        assert list(buffer.put(Contribution(key, [("w", np.full(3, key, np.float32))], 1))) == []
+    ready = buffer.close()
+    first = next(ready)
+    assert first.key == 0 and sum(isinstance(v, Contribution) for v in buffer.held.values()) == 0
+    assert [c.key for c in ready] == list(range(1, 10)) and not buffer.held
 
 
 def test_no_client_folded_has_no_average():
