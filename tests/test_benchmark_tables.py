@@ -3,7 +3,10 @@ it held at, and a flag at any seed is counted."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
+import pytest
 
 from simulations.benchmarks.repeat import comparison_summary, holds, mean_sd, with_gaps
 
@@ -123,3 +126,45 @@ def test_the_pga_stop_table_reads_the_ascent_and_both_backdoor_measures(tmp_path
     assert row["flag"].startswith("kept the attack")
     figure(pd.DataFrame([row, {**row, "partitioning": "shards"}]), tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_the_scale_matrix_table_reads_each_settings_run(tmp_path):
+    from simulations.benchmarks import scale_matrix
+
+    settings = [(1000, 1.0, 2), (10000, 0.1, 2)]
+    for (clients, fraction, rounds), peak in zip(settings, (1600.0, 1650.0), strict=True):
+        out = scale_matrix.folder(tmp_path, clients, fraction, rounds)
+        out.mkdir(parents=True)
+        summary = {
+            "server_rss_mb_between_rounds_max": 1400.0,
+            "server_round_peak_rss_mb_max": peak,
+            "federaser_peak_rss_mb": 1500.0,
+            "process_tree_peak_rss_mb_sampled": 5000.0,
+            "mean_round_wall_seconds_after_round_1": 40.0,
+            "mean_seconds_per_update_after_round_1": 0.04,
+            "seconds": 300.0,
+        }
+        (out / "scale_summary.json").write_text(json.dumps(summary))
+        pd.DataFrame(
+            {
+                "round": [1, 2],
+                "server_rss_mb": [1390.0, 1400.0],
+                "server_round_peak_rss_mb": [peak] * 2,
+            }
+        ).to_csv(out / "scale.csv", index=False)
+    argv = ["--data-root", "x", "--output-dir", str(tmp_path), "--summarize-only", "--settings"]
+    assert scale_matrix.main(argv + ["1000:1.0:2", "10000:0.1:2", "100:0.5:1"]) == 0
+    table = pd.read_csv(tmp_path / "scale_matrix.csv")
+    assert list(table["clients"]) == [1000, 10000]  # the setting that has not run: no row
+    assert list(table["peak_over_between"]) == [round(1600 / 1400, 3), round(1650 / 1400, 3)]
+    assert list(table["updates_per_round"]) == [1000, 1000]
+    assert (tmp_path / "scale_matrix.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("bad", ["1000", "1000:1.5:2", "1:0.5:2", "1000:0.5:zero"])
+def test_a_scale_matrix_setting_that_is_not_k_fraction_rounds_is_refused(bad, capsys):
+    from simulations.benchmarks import scale_matrix
+
+    with pytest.raises(SystemExit):
+        scale_matrix.parse_args(["--data-root", "x", "--output-dir", "o", "--settings", bad])
+    assert "--settings" in capsys.readouterr().err

@@ -118,6 +118,9 @@ def slope(metrics: pd.DataFrame, column: str, skip: int) -> float:
 def plot(metrics: pd.DataFrame, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(metrics["round"], metrics["server_rss_mb"], marker="o", ms=3, label="ServerApp RSS")
+    if "server_round_peak_rss_mb" in metrics:
+        peak = metrics["server_round_peak_rss_mb"]
+        ax.plot(metrics["round"], peak, marker="^", ms=3, label="ServerApp peak within the round")
     ax.plot(metrics["round"], metrics["store_mb"], ls="--", label="store on disk")
     ax.set_xlabel("round")
     ax.set_ylabel("MB")
