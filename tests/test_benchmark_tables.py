@@ -168,3 +168,24 @@ def test_a_scale_matrix_setting_that_is_not_k_fraction_rounds_is_refused(bad, ca
     with pytest.raises(SystemExit):
         scale_matrix.parse_args(["--data-root", "x", "--output-dir", "o", "--settings", bad])
     assert "--settings" in capsys.readouterr().err
+
+
+def test_same_models_is_bit_for_bit_and_names_a_difference(tmp_path, capsys):
+    import safetensors.torch
+    import torch
+
+    from simulations.benchmarks import same_models
+
+    before, after = tmp_path / "before", tmp_path / "after"
+    for run in (before, after):
+        run.mkdir()
+        safetensors.torch.save_file({"w": torch.ones(3)}, run / "model_final.safetensors")
+    assert same_models.main([str(before), str(after)]) == 0
+    nudged = torch.ones(3)
+    nudged[1] = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))  # one ulp: not identical
+    safetensors.torch.save_file({"w": nudged}, after / "model_final.safetensors")
+    safetensors.torch.save_file({"w": torch.ones(3)}, before / "model_federaser.safetensors")
+    assert same_models.main([str(before), str(after), "--output-dir", str(tmp_path / "t")]) == 1
+    table = pd.read_csv(tmp_path / "t" / "same_models.csv").set_index("model")
+    assert not table.loc["model_final.safetensors", "identical"]
+    assert table.loc["model_federaser.safetensors", "max_abs_difference"] == "missing"
