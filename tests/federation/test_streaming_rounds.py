@@ -234,3 +234,39 @@ def test_federasers_calibration_folded_as_replies_come_equals_the_collected_one(
     assert models["folded"].keys() == models["collected"].keys()
     for key, value in models["collected"].items():
         assert torch.equal(models["folded"][key], value), key
+
+
+def test_a_round_broken_off_midway_leaves_no_round_and_no_spilled_reply(tmp_path, monkeypatch):
+    """The grid fails while round 2's replies arrive, some of them spilled to disk (a window of
+    one, the replies in reverse order): the run stops, the store has round 1 only, and no
+    spilled reply is left in the temporary folder."""
+    import tempfile
+
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill))
+    stream_train = retaining.Retaining.stream_train
+    monkeypatch.setattr(
+        retaining.Retaining,
+        "stream_train",
+        lambda self, r, expected, **k: stream_train(self, r, expected, **{**k, "window": 1}),
+    )
+
+    class Breaking(ShuffledGrid):
+        def pull_messages(self, message_ids):
+            if list(spill.glob("fedunlearn-reorder-*/*.npy")) and self.round_two:
+                raise ConnectionError("the SuperLink went away")
+            return super().pull_messages(sorted(message_ids)[-1:])  # one reply a pull
+
+        def answer(self, message):
+            config = message.content.config_records.get("config")
+            self.round_two = config is not None and config.get("server-round") == 2
+            return super().answer(message)
+
+    with pytest.raises(ConnectionError, match="went away"):
+        _train(tmp_path, "broken", monkeypatch, grid=Breaking)
+    from fedunlearn.store.update_store import UpdateStore
+
+    [store_file] = list(tmp_path.glob("broken*/**/store.json"))
+    assert UpdateStore(store_file.parent).rounds() == [1]
+    assert not list(spill.glob("fedunlearn-reorder-*"))  # the spilled replies went with the round

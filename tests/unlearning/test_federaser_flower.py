@@ -112,3 +112,106 @@ def test_a_dropped_client_is_not_asked_to_calibrate(tmp_path):
     eraser = FedEraser(_send(grid), NODES, local_epochs=2, is_dropped=lambda p: p == 2)
     updates = eraser.calibrate(3, {"w": torch.zeros(3)}, [0, 2])
     assert sorted(updates) == [0] and {node for node, _, _ in grid.sent} == {NODES[0]}
+
+
+# ------------------------------------------------------------------ replies folded as they come
+class ScreenedGrid(SpyGrid):
+    """Honest replies with every metric the run's screen checks, handed over in reverse order;
+    ``failing`` nodes answer with an error, ``scaled`` ones with a step 1000 times larger."""
+
+    def __init__(self, impostor=None, failing=(), scaled=()):
+        super().__init__(impostor)
+        self.failing, self.scaled = set(failing), set(scaled)
+
+    def answer(self, message):
+        reply = super().answer(message)
+        node = message.metadata.dst_node_id
+        metrics = reply.content["metrics"]
+        metrics["train-loss"], metrics["calibration"] = 0.5, 1
+        if node in self.scaled:
+            arrays = reply.content["arrays"].to_torch_state_dict()
+            reply.content["arrays"] = ArrayRecord({k: v * 1000 for k, v in arrays.items()})
+        if node in self.failing:
+            reply.has_error.return_value = True
+            reply.error.reason = "the client's process died"
+        return reply
+
+    def pull_messages(self, message_ids):
+        return list(reversed(super().pull_messages(sorted(message_ids))))
+
+
+def _screened(grid, ratio):
+    from server.federation.members import FederationMembers
+    from server.federation.reply_screening import ReplyScreen
+
+    members = FederationMembers(dict(NODES), dict.fromkeys(NODES, 10), cuda_clients=0)
+    screen = ReplyScreen(members, max_refusals=5, log=lambda _: None, max_update_ratio=ratio)
+    eraser = FedEraser(
+        _send(grid),
+        NODES,
+        local_epochs=2,
+        screen=screen.training,
+        screening=screen.training_screening,
+    )
+    return eraser, screen
+
+
+@pytest.mark.parametrize("ratio", [100, 0])
+def test_stream_folds_the_screened_updates_in_client_order_as_the_collected_call_returns_them(
+    ratio,
+):
+    model = {"w": torch.tensor([1.0, 2.0, 3.0])}
+    collected, _ = _screened(ScreenedGrid(), ratio)
+    expected = collected.calibrate(3, model, [0, 1, 2])
+    streamed, _ = _screened(ScreenedGrid(), ratio)
+    folded = []
+    streamed.requests.stream(3, model, [2, 0, 1], lambda k, u: folded.append((k, u)))
+    assert [k for k, _ in folded] == [0, 1, 2]  # ascending, whatever order they came in
+    for k, update in folded:
+        assert torch.equal(update["w"], expected[k]["w"])
+
+
+@pytest.mark.parametrize(
+    ("grid", "ratio", "left_out"),
+    [
+        (lambda: ScreenedGrid(impostor={NODES[0]: 2}), 100, 0),  # answers for another client
+        (lambda: ScreenedGrid(failing=[NODES[1]]), 100, 1),  # an error reply
+        (lambda: ScreenedGrid(scaled=[NODES[2]]), 100, 2),  # an outlier, known at the end
+    ],
+    ids=["impostor", "failed", "outlier"],
+)
+def test_a_refused_failed_or_outlying_reply_is_left_out_of_the_fold_not_fatal(
+    grid, ratio, left_out
+):
+    eraser, screen = _screened(grid(), ratio)
+    folded = []
+    eraser.requests.stream(3, {"w": torch.zeros(3)}, [0, 1, 2], lambda k, u: folded.append(k))
+    assert folded == [k for k in (0, 1, 2) if k != left_out]
+    assert screen.refused == (0 if left_out == 1 else 1)
+
+
+def test_without_the_norm_bound_an_outlying_calibration_reply_is_folded():
+    eraser, screen = _screened(ScreenedGrid(scaled=[NODES[2]]), 0)
+    folded = []
+    eraser.requests.stream(3, {"w": torch.zeros(3)}, [0, 1, 2], lambda k, u: folded.append(k))
+    assert folded == [0, 1, 2] and screen.refused == 0
+
+
+def test_streamed_unlearning_never_addresses_the_target_and_equals_the_collected_one(
+    tmp_path, monkeypatch
+):
+    from strategies.client_updates import ClientUpdates
+
+    results, streamed = {}, []
+    stream = ClientUpdates.stream
+    monkeypatch.setattr(ClientUpdates, "stream", lambda *a: streamed.append(a[1]) or stream(*a))
+    for mode in ("streamed", "collected"):
+        if mode == "collected":
+            monkeypatch.delattr(ClientUpdates, "stream")  # the core asks through __call__ then
+        grid = ScreenedGrid()
+        eraser, _ = _screened(grid, 100)
+        results[mode] = eraser.unlearn(_store(tmp_path / mode), targets=[1])
+        assert NODES[1] not in {node for node, _, _ in grid.sent}
+    assert streamed == [3, 5]
+    assert torch.equal(results["streamed"].model["w"], results["collected"].model["w"])
+    assert [s.clients for s in results["streamed"].steps] == [[0, 2]] * 3
