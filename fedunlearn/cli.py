@@ -201,7 +201,7 @@ def _config_docs(args: argparse.Namespace) -> int:
 def _methods(args: argparse.Namespace) -> int:
     """The unlearning methods' table: what each keeps during training, the aggregations its math
     assumes, and whether the leaving client works during the request."""
-    from fedunlearn.registry import methods_table
+    from fedunlearn.methods_table import methods_table
 
     print(methods_table().to_markdown(index=False))
     return 0

@@ -310,32 +310,6 @@ def run_retention(config) -> list[RetentionPolicy]:
     return [policy.from_config(config) for policy in policies.values()]
 
 
-def methods_table():
-    """One row per unlearning method (``fedunlearn methods``, docs/baselines.md): whether the run
-    lists it by default, what its policy keeps during training, the aggregations its math assumes,
-    whether it runs with clients sampled per round, whether the leaving client works during the
-    request, and what it is."""
-    import pandas as pd
-
-    rows = []
-    for spec in UNLEARNING:
-        policy = spec.policy()
-        rows.append(
-            {
-                "method": spec.name,
-                "default": "yes" if spec.default else "",
-                "keeps during training": policy.name if policy is not None else "",
-                "aggregations": ", ".join(spec.aggregations or ("any",)),
-                "sampled rounds": "yes" if spec.sampling else "",
-                "leaving client works": "yes (allow-target-participation)"
-                if spec.target_participates
-                else "",
-                "what it does": spec.description,
-            }
-        )
-    return pd.DataFrame(rows)
-
-
 def norms_problem(spec: MethodSpec) -> str | None:
     """Why ``spec`` cannot run on a ``retain-mode = norms`` history (None when it can): the whole
     updates its policy keeps after round t_1 are not kept."""
@@ -395,7 +369,8 @@ UNLEARNING.register(
     messages=_TRAIN,
     default=False,
     aggregations=WEIGHTED_MEAN,  # Algorithm 2 aggregates estimated updates by their mean
-    sampling_note="its L-BFGS estimates need each client's update in every round",
+    sampling=True,
+    sampling_note="estimates each round's remaining participants; one without an L-BFGS pair yet computes exactly",
     description="retraining with L-BFGS-estimated client updates (Cao et al. 2023, Algorithm 2)",
 )
 UNLEARNING.register(

@@ -109,7 +109,9 @@ class Recovery:
     it into client-epochs); ``exact_rounds``, ``estimated_rounds`` and ``guarded`` (round ->
     the guard's reason) say how each round got its updates; ``fixed`` maps a round to the clients
     abnormality fixing asked, ``refused`` to the clients whose exact replies the guard refused,
-    ``missing`` to those whose exact update never came; ``thresholds`` is τ per group."""
+    ``missing`` to those whose exact update never came, ``unpaired`` to the clients of an
+    estimated round that had no pair yet and computed exactly (sampled rounds); ``thresholds``
+    is τ per group."""
 
     model: dict[str, torch.Tensor]
     exact_rounds: list[int] = field(default_factory=list)
@@ -119,6 +121,7 @@ class Recovery:
     fixed: dict[int, list[int]] = field(default_factory=dict)
     refused: dict[int, list[int]] = field(default_factory=dict)
     missing: dict[int, list[int]] = field(default_factory=dict)
+    unpaired: dict[int, list[int]] = field(default_factory=dict)
     steps: list[FedRecoverStep] = field(default_factory=list)
     thresholds: list[float] = field(default_factory=list)
 
@@ -240,18 +243,34 @@ class _Recovering:
 
 def _estimated(run: _Recovering, t, clients, model, stored, shifts):
     """Round ``t``'s estimates, abnormal ones replaced by exact updates; returns (updates, the
-    clients computed exactly, the clients abnormality fixing asked)."""
-    used = {k: _estimate(stored[k], shifts, run.groups, run.buffers.get(k)) for k in clients}
-    fixed = [k for k in clients if _abnormal(used[k], run.groups, run.recovery.thresholds)]
-    if fixed:
-        answers = run.ask(t, model, fixed)
-        for k in fixed:  # an abnormal estimate is never used: without its exact update, left out
+    clients computed exactly, the clients abnormality fixing asked).
+
+    A client with no pair (Δw, Δg) yet has no estimate: the correction is built from its own
+    exact rounds. With every client in every round the warm-up gives each one its pairs; with
+    clients sampled per round (``fraction-train``) a client may first take part after the
+    warm-up, and it then computes its exact update in that round, as the warm-up would have had
+    it do (ours: the paper assumes every client in every round), instead of its stored update
+    being used uncorrected."""
+    unpaired = [k for k in clients if not run.buffers.get(k)]
+    used = {
+        k: _estimate(stored[k], shifts, run.groups, run.buffers[k])
+        for k in clients
+        if k not in unpaired
+    }
+    fixed = [k for k in used if _abnormal(used[k], run.groups, run.recovery.thresholds)]
+    asked = [k for k in clients if k in unpaired or k in fixed]
+    if asked:
+        answers = run.ask(t, model, asked)
+        for k in asked:  # an abnormal estimate is never used: without its exact update, left out
             if k in answers:
                 used[k] = answers[k]
             else:
-                del used[k]
-        run.recovery.fixed[t] = fixed
-    return used, [k for k in fixed if k in used], fixed
+                used.pop(k, None)
+        if fixed:
+            run.recovery.fixed[t] = fixed
+        if unpaired:
+            run.recovery.unpaired[t] = unpaired
+    return used, [k for k in asked if k in used], fixed
 
 
 def _guard_problem(run: _Recovering, model, used, clients, num_examples, refused):

@@ -15,7 +15,7 @@ Usage (the settings of RESULTS.md; about 90 minutes on 2 cores)::
         --output-dir simulations/benchmarks/results/scale-matrix \\
         --settings 1000:1.0:3 1000:0.1:5 10000:0.1:20 10000:1.0:2
 
-Run it under ``../shared/tools/isolated-flwr`` beside anything else that starts a SuperLink.
+Run it alone, or in a network namespace of its own beside anything else that starts a SuperLink.
 """
 
 from __future__ import annotations

@@ -119,3 +119,34 @@ def test_unlearning_draws_from_the_remaining_and_calibrates_over_each_rounds_par
         table.loc["federaser", "test_accuracy"] > 0.3
         and table.loc["fedaccum", "client_epochs"] == 0
     )
+
+
+def test_fedrecover_asks_each_round_only_of_its_remaining_participants(tmp_path):
+    """FedRecover with half the clients a round: its history holds each round's participants,
+    and each exact update it asks for round t goes to a remaining participant of round t, never
+    to the target (a participant that has no L-BFGS pair yet included)."""
+    values = {
+        **VALUES,
+        "output-dir": str(tmp_path),
+        "run-name": "fedrecover",
+        "unlearn-methods": "fedrecover,fedretrain",
+        "fedrecover-warmup": 2,
+        "fedrecover-buffer": 1,
+        "fedrecover-final-tuning": 1,
+    }
+    spy = SampledGrid(values)
+    outcome = train_federated(spy, ExperimentConfig.from_run_config(values), log=lambda _: None)
+    recorded = outcome.store.metadata[PARTICIPANTS_KEY]
+    spy.phase, lines = "unlearn", []
+    table = run_unlearning(spy, outcome, [0], log=lines.append).set_index("method")
+    assert not [s for s in spy.sent if s[0] == "unlearn" and s[1] == 0]  # the target: nothing
+    asked = _by_round(spy.sent, "unlearn")
+    for r in range(1, 5):  # less FedRetrain's own draw of each round: FedRecover's asks
+        for partition in _draw("fedretrain", r, [1, 2, 3]):
+            asked[r].remove(partition)
+    remaining = {r: [p for p in recorded[str(r)] if p != 0] for r in range(1, 5)}
+    assert asked[1] == remaining[1] and asked[2] == remaining[2]  # the warm-up: all of them
+    for server_round, partitions in asked.items():
+        assert set(partitions) <= set(remaining[server_round])
+    assert "fedrecover" in table.index
+    assert not str(table.loc["fedrecover", "flag"]).startswith("diverged")

@@ -14,7 +14,8 @@ from test_retaining_fedavg import _grid, _reply, _state
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError, StoreCorruptionError
-from fedunlearn.registry import UNLEARNING, methods_table, retention_policies
+from fedunlearn.methods_table import methods_table
+from fedunlearn.registry import UNLEARNING, retention_policies
 from fedunlearn.reply_checks import RefusedReply, check_auxiliary_head
 from fedunlearn.store.history import forget_clients, load_policy
 from fedunlearn.store.retention import AUXILIARY_KEY, AUXILIARY_REQUEST, STATE_KEY

@@ -419,3 +419,27 @@ def test_bad_groups_are_refused(groups):
 def test_integer_buffers_are_not_in_the_default_group():
     state = {"weight": torch.zeros(2), "count": torch.zeros(1, dtype=torch.int64)}
     assert parameter_groups(state) == [["weight"]]
+
+
+def test_a_client_first_sampled_after_the_warm_up_computes_exactly_then_is_estimated(tmp_path):
+    """Under client sampling client 1 first takes part in round 10, after the warm-up (rounds
+    1-4): it has no L-BFGS pair, so round 10 asks it for its exact update (its stored one, from
+    a model that saw the removed client, is not used uncorrected); its later rounds are
+    estimated from that pair. The recovery still lands near retraining."""
+    data = _client_data(seed=1)
+
+    def sampled(t: int) -> list[int]:
+        return [k for k in _participants(t) if k != 1 or t >= 10]
+
+    store = UpdateStore(tmp_path / "store")
+    original = _fedavg(_initial_model(), data, ROUNDS, sampled, store)
+    honest = lambda t: [k for k in sampled(t) if k != MALICIOUS]  # noqa: E731
+    retrained = _fedavg(store.read_global(1), data, ROUNDS, honest)
+    clients = _Clients(data)
+    result = fedrecover(store, [MALICIOUS], clients, SCHEDULE)
+    assert result.unpaired == {10: [1]}
+    assert (10, [1]) in clients.calls and 10 in result.estimated_rounds
+    asked_one = [t for t, who in clients.calls if 1 in who]
+    assert asked_one[0] == 10 and 11 not in asked_one  # estimated from its pair afterwards
+    gap = _distance(original, retrained)
+    assert _distance(result.model, retrained) < 5e-2 * gap
