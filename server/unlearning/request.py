@@ -337,6 +337,7 @@ def _federaser(
         "calibrated_rounds": calibrated,
         "calibration_epochs": eraser.calibration_epochs,
         "step_peak_rss_mb": peaks,
+        "calibration_updates": sum(len(s.clients) for s in reconstruction.steps if s.calibrated),
         "did": (
             f"{len(reconstruction.steps)} retained round(s): {calibrated} calibrated "
             f"({eraser.calibration_epochs} epoch(s) each), the first uncalibrated"

@@ -209,6 +209,23 @@ def round_table(metrics: pd.DataFrame) -> pd.DataFrame:
     return table[table["round"] >= 1][columns + ["round_wall_seconds", "seconds_per_update"]]
 
 
+def calibration_updates(run: Path, details: dict, steps: int, remaining: int) -> int:
+    """The calibration updates FedEraser asked: as its details count them (runs since issue 30),
+    else the clients of each adopted trajectory round after the first (a sampled run calibrates
+    each round's participants only), else every remaining client at every step after t_1."""
+    if "calibration_updates" in details:
+        return int(details["calibration_updates"])
+    store = run / "store"
+    if (store / "store.json").is_file():
+        from fedunlearn.store.update_store import UpdateStore
+
+        history = UpdateStore(store, readonly=True)
+        rounds = history.rounds()
+        if len(rounds) == steps:
+            return sum(len(history.clients(r)) for r in rounds[1:])
+    return max(steps - 1, 0) * remaining
+
+
 def unlearning_costs(run: Path, clients: int, targets: int) -> dict:
     """FedEraser's wall time and calibration updates (each retained round after t_1, every
     remaining client), from the run's ``unlearning.csv`` and log."""
@@ -220,7 +237,7 @@ def unlearning_costs(run: Path, clients: int, targets: int) -> dict:
     details = entry["details"].get("federaser", {})
     steps = int(details.get("steps", 0))
     peaks = [float(p) for p in details.get("step_peak_rss_mb", [])]
-    updates = max(steps - 1, 0) * (clients - targets)
+    updates = calibration_updates(run, details, steps, clients - targets)
     seconds = float(table.loc["federaser", "seconds"]) if "federaser" in table.index else 0.0
     return {
         "federaser_seconds": round(seconds, 1),

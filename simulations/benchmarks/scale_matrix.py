@@ -93,6 +93,9 @@ def row(output: Path, clients: int, fraction: float, rounds: int) -> dict | None
     if not path.is_file():
         return None
     summary = json.loads(path.read_text())
+    run = Path(summary.get("run_directory", ""))
+    if run.is_dir():  # the calibration count of a sampled run, read again from its history
+        summary.update(scale.unlearning_costs(run, clients, 1))
     between = summary["server_rss_mb_between_rounds_max"]
     peak = summary["server_round_peak_rss_mb_max"]
     return {
