@@ -63,6 +63,14 @@ def parse_args(argv):
     parser.add_argument(
         "--summarize-only", action="store_true", help="rebuild the tables from earlier runs"
     )
+    parser.add_argument(
+        "--reference-peak-mb",
+        type=float,
+        help="a peak to draw for comparison (e.g. the in-round peak before streaming aggregation)",
+    )
+    parser.add_argument(
+        "--reference-label", default="reference peak", help="what --reference-peak-mb is"
+    )
     return parser.parse_args(argv)
 
 
@@ -119,8 +127,10 @@ def row(output: Path, clients: int, fraction: float, rounds: int) -> dict | None
     }
 
 
-def plot(output: Path, settings) -> None:
+def plot(output: Path, settings, reference: float | None = None, label: str = "") -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    if reference is not None:
+        ax.axhline(reference, color="grey", ls="--", label=f"{label}: {reference:,.0f} MiB")
     for clients, fraction, rounds in settings:
         table = folder(output, clients, fraction, rounds) / "scale.csv"
         if not table.is_file():
@@ -136,6 +146,7 @@ def plot(output: Path, settings) -> None:
             label=f"{label}: peak within the round (▲), after it (●)",
         )
     ax.set_xlabel("training round")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("ServerApp RSS (MiB)")
     ax.set_ylim(bottom=0)
     ax.set_title("ServerApp memory within and between rounds (MNIST, norms retention)")
@@ -163,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     table = pd.DataFrame(rows)
     table.to_csv(args.output_dir / "scale_matrix.csv", index=False)
     (args.output_dir / "scale_matrix.md").write_text(table.to_markdown(index=False) + "\n")
-    plot(args.output_dir, args.settings)
+    plot(args.output_dir, args.settings, args.reference_peak_mb, args.reference_label)
     print(table.to_markdown(index=False))
     return 0
 
