@@ -380,6 +380,8 @@ UNLEARNING.register(
     messages=_TRAIN,
     default=False,
     aggregations=WEIGHTED_MEAN,  # renewal calibrates to the weighted mean's step sizes
+    sampling=True,
+    sampling_note="selects, bounds and renews over each round's participants",
     description="selective storage, adaptive rollback, calibrated renewal (Jiang et al. 2025)",
 )
 UNLEARNING.register(
@@ -390,6 +392,8 @@ UNLEARNING.register(
     certifies=True,
     default=False,
     aggregations=WEIGHTED_MEAN,  # the sensitivity bound is a client's share of the mean
+    sampling=True,
+    sampling_note="bounds over each round's participants S_n; retrains sampling the remaining",
     description="rollback within a sensitivity budget, noise, retraining (Fraboni et al. 2024)",
 )
 

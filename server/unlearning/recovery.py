@@ -25,6 +25,7 @@ from fedunlearn.unlearning.fedrecover import GUARDED, FedRecoverSchedule
 from fedunlearn.unlearning.fedrecover import fedrecover as recover
 from fedunlearn.unlearning.gaussian_mechanism import add_noise, entropy_generator
 from fedunlearn.unlearning.sifu import SensitivityRetention, SifuCertificate
+from server.federation.members import round_sampler
 from server.training.rounds import fedavg_rounds, participant_strategy
 from server.unlearning.participation import client_requests
 from strategies.client_updates import ClientUpdates
@@ -228,9 +229,11 @@ def sifu(context, name: str):
     )
     model = outcome.new_model()
     model.load_state_dict(noisy)
+    # with fraction-train < 1 the retraining samples the remaining clients, its own stream
+    sampler = round_sampler(outcome.members, config, name)
     state = fedavg_rounds(
         context.grid,
-        participant_strategy(config, context.remaining_nodes),
+        participant_strategy(config, context.remaining_nodes, sampler=sampler),
         model,
         config,
         first_round=rollback,

@@ -150,3 +150,42 @@ def test_fedrecover_asks_each_round_only_of_its_remaining_participants(tmp_path)
         assert set(partitions) <= set(remaining[server_round])
     assert "fedrecover" in table.index
     assert not str(table.loc["fedrecover", "flag"]).startswith("diverged")
+
+
+def _unlearned_with(tmp_path, methods: str, **extra):
+    """Train with half the clients a round, forget client 0 with ``methods`` and FedRetrain;
+    returns (each round's participants, the table, the training messages of the request by round
+    less FedRetrain's own draw: the method's)."""
+    values = {**VALUES, "output-dir": str(tmp_path), "run-name": methods, **extra}
+    values["unlearn-methods"] = f"{methods},fedretrain"
+    spy = SampledGrid(values)
+    outcome = train_federated(spy, ExperimentConfig.from_run_config(values), log=lambda _: None)
+    recorded = outcome.store.metadata[PARTICIPANTS_KEY]
+    spy.phase = "unlearn"
+    table = run_unlearning(spy, outcome, [0], log=lambda _: None).set_index("method")
+    assert not [s for s in spy.sent if s[0] == "unlearn" and s[1] == 0]  # the target: nothing
+    asked = _by_round(spy.sent, "unlearn")
+    for r in range(1, 5):
+        for partition in _draw("fedretrain", r, [1, 2, 3]):
+            asked[r].remove(partition)
+    return recorded, table, {r: p for r, p in asked.items() if p}
+
+
+def test_crab_renews_each_kept_round_over_its_kept_remaining_participants(tmp_path):
+    recorded, table, asked = _unlearned_with(tmp_path, "crab", **{"crab-client-ratio": 1.0})
+    assert asked, "Crab renewed no round"
+    for server_round, partitions in asked.items():  # renewal: that round's participants only
+        assert set(partitions) <= set(recorded[str(server_round)]) - {0}
+    assert "crab" in table.index
+    assert str(table.loc["crab", "did"]).startswith("rolled back to round")
+
+
+def test_sifu_bounds_over_participants_and_retrains_sampling_the_remaining(tmp_path):
+    recorded, table, asked = _unlearned_with(
+        tmp_path, "sifu", **{"sifu-expansion": "non-expansive", "sifu-sigma": 0.05}
+    )
+    did = str(table.loc["sifu", "did"])  # "rolled back to round T of 5, ..."
+    first = int(re.match(r"rolled back to round (\d+) of", did)[1])
+    assert first < 5, did  # the budget sent it back: something is retrained
+    # its retraining from the rollback round draws half of the three remaining clients a round
+    assert asked == {r: _draw("sifu", r, [1, 2, 3]) for r in range(first, 5)}
