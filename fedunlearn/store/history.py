@@ -72,6 +72,9 @@ class HistoryView:
         wanted = kept if clients is None else kept & _as_set(clients)
         return self.store.read_round(round, clients=sorted(wanted), exclude=exclude, blobs=blobs)
 
+    def iter_updates(self, round: int, clients) -> Iterator:
+        return self.store.iter_updates(round, self._kept(round) & _as_set(clients))
+
     def iter_rounds(self, clients=None, exclude=()) -> Iterator:
         clients = None if clients is None else _as_set(clients)
         exclude = _as_set(exclude)

@@ -320,12 +320,12 @@ class UpdateStore(HeaderAndLock):
         """Read one round: its global model and the updates of ``clients`` (all when ``None``).
 
         Listed clients without an update in this round are skipped, since participation varies
-        from round to round; clients in ``exclude`` are never read. ``blobs``: ``"updates"`` reads
-        no global model, ``"none"`` no blob at all (counts and norms rows: a round read a client
-        at a time, :func:`fedunlearn.unlearning.federaser.federaser`).
+        from round to round; clients in ``exclude`` are never read. ``blobs = "none"`` reads no
+        blob at all, only counts and norms rows (the whole updates then come one at a time from
+        :meth:`iter_updates`: :func:`fedunlearn.unlearning.federaser.federaser`).
         """
-        if blobs not in ("all", "updates", "none"):
-            raise ConfigError("blobs", blobs, "one of all, updates, none")
+        if blobs not in ("all", "none"):
+            raise ConfigError("blobs", blobs, "one of all, none")
         round_number = self._require_committed(round)
         wanted = None if clients is None else client_set("clients", clients)
         excluded = client_set("exclude", exclude)
@@ -351,6 +351,16 @@ class UpdateStore(HeaderAndLock):
                 retained.num_examples[row.client] = row.num_examples
                 retained.squares[row.client] = recorded_squares(row, metadata, update)
         return retained
+
+    def iter_updates(self, round: int, clients: Iterable[int]) -> Iterator[tuple[int, State, dict]]:
+        """(client, U_k^round, its recorded squared norms) of each of ``clients`` with a whole
+        update in ``round``, ascending: the round's rows read once, one update in memory."""
+        round_number = self._require_committed(round)
+        wanted = client_set("clients", clients)
+        rows = [r for r in self._rows(round_number) if r.kind == "update" and r.client in wanted]
+        for row in sorted(rows, key=lambda r: r.client):
+            update, metadata = read_blob(self.root, row, with_metadata=True)
+            yield row.client, update, recorded_squares(row, metadata, update)
 
     def iter_rounds(
         self, clients: int | Iterable[int] | None = None, exclude: int | Iterable[int] = ()

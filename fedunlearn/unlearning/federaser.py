@@ -204,8 +204,8 @@ def fedaccum(store: UpdateStore, targets: Collection[int]) -> Reconstruction:
                 f"round {retained.round} kept only norms (retain-mode = norms)",
             )
         step = _Step(retained, clients)
-        for k in clients:
-            step.add(k, _read_update(store, retained, k)[0])
+        for k, update, _ in store.iter_updates(retained.round, clients):
+            step.add(k, update)
         update = step.result()
         model = state_sum(model, update)
         steps.append(
@@ -258,8 +258,7 @@ def federaser(
         step = _Step(retained, clients, trajectory, model)
         with step:
             if not steps and not retained.norms_only:  # the first step: no calibration
-                for k in clients:
-                    update, squares = _read_update(store, retained, k)
+                for k, update, squares in store.iter_updates(retained.round, clients):
                     step.add(k, update, squares)
             elif calibration_order == "client":
                 _calibrate_each(
@@ -323,30 +322,42 @@ class _Step:
 
 def _rounds(store: UpdateStore, excluded: set[int]):
     """Each retained round, ascending, without its blobs: counts and norms rows (the whole updates
-    are read a client at a time, :func:`_read_update`)."""
+    are read a client at a time, ``store.iter_updates``)."""
     for round_number in store.rounds():
         yield store.read_round(round_number, exclude=excluded, blobs="none")
 
 
-def _read_update(store: UpdateStore, retained, client: int):
-    """(U_k, its recorded squared norms) of a client with a whole update; (None, the norms row)
-    of a client kept as norms only."""
-    if client not in retained.unread:
-        return None, retained.squares[client]
-    one = store.read_round(retained.round, clients=[client], blobs="updates")
-    return one.updates[client], one.squares[client]
+class _Squares:
+    """The recorded ‖U_k‖² per tensor of a round's clients, asked in ascending client order: a
+    norms row's at once, a whole update's read from the store in one pass over the round."""
+
+    def __init__(self, store: UpdateStore, retained, clients: list[int]) -> None:
+        self.retained = retained
+        whole = [k for k in clients if k in retained.unread]
+        self._updates = store.iter_updates(retained.round, whole)
+        self._next = next(self._updates, None)
+
+    def __call__(self, client: int) -> Mapping[str, float]:
+        if client not in self.retained.unread:
+            return self.retained.squares[client]
+        while self._next is not None and self._next[0] < client:
+            self._next = next(self._updates, None)
+        if self._next is None or self._next[0] != client:
+            raise RuntimeError(f"round {self.retained.round} holds no update of client {client}")
+        return self._next[2]
 
 
 def _calibrate_each(store, retained, step, calibrate, model, excluded, layerwise, scaled_keys):
     """Eq. (2) on each answering client, added to the step as its answer comes (``excluded``: the
     targets, whose answer is an error)."""
+    squares_of = _Squares(store, retained, sorted(step.asked))
 
     def fold(client: int, answer: State) -> None:
         if client in excluded:
             raise RuntimeError(f"calibration returned updates of target clients [{client}]")
         if client not in step.asked:
             return
-        _, squares = _read_update(store, retained, client)
+        squares = squares_of(client)
         calibrated = calibrate_update(
             {}, answer, layerwise=layerwise, scaled_keys=scaled_keys, retained_squares=squares
         )

@@ -956,3 +956,22 @@ def test_a_format_2_header_is_read_and_a_writable_open_adds_the_checksums(tmp_pa
     assert header["format_version"] == FORMAT_VERSION and set(header["metadata_sha256"]) == set(
         DECISIVE
     )
+
+
+def test_a_round_read_without_blobs_then_its_updates_one_at_a_time_in_client_order(tmp_path):
+    """What FedEraser reads of a round of many clients: counts and norms rows at once, no blob;
+    then each whole update once, ascending, with the norms the store recorded for it."""
+    store = UpdateStore(tmp_path / "store")
+    updates = {k: ({"w": torch.full((3,), float(k + 1))}, 10 + k) for k in (4, 0, 7, 2)}
+    store.write_round(1, {"w": torch.zeros(3)}, updates)
+    light = store.read_round(1, exclude=[7], blobs="none")
+    assert light.global_model is None and light.updates == {}
+    assert light.unread == {0, 2, 4} and light.norms_only == [] and light.clients == [0, 2, 4]
+    assert light.num_examples == {0: 10, 2: 12, 4: 14}
+    whole = store.read_round(1)
+    read = list(store.iter_updates(1, [4, 0, 9]))  # 9 has no update: skipped
+    assert [k for k, _, _ in read] == [0, 4]
+    for k, update, squares in read:
+        assert torch.equal(update["w"], whole.updates[k]["w"]) and squares == whole.squares[k]
+    with pytest.raises(ConfigError, match="blobs"):
+        store.read_round(1, blobs="updates")
