@@ -307,8 +307,7 @@ def write_outputs(output: Path, rounds: pd.DataFrame, probe: TreeProbe, summary,
     (output / "scale_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     rounds.to_csv(output / "scale.csv", index=False)
     (output / "scale.md").write_text(
-        rounds.to_markdown(index=False, floatfmt=tuple(FORMATS.get(c, "g") for c in rounds))
-        + "\n"
+        rounds.to_markdown(index=False, floatfmt=tuple(FORMATS.get(c, "g") for c in rounds)) + "\n"
     )
     samples = pd.DataFrame(probe.samples, columns=["seconds", "tree_rss_bytes", "server_rss_bytes"])
     samples.to_csv(output / "scale_samples.csv", index=False)
