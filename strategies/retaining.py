@@ -294,8 +294,6 @@ class Retaining(Strategy):
             or any(p.wants_auxiliary(server_round) for p in self.policies.values())
         ):
             return None
-        if self.store is None:
-            self._sent_arrays.pop(server_round, None)
         return StreamingRound(self, server_round, expected, plans, window=window, gated=gated)
 
     def started_from(self, server_round: int) -> dict[str, torch.Tensor]:
