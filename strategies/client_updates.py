@@ -134,7 +134,7 @@ class ClientUpdates:
                 if screening.accept(reply) is None:
                     hand_over(buffer.absent(nodes[node]))
                 else:
-                    arrays = [(n, a.numpy()) for n, a in reply.content["arrays"].items()]
+                    arrays = list(screening.decoded.items())  # decoded once, by the screen
                     hand_over(buffer.put(Contribution(nodes[node], arrays, 1)))
             else:
                 screening.refuse(node, f"no {self.phase} reply of this node is expected")

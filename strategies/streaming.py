@@ -81,10 +81,13 @@ class StreamingRound:
             writer = retaining.store.begin_round(server_round, model)
             self._writer = writer.__enter__()
 
-    def add(self, partition: int, reply: Message) -> None:
-        """A screened reply of client ``partition``: decoded, and folded when its turn comes."""
+    def add(self, partition: int, reply: Message, decoded: Mapping | None = None) -> None:
+        """A screened reply of client ``partition``: decoded (``decoded``: its arrays as the
+        screen decoded them, name -> NumPy in the reply's order), folded when its turn comes."""
         metrics = next(iter(reply.content.metric_records.values()))
-        arrays = [(name, array.numpy()) for name, array in reply.content[self.key].items()]
+        if decoded is None:
+            decoded = {name: array.numpy() for name, array in reply.content[self.key].items()}
+        arrays = list(decoded.items())
         light = RecordDict({"metrics": MetricRecord(dict(metrics))})
         contribution = Contribution(partition, arrays, metrics[self.weighted_by_key], light)
         for ready in self.buffer.put(contribution):

@@ -118,7 +118,7 @@ class ReplyScreen:
         spec = {name: (tuple(array.shape), array.dtype) for name, array in sent.items()}
         sent_arrays, norms = decoded_arrays(sent), {}
 
-        def check(reply: Message, partition: int) -> None:
+        def check(reply: Message, partition: int) -> dict:
             arrays, received = self._records(reply, arrays=True), {}
             check_training_reply(
                 spec,
@@ -132,6 +132,7 @@ class ReplyScreen:
             if not math.isfinite(norm):  # finite values of 3e38 overflow: refused, bound or not
                 raise RefusedReply("its update's norm overflows")
             norms[reply.metadata.src_node_id] = norm
+            return received  # decoded once: what a folded round adds up
 
         def outliers() -> dict[int, str]:
             return norm_outliers(norms, self.max_update_ratio)
@@ -237,6 +238,9 @@ class Screening:
     ) -> None:
         self.screen, self.phase, self.round, self.check = screen, phase, server_round, check
         self.outliers = outliers
+        #: The last accepted training reply's arrays, decoded by the checks (name -> NumPy, in
+        #: the reply's order), for the caller that folds it; None for other replies.
+        self.decoded: dict | None = None
         self.accepted: set[int] = set()
         self.refused: set[int] = set()
         self.non_finite: set[int] = set()
@@ -245,10 +249,10 @@ class Screening:
         """The partition of a reply that passes every check; None for a refused one (logged and
         counted). Error replies are the caller's: they are not screened."""
         started = time.perf_counter()
-        node = reply.metadata.src_node_id
+        node, self.decoded = reply.metadata.src_node_id, None
         try:
             partition = self.screen._partition(node)
-            self.check(reply, partition)
+            decoded = self.check(reply, partition)
         except RefusedReply as refusal:
             self.screen._refuse(self.phase, self.round, node, refusal.reason)
             self.refused.add(node)
@@ -258,6 +262,7 @@ class Screening:
         finally:
             self.screen.seconds += time.perf_counter() - started
         self.accepted.add(node)
+        self.decoded = decoded
         return partition
 
     def refuse(self, node: int, reason: str) -> None:

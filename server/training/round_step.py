@@ -101,7 +101,7 @@ def _folded_round(grid, folding, config, server_round, arrays, messages, screen,
                 return
             partition = screening.accept(reply)
             if partition is not None:
-                folding.add(partition, reply)
+                folding.add(partition, reply, screening.decoded)
             else:
                 folding.absent(screen.members.partition_of(node))
 
