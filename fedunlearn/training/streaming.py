@@ -43,10 +43,6 @@ class Contribution:
     weight: int | float
     extra: Any = None
 
-    @property
-    def nbytes(self) -> int:
-        return sum(int(a.nbytes) for _, a in self.arrays)
-
 
 @dataclass
 class _Spilled:
