@@ -46,19 +46,20 @@ class Contribution:
 
 @dataclass
 class _Spilled:
-    """A contribution whose arrays wait on disk (one ``.npy`` per array)."""
+    """A contribution whose arrays wait on disk: at ``offsets`` of the buffer's spill file."""
 
     key: int
     names: list[str]
-    paths: list[Path]
+    file: Any
+    offsets: list[int]
     weight: int | float
     extra: Any = None
 
     def load(self) -> Contribution:
         arrays = []
-        for name, path in zip(self.names, self.paths, strict=True):
-            arrays.append((name, np.load(path, allow_pickle=False)))
-            path.unlink()
+        for name, offset in zip(self.names, self.offsets, strict=True):
+            self.file.seek(offset)
+            arrays.append((name, np.load(self.file, allow_pickle=False)))
         return Contribution(self.key, arrays, self.weight, self.extra)
 
 
@@ -74,7 +75,9 @@ class ReorderBuffer:
     window : int
         Contributions held in memory at most; the next early ones are spilled to ``spill_dir``.
     spill_dir : path, optional
-        Where spilled arrays wait (a private temporary directory by default, made on first use).
+        Where the spill file is made, on first use (the system's temporary folder by default).
+        It has no name from the start (``tempfile.TemporaryFile``): nothing of it outlives the
+        buffer, a crash included, and no other process can open it.
     gated : bool (default: False)
         Hand nothing over before :meth:`close`: a round whose screening compares each reply with
         the others (``max-update-ratio``) learns only at its end which replies to
@@ -97,7 +100,8 @@ class ReorderBuffer:
         self._next = 0  # index into _order of the next key to hand over
         self._unresolved = set(self._order)  # neither put nor declared absent yet
         self._waiting: set[int] = set()  # keys held in memory, waiting for their turn
-        self._temporary: tempfile.TemporaryDirectory | None = None
+        # one file with no name (unlinked when made): a crash leaves no client's update on disk
+        self._spill_file = None
 
     @property
     def pending(self) -> list[int]:
@@ -134,9 +138,6 @@ class ReorderBuffer:
         item = self.held.get(key)
         if item is None:
             raise ValueError(f"client {key} has no contribution held to withdraw")
-        if isinstance(item, _Spilled):
-            for path in item.paths:
-                path.unlink()
         self.held[key] = None
         self._waiting.discard(key)
 
@@ -160,9 +161,9 @@ class ReorderBuffer:
         self.held.clear()
         self._unresolved.clear()
         self._waiting.clear()
-        if self._temporary is not None:
-            self._temporary.cleanup()
-            self._temporary = None
+        if self._spill_file is not None:
+            self._spill_file.close()
+            self._spill_file = None
 
     def _check_new(self, key: int) -> int:
         key = int(key)
@@ -187,19 +188,20 @@ class ReorderBuffer:
                 yield item
 
     def _spill(self, contribution: Contribution) -> _Spilled:
-        if self._temporary is None:
-            self._temporary = tempfile.TemporaryDirectory(
+        if self._spill_file is None:
+            self._spill_file = tempfile.TemporaryFile(
                 prefix="fedunlearn-reorder-", dir=self.spill_dir
             )
-        root = Path(self._temporary.name)
-        paths = []
-        for index, (_, array) in enumerate(contribution.arrays):
-            path = root / f"{contribution.key}-{index}.npy"
-            np.save(path, array, allow_pickle=False)
-            paths.append(path)
+        file, offsets = self._spill_file, []
+        file.seek(0, 2)
+        for _, array in contribution.arrays:
+            offsets.append(file.tell())
+            np.save(file, array, allow_pickle=False)
         self.spilled += 1
         names = [name for name, _ in contribution.arrays]
-        return _Spilled(contribution.key, names, paths, contribution.weight, contribution.extra)
+        return _Spilled(
+            contribution.key, names, file, offsets, contribution.weight, contribution.extra
+        )
 
 
 class WeightedSum:

@@ -245,6 +245,12 @@ def test_a_round_broken_off_midway_leaves_no_round_and_no_spilled_reply(tmp_path
     spill = tmp_path / "spill"
     spill.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spill))
+    from fedunlearn.training.streaming import ReorderBuffer
+
+    spilled, spill_one = [], ReorderBuffer._spill
+    monkeypatch.setattr(
+        ReorderBuffer, "_spill", lambda self, c: spilled.append(c.key) or spill_one(self, c)
+    )
     stream_train = retaining.Retaining.stream_train
     monkeypatch.setattr(
         retaining.Retaining,
@@ -254,9 +260,12 @@ def test_a_round_broken_off_midway_leaves_no_round_and_no_spilled_reply(tmp_path
 
     class Breaking(ShuffledGrid):
         def pull_messages(self, message_ids):
-            if list(spill.glob("fedunlearn-reorder-*/*.npy")) and self.round_two:
+            self.pulls = self.pulls + 1 if self.round_two else 0
+            if self.pulls == 3:  # two replies in, the second spilled (a window of one)
                 raise ConnectionError("the SuperLink went away")
             return super().pull_messages(sorted(message_ids)[-1:])  # one reply a pull
+
+        pulls = 0
 
         def answer(self, message):
             config = message.content.config_records.get("config")
@@ -270,3 +279,4 @@ def test_a_round_broken_off_midway_leaves_no_round_and_no_spilled_reply(tmp_path
     [store_file] = list(tmp_path.glob("broken*/**/store.json"))
     assert UpdateStore(store_file.parent).rounds() == [1]
     assert not list(spill.glob("fedunlearn-reorder-*"))  # the spilled replies went with the round
+    assert spilled, "no reply was spilled: the test did not test it"
