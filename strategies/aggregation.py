@@ -44,20 +44,18 @@ def aggregation_options(config) -> dict:
 def aggregation_strategy(
     config,
     *,
-    participants: int | None = None,
     fraction_evaluate: float = 0.0,
     min_evaluate_nodes: int = 1,
-    sampled: bool = False,
 ) -> Strategy:
-    """The Flower strategy ``config.strategy`` names, every client it is shown trained each round:
-    all ``num-clients`` of the run, or the ``participants`` nodes a phase trains (the training
-    run's ``min_available_nodes`` is the federation's size); ``sampled``: the wrapper shows it
-    only the round's sample (:class:`strategies.retaining.Retaining`'s ``sampler``), of any size."""
+    """The Flower strategy ``config.strategy`` names; it trains every node it is shown each round,
+    with minimums of 1: which nodes a round may train, and how long it waits for them, is decided
+    by the :class:`strategies.retaining.Retaining` around it (its ``participants``, ``sampler``
+    and ``available``), not by Flower's ``min_available_nodes`` wait, which has no time limit and
+    would hang a federation that lost a SuperNode (:mod:`server.federation.availability`)."""
     if config.strategy not in _CLASSES:
         raise ConfigError("strategy", config.strategy, f"one of {', '.join(AGGREGATIONS)}")
-    size = 1 if sampled else config.num_clients if participants is None else participants
     kwargs = participant_minimums(
-        {"fraction_train": 1.0, "fraction_evaluate": fraction_evaluate}, size
+        {"fraction_train": 1.0, "fraction_evaluate": fraction_evaluate}, 1
     )
     return _CLASSES[config.strategy](
         **kwargs,

@@ -158,6 +158,11 @@ class Retaining(Strategy):
         (:func:`server.federation.members.round_sampler`); the wrapped strategy then trains every
         node it is shown, and the store records who took part in each round (``participants``).
         Default: every participant, every round.
+    available : callable, optional
+        ``available(server_round, grid)``: the participants' nodes connected now, once enough of them
+        are (:class:`server.federation.availability.RoundAvailability`, which waits and refuses
+        by the run's rule); sampling then draws from these. Default: whatever the grid says is
+        connected, with the wrapped strategy's own wait (``min_available_nodes``).
 
     Notes
     -----
@@ -175,6 +180,7 @@ class Retaining(Strategy):
         participants: Collection[int] | None = None,
         on_retained: Callable[[int, list[int]], None] | None = None,
         sampler: Callable[[int, list[int]], Collection[int]] | None = None,
+        available: Callable[[int, Grid], Collection[int]] | None = None,
     ) -> None:
         for key in ("weighted_by_key", "arrayrecord_key"):
             if not hasattr(strategy, key):
@@ -186,6 +192,7 @@ class Retaining(Strategy):
         self.on_retained = on_retained
         self.participants = None if participants is None else frozenset(participants)
         self.sampler = sampler
+        self.available = available
         self.policies = _by_name(policies, store)
         self.record = RetentionRecord.empty(self.policies)
         self._sent_arrays: dict[int, ArrayRecord] = {}
@@ -233,6 +240,9 @@ class Retaining(Strategy):
                 epochs = int(config.get("local-epochs", 1))
                 config = ConfigRecord({**dict(config), AUXILIARY_REQUEST: epochs})
         offered = self._sampled_from(grid)
+        if self.available is not None:
+            connected = frozenset(self.available(server_round, grid))
+            offered = _ParticipantGrid(grid, connected & frozenset(offered.get_node_ids()))
         if self.sampler is not None:
             chosen = self.sampler(server_round, list(offered.get_node_ids()))
             offered = _ParticipantGrid(grid, frozenset(chosen))

@@ -136,7 +136,9 @@ def independent_retrain(
 
     return fedavg_rounds(
         grid,
-        participant_strategy(config, remaining_nodes),
+        participant_strategy(
+            config, remaining_nodes, members=outcome.members, phase=INDEPENDENT, log=log
+        ),
         model,
         config,
         on_round=progress,

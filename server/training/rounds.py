@@ -46,6 +46,7 @@ from fedunlearn.training.stacked import (
     member_seeds,
 )
 from fedunlearn.unlearning.verdicts import training_flag
+from server.federation.availability import roster_availability
 from server.federation.members import (
     FederationMembers,
     discover_clients,
@@ -236,14 +237,28 @@ def participant_strategy(
     store: UpdateStore | None = None,
     policies: Iterable[RetentionPolicy] = (),
     sampler=None,
+    *,
+    members: FederationMembers | None = None,
+    phase: str = "retrain",
+    log: Log = print,
 ) -> Retaining:
     """The run's aggregation (``strategy``) over the nodes ``nodes`` only: each round samples,
     configures and messages exactly them (FedRetrain without the forgotten clients, a baseline's
     rounds), or the round's sample of them (``sampler``,
     :func:`server.federation.members.round_sampler`); with ``store`` it retains what
-    ``policies`` select."""
-    inner = aggregation_strategy(config, participants=len(set(nodes)), sampled=sampler is not None)
-    return Retaining(inner, store, policies=policies, participants=nodes, sampler=sampler)
+    ``policies`` select. With ``members`` a round trains those of them connected, once
+    ``min-reply-fraction`` of them are (:mod:`server.federation.availability`)."""
+    available = None
+    if members is not None:
+        available = roster_availability(config, members, nodes, phase=phase, log=log)
+    return Retaining(
+        aggregation_strategy(config),
+        store,
+        policies=policies,
+        participants=nodes,
+        sampler=sampler,
+        available=available,
+    )
 
 
 def participant_rounds(
@@ -273,7 +288,14 @@ def participant_rounds(
 
     return fedavg_rounds(
         grid,
-        participant_strategy(config, nodes, sampler=round_sampler(outcome.members, config, name)),
+        participant_strategy(
+            config,
+            nodes,
+            sampler=round_sampler(outcome.members, config, name),
+            members=outcome.members,
+            phase=name,
+            log=log,
+        ),
         model,
         config,
         on_round=progress,
@@ -400,15 +422,12 @@ def _training_strategy(
             seed=config.seed,
             model=resolve_model_name(config.model, config.dataset),
         )
-    sampler = round_sampler(members, config, "train")
-    aggregation = aggregation_strategy(
-        config, fraction_evaluate=config.fraction_evaluate, sampled=sampler is not None
-    )
     retaining = Retaining(
-        aggregation,
+        aggregation_strategy(config, fraction_evaluate=config.fraction_evaluate),
         store,
         policies=run_retention(config) if store is not None else (),
-        sampler=sampler,
+        sampler=round_sampler(members, config, "train"),
+        available=roster_availability(config, members, phase="train", log=log),
     )
     if config.dp_noise_multiplier <= 0:
         return retaining, retaining

@@ -65,7 +65,9 @@ def rounds_from(
     test = outcome.data.splits.test
     state = fedavg_rounds(
         context.grid,
-        participant_strategy(config, context.remaining_nodes),
+        participant_strategy(
+            config, context.remaining_nodes, members=outcome.members, phase=name, log=log
+        ),
         model,
         config,
         test=(test.x, test.y),

@@ -233,7 +233,14 @@ def sifu(context, name: str):
     sampler = round_sampler(outcome.members, config, name)
     state = fedavg_rounds(
         context.grid,
-        participant_strategy(config, context.remaining_nodes, sampler=sampler),
+        participant_strategy(
+            config,
+            context.remaining_nodes,
+            sampler=sampler,
+            members=outcome.members,
+            phase=name,
+            log=log,
+        ),
         model,
         config,
         first_round=rollback,

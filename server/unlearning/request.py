@@ -355,7 +355,16 @@ def _fedretrain(
     # that a later request can run any of the run's methods on the new history.
     policies = run_retention(config) if trajectory is not None else ()
     sampler = round_sampler(outcome.members, config, "fedretrain")
-    strategy = participant_strategy(config, remaining_nodes, trajectory, policies, sampler)
+    strategy = participant_strategy(
+        config,
+        remaining_nodes,
+        trajectory,
+        policies,
+        sampler,
+        members=outcome.members,
+        phase="fedretrain",
+        log=log,
+    )
     model = outcome.new_model()
     model.load_state_dict(outcome.initial_state)
     curve: list[float] = []
