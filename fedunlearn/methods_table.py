@@ -9,7 +9,8 @@ from fedunlearn.registry import UNLEARNING
 def methods_table():
     """One row per unlearning method (``fedunlearn methods``, docs/baselines.md): whether the run
     lists it by default, what its policy keeps during training, the aggregations its math assumes,
-    whether it runs with clients sampled per round, whether the leaving client works during the
+    whether it runs with clients sampled per round, whether it goes on when remaining clients
+    are offline at the request (a method that messages no client always does), whether the leaving client works during the
     request, and what it is."""
     import pandas as pd
 
@@ -23,6 +24,9 @@ def methods_table():
                 "keeps during training": policy.name if policy is not None else "",
                 "aggregations": ", ".join(spec.aggregations or ("any",)),
                 "sampled rounds": "yes" if spec.sampling else "",
+                "clients offline at the request": "goes on"
+                if spec.offline or not spec.messages
+                else "refused",
                 "leaving client works": "yes (allow-target-participation)"
                 if spec.target_participates
                 else "",

@@ -92,6 +92,10 @@ class MethodSpec:
     sampling, sampling_note : bool, str
         Unlearning only: whether it holds when clients are sampled per round (``fraction-train``
         < 1; else such a run is refused before training), and how, or why not (the refusal's text).
+    offline, offline_note : bool, str
+        Unlearning only: whether it goes on when remaining clients are offline at the request,
+        with the clients there, and how (else, for a method that messages clients, the request
+        refuses it, naming the offline clients, with ``offline_note``).
     target_participates : bool
         Unlearning only: the leaving client works for it during the request (PGA, FedOSD, FedQUIT),
         a different promise from the others' (the target receives no message after the request):
@@ -121,6 +125,8 @@ class MethodSpec:
     aggregations: tuple[str, ...] | None = None
     sampling: bool = False
     sampling_note: str = "not verified with clients sampled per round"
+    offline: bool = False
+    offline_note: str = "it has no rule for a remaining client that cannot be asked"
     target_participates: bool = False
     default: bool = True
     model_file: str | None = None
@@ -340,6 +346,8 @@ UNLEARNING.register(
     aggregations=WEIGHTED_MEAN,  # eq. 2-3 rebuild a weighted mean of the calibrated updates
     sampling=True,
     sampling_note="eq. 2 over each retained round's remaining participants",
+    offline=True,
+    offline_note="calibrates each retained round with the remaining participants there",
     description="calibrated reconstruction from retained updates (Algorithm 1)",
 )
 UNLEARNING.register(
@@ -360,6 +368,8 @@ UNLEARNING.register(
     trajectory_keeps="every",  # it retrains under every policy of the run
     sampling=True,
     sampling_note="retrains sampling the same fraction from the remaining clients",
+    offline=True,
+    offline_note="retrains the remaining clients there",
     description="FedAvg from the same initial model without the targets (the reference)",
 )
 UNLEARNING.register(

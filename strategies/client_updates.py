@@ -188,7 +188,10 @@ class ClientUpdates:
         left_out = [k for k in clients if self.is_dropped(k)]
         if left_out:
             logger.warning(
-                "%s of round %d: dropped client(s) %s left out", self.phase, server_round, left_out
+                "%s of round %d: client(s) %s dropped from the run or offline, left out",
+                self.phase,
+                server_round,
+                left_out,
             )
         clients = [k for k in clients if k not in left_out]
         missing = [k for k in clients if k not in self.node_of_partition]

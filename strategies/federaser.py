@@ -58,7 +58,7 @@ class FedEraser:
         reply before it is used (``server.federation.reply_screening.ReplyScreen.training``); a refused reply
         leaves its client out of that step.
     is_dropped : callable, optional
-        ``is_dropped(partition)``: clients dropped from the run are not asked to calibrate.
+        ``is_dropped(partition)``: clients dropped from the run, or offline at the request, are not asked to calibrate.
     screening : callable, optional
         ``screening(phase, round, sent_arrays) -> Screening``: the same screen a reply at a time
         (``ReplyScreen.training_screening``); with it each calibration reply is folded into the

@@ -38,6 +38,9 @@ class FederationMembers:
     num_examples: dict[int, int]
     cuda_clients: int
     dropped: dict[int, str] = field(default_factory=dict)
+    #: partitions of the federation whose SuperNode did not connect in time (an unlearning
+    #: request that went on without them, ``discover_clients(partial=True)``)
+    unconnected: frozenset[int] = frozenset()
     #: partition_of's index (node -> partition): a reply is screened in O(1), not O(K).
     _partition_of_node: dict[int, int] = field(init=False, repr=False, compare=False)
 
@@ -167,8 +170,12 @@ def discover_clients(
     settings: Mapping[str, Any] | None = None,
     partition_sizes: Mapping[int, int] | None = None,
     reply_timeout: float = 3600.0,
+    partial: bool = False,
 ) -> FederationMembers:
     """Wait for ``num_clients`` nodes and ask each for its partition (``query.describe``).
+    ``partial``: when fewer connect within ``wait_seconds``, go on with those (an unlearning
+    request, whose methods go on without the others or are refused); the others are
+    ``unconnected``.
 
     ``settings`` (the run's data settings, :func:`fedunlearn.data.federated_data.run_settings`) go with
     the question, so every node describes the partition of the run's data. ``partition_sizes``, the
@@ -200,6 +207,12 @@ def discover_clients(
         if nodes and now - last_change >= settle_seconds and checked != len(nodes):
             describe(nodes)
             checked = len(nodes)
+        if now >= deadline and partial and nodes:
+            log(
+                f"{len(nodes)} of {num_clients} SuperNodes connected within node-wait-seconds="
+                f"{wait_seconds:g}; going on without the others"
+            )
+            break
         if now >= deadline:
             raise ConfigError(
                 "num-clients",
@@ -277,7 +290,8 @@ def _describe(
         node_of_partition[partition] = node
         num_examples[partition] = examples
         cuda += on_cuda
-    return FederationMembers(node_of_partition, num_examples, cuda)
+    unconnected = frozenset(range(num_clients)) - set(node_of_partition)
+    return FederationMembers(node_of_partition, num_examples, cuda, unconnected=unconnected)
 
 
 def _description(

@@ -49,7 +49,7 @@ def load_trained_run(
     trained = ExperimentConfig.from_run_config(json_loads((path / "config.json").read_text()))
     config = request_config(trained, request)
     data = load_federated_data(config)
-    members = discover(grid, config, data, log=log)
+    members = discover(grid, config, data, log=log, partial=True)  # offline nodes: named later
     run = RunDirectory.open(path)
     request_journal.reopen(run, config.unlearn_targets, keep_original=config.keep_original, log=log)
     store = UpdateStore(run.store_path) if (run.store_path / "store.json").is_file() else None

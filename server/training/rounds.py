@@ -119,9 +119,17 @@ def evaluate_run_model(model, x: torch.Tensor, y: torch.Tensor, *, device) -> Ev
     return evaluate(model, x, y, device=device)
 
 
-def discover(grid: Grid, config: ExperimentConfig, data: FederatedData, *, log: Log = print):
+def discover(
+    grid: Grid,
+    config: ExperimentConfig,
+    data: FederatedData,
+    *,
+    log: Log = print,
+    partial: bool = False,
+):
     """:func:`server.federation.members.discover_clients` for ``config``'s run: the nodes get the run's data
-    settings, and each must declare the size of the partition the server computes for it."""
+    settings, and each must declare the size of the partition the server computes for it;
+    ``partial``: an unlearning request goes on with the nodes connected by ``node-wait-seconds``."""
     return discover_clients(
         grid,
         config.num_clients,
@@ -130,6 +138,7 @@ def discover(grid: Grid, config: ExperimentConfig, data: FederatedData, *, log: 
         settings=run_settings(config),
         partition_sizes={p: len(part) for p, part in enumerate(data.partitions)},
         reply_timeout=config.reply_timeout,
+        partial=partial,
     )
 
 

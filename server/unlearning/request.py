@@ -54,6 +54,7 @@ from fedunlearn.unlearning.verdicts import (
     flag_rows,
     training_flag,
 )
+from server.federation.availability import await_clients, describe_offline
 from server.federation.members import round_sampler
 from server.federation.queries import collect_replies
 from server.method_runner import MethodRunner, diverged_methods
@@ -93,6 +94,9 @@ class UnlearningContext:
     candidates: list[str]
     staging: dict = field(default_factory=dict)
     targets: list[int] = field(default_factory=list)
+    #: remaining clients offline at the request (partition -> node, None: never connected in
+    #: this run): left out by the methods that go on without them (``MethodSpec.offline``)
+    offline: dict[int, int | None] = field(default_factory=dict)
 
     def trajectory(self, name: str):
         """The store for ``name``'s trajectory when the request may adopt it, else None."""
@@ -122,14 +126,17 @@ def run_unlearning(
     request = len(history) + 1
     suffix = "" if not history else f"-{request}"
     excluded = sorted(set(targets) | set(already))
+    offline = _offline_remaining(grid, outcome, excluded, log)
+    specs, refused = _going_on_without(config.methods, offline, log)
     context = UnlearningContext(
         grid,
         outcome,
         excluded,
-        outcome.members.nodes(exclude=excluded),
+        outcome.members.nodes(exclude=[*excluded, *offline]),
         log,
         config.adoption_candidates,
         targets=sorted(targets),
+        offline=offline,
     )
     request_journal.begin(outcome.run, request, targets)  # before the request's first file
     if outcome.store is not None:
@@ -143,7 +150,7 @@ def run_unlearning(
     )
     runner = MethodRunner(outcome.run, log=log, suffix=suffix, flag_divergence=True)
     runner.add("fedavg", outcome.final_state)
-    runner.run_all([UNLEARNING[name] for name in config.methods], context)
+    runner.run_all(specs, context)
     for staging in context.staging.values():
         staging.close()
     table = _compare(outcome, runner, targets, already, suffix, log)
@@ -158,6 +165,8 @@ def run_unlearning(
             "targets": targets,
             "previously_unlearned": already,
             "methods": config.methods,
+            "offline_clients": sorted(offline),
+            "refused_methods": refused,
             "adopted": adoption.method,
             "adoption": adoption.reason,
             "flags": {m: f for m, f in zip(table["method"], table["flag"]) if f},
@@ -235,6 +244,41 @@ def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Lo
     return adoption
 
 
+def _offline_remaining(grid, outcome: TrainingOutcome, excluded, log: Log) -> dict:
+    """The remaining clients still offline after the request waited ``reply-timeout`` for them
+    (:func:`server.federation.availability.await_clients`): partition -> node, None for a client
+    whose node did not connect to this run's discovery (an ``unlearn-only`` request)."""
+    members = outcome.members
+    remaining = {
+        p: members.node_of_partition.get(p)
+        for p in range(outcome.config.num_clients)
+        if p not in excluded and p not in members.dropped
+    }
+    what = "unlearning request"
+    wait = outcome.config.reply_timeout
+    return await_clients(grid.get_node_ids, remaining, wait, what=what, log=log)
+
+
+def _going_on_without(methods: list[str], offline: dict, log: Log) -> tuple[list, dict[str, str]]:
+    """(the methods that run, {method: why refused}): with clients offline, a method that
+    messages the remaining clients runs only when it goes on with those there
+    (``MethodSpec.offline``: FedEraser calibrates with them, FedRetrain trains them)."""
+    specs = [UNLEARNING[name] for name in methods]
+    if not offline:
+        return specs, {}
+    who = describe_offline(offline)
+    refused = {
+        s.name: f"{who} offline; it needs every remaining client: {s.offline_note}"
+        for s in specs
+        if s.messages and not s.offline
+    }
+    going = [s.name for s in specs if s.name not in refused]
+    log(f"{who} offline; going on without them: {', '.join(going) or 'no method'}")
+    for name, why in refused.items():
+        log(f"{name} refused for this request: {why}")
+    return [s for s in specs if s.name not in refused], refused
+
+
 def _check_not_unlearned(outcome: TrainingOutcome, history: list[dict], targets) -> list[int]:
     """The clients earlier requests unlearned; a target among them is refused."""
     already = sorted({t for entry in history for t in entry["targets"]})
@@ -274,6 +318,7 @@ def federaser(context: UnlearningContext, name: str):
         context.excluded,
         context.log,
         context.trajectory(name),
+        context.offline,
     )
 
 
@@ -299,9 +344,18 @@ def fedretrain(context: UnlearningContext, name: str):
 
 
 def _federaser(
-    grid, outcome: TrainingOutcome, store, excluded: list[int], log: Log, trajectory=None
+    grid,
+    outcome: TrainingOutcome,
+    store,
+    excluded: list[int],
+    log: Log,
+    trajectory=None,
+    offline=(),
 ):
+    """FedEraser over the run's grid; the remaining clients ``offline`` are left out of each
+    calibration, as a failed reply is (eq. 2 over the clients there)."""
     config = outcome.config
+    offline = frozenset(offline)
     eraser = FedEraser(
         partial(collect_replies, grid, timeout=config.reply_timeout, log=log),
         outcome.members.node_of_partition,
@@ -311,7 +365,7 @@ def _federaser(
         layerwise=config.calibration_layerwise,
         calibration_order=config.calibration_order,
         screen=outcome.screen.training if outcome.screen is not None else None,
-        is_dropped=lambda partition: partition in outcome.members.dropped,
+        is_dropped=lambda partition: partition in offline or partition in outcome.members.dropped,
         screening=outcome.screen.training_screening if outcome.screen is not None else None,
     )
     parameters = {name for name, _ in outcome.new_model().named_parameters()}

@@ -82,6 +82,23 @@ def test_too_few_nodes_in_time_names_num_clients_and_the_fix():
     assert "num-supernodes=4" in str(info.value) and "1 SuperNodes" in str(info.value)
 
 
+def test_an_unlearning_request_goes_on_with_the_nodes_there_after_the_wait():
+    """``partial``: the request's methods go on without the others or are refused, naming them."""
+    grid = FakeGrid({7: 0, 9: 2}, num_partitions=4)  # partitions 1 and 3 are offline
+    lines = []
+    members = discover_clients(grid, 4, wait_seconds=0.3, log=lines.append, partial=True)
+    assert members.node_of_partition == {0: 7, 2: 9}
+    assert members.unconnected == frozenset({1, 3})
+    assert members.nodes() == [7, 9]
+    assert "2 of 4 SuperNodes connected within node-wait-seconds=0.3" in lines[-1]
+    with pytest.raises(ConfigError, match="at most the 0 SuperNodes"):  # none: nothing to go on with
+        discover_clients(FakeGrid({}, 4), 4, wait_seconds=0.2, log=lambda _: None, partial=True)
+    with pytest.raises(ConfigError, match="num-partitions \\(3\\)"):  # still checked
+        discover_clients(
+            FakeGrid({1: 0}, num_partitions=3), 4, wait_seconds=0.3, log=print, partial=True
+        )
+
+
 def test_a_settled_smaller_simulation_is_refused_without_waiting_the_full_timeout():
     grid = FakeGrid({1: 0, 2: 1, 3: 2}, num_partitions=3)
     with pytest.raises(ConfigError, match="num-partitions \\(3\\)"):
