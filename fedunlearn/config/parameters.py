@@ -223,15 +223,13 @@ class RunParameters:
     node_wait_seconds: float = federation(
         120.0,
         POSITIVE,
-        "how long the server waits for SuperNodes to connect: num-clients at the start (an "
-        "unlearn-only request then goes on with those there), min-reply-fraction of a round's "
-        "clients before each round",
+        "seconds to wait for SuperNodes: K at the start, min-reply-fraction of a round's clients",
     )
     reply_timeout: float = federation(
         3600.0,
         Interval(NUMBER, 0, MAX_REPLY_TIMEOUT, closed="right"),
-        "seconds the server waits for the clients' replies to one request; an unlearning "
-        "request also waits this long for remaining clients whose SuperNode is offline",
+        "seconds the server waits for the replies to one request (an unlearning request: for "
+        "offline remaining clients first)",
     )
     max_refusals: int = federation(
         3, AT_LEAST_1, "a node refused this many rounds in a row is dropped from the run"

@@ -170,10 +170,17 @@ def await_clients(
 
 
 def roster_availability(
-    config, members, nodes: Collection[int] | None = None, *, phase: str, log: Log = print
+    config,
+    members,
+    nodes: Collection[int] | None = None,
+    *,
+    phase: str,
+    log: Log = print,
+    every: bool = False,
 ) -> RoundAvailability:
     """The run's rule (``min-reply-fraction``, ``node-wait-seconds``) over ``nodes`` (default:
-    every member), less the clients dropped from the run, as they are dropped."""
+    every member), less the clients dropped from the run, as they are dropped; ``every``: each
+    round needs all of them (DP-FedAvg)."""
     chosen = None if nodes is None else frozenset(nodes)
 
     def roster() -> dict[int, int]:
@@ -182,7 +189,7 @@ def roster_availability(
 
     return RoundAvailability(
         roster,
-        min_fraction=config.min_reply_fraction,
+        min_fraction=1.0 if every else config.min_reply_fraction,
         wait_seconds=config.node_wait_seconds,
         phase=phase,
         log=log,

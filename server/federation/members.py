@@ -195,7 +195,8 @@ def discover_clients(
         grid, nodes, num_clients, dict(settings or {}), partition_sizes, reply_timeout, log
     )
     deadline = time.monotonic() + wait_seconds
-    last_count, last_change, last_log, checked = -1, time.monotonic(), 0.0, -1
+    last_count, last_change, last_log = -1, time.monotonic(), 0.0
+    checked: tuple[list[int], FederationMembers] | None = None  # the last nodes asked, answers
     while True:
         nodes = sorted(grid.get_node_ids())
         now = time.monotonic()
@@ -204,9 +205,12 @@ def discover_clients(
         if len(nodes) >= num_clients:
             break
         # A settled, smaller federation may just be misconfigured: ask it now rather than wait.
-        if nodes and now - last_change >= settle_seconds and checked != len(nodes):
-            describe(nodes)
-            checked = len(nodes)
+        if (
+            nodes
+            and now - last_change >= settle_seconds
+            and (checked is None or checked[0] != nodes)
+        ):
+            checked = (nodes, describe(nodes))
         if now >= deadline and partial and nodes:
             log(
                 f"{len(nodes)} of {num_clients} SuperNodes connected within node-wait-seconds="
@@ -225,6 +229,8 @@ def discover_clients(
             log(f"waiting for clients: {len(nodes)}/{num_clients} connected")
             last_log = now
         time.sleep(0.5)
+    if checked is not None and checked[0] == nodes:
+        return checked[1]  # asked already, since no node came or went: not a second round trip
     return describe(nodes)
 
 

@@ -61,6 +61,7 @@ def train_round(grid, strategy, config, server_round, arrays, train_config, scre
     if screen is not None:
         valid = screen.training(phase, server_round, arrays, valid)
     _check_enough(config, phase, server_round, arrays, len(messages), len(valid), failed, screen)
+    _check_dp_sample(strategy, phase, server_round, len(valid))
     new_arrays, train_metrics = strategy.aggregate_train(server_round, valid)
     if new_arrays is None:
         raise RuntimeError(f"{phase} round {server_round}: no client returned an update")
@@ -141,6 +142,20 @@ def _check_enough(config, phase, server_round, arrays, asked, valid, failed, scr
         f"fewer than min-reply-fraction={config.min_reply_fraction:g} requires ({needed}); "
         f"failures: {reasons}; refused replies are listed above"
     )
+
+
+def _check_dp_sample(strategy, phase: str, server_round: int, valid: int) -> None:
+    """DP-FedAvg's noise, z C / K, and its accountant assume K replies every round: with fewer,
+    each one's share of the average is larger than the noise covers, and the reported epsilon
+    would be wrong. Flower's wrapper only warns; such a round stops the run (resume it once the
+    clients are back)."""
+    expected = getattr(strategy, "num_sampled_clients", None)
+    if expected is not None and valid != expected:
+        raise RuntimeError(
+            f"{phase} round {server_round}: {valid} valid replies, but DP-FedAvg's noise "
+            f"(z C / K) and its (epsilon, delta) assume all {expected} clients in every round; "
+            "restart the missing SuperNodes and resume the run (resume = true)"
+        )
 
 
 def _diverged(screen, failed) -> bool:

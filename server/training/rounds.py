@@ -436,7 +436,10 @@ def _training_strategy(
         store,
         policies=run_retention(config) if store is not None else (),
         sampler=round_sampler(members, config, "train"),
-        available=roster_availability(config, members, phase="train", log=log),
+        # DP-FedAvg's accountant assumes every client in every round: wait for all of them
+        available=roster_availability(
+            config, members, phase="train", log=log, every=config.dp_noise_multiplier > 0
+        ),
     )
     if config.dp_noise_multiplier <= 0:
         return retaining, retaining

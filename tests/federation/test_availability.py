@@ -156,3 +156,26 @@ def test_describe_offline_names_clients_and_nodes():
         describe_offline({7: 5, 3: None})
         == "client(s) 3, 7 (node(s) 5; 1 never connected in this run)"
     )
+
+
+def test_a_dp_round_with_a_missing_reply_stops_rather_than_under_noise():
+    """DP-FedAvg's noise z C / K assumes K replies; Flower's wrapper only warns when fewer come."""
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+
+    from server.training.round_step import _check_dp_sample
+
+    config = SimpleNamespace(strategy="fedavg", proximal_mu=0.0, trimmed_beta=0.0, krum_malicious=0)
+    dp = DifferentialPrivacyServerSideFixedClipping(
+        aggregation_strategy(config), noise_multiplier=1.0, clipping_norm=1.0, num_sampled_clients=4
+    )
+    _check_dp_sample(dp, "train", 2, 4)
+    with pytest.raises(RuntimeError, match="3 valid replies, but DP-FedAvg's noise"):
+        _check_dp_sample(dp, "train", 2, 3)
+    _check_dp_sample(aggregation_strategy(config), "train", 2, 3)  # no DP: min-reply-fraction rules
+    members = FederationMembers({p: 100 + p for p in range(4)}, {p: 10 for p in range(4)}, 0)
+    every = roster_availability(
+        SimpleNamespace(min_reply_fraction=0.5, node_wait_seconds=0.05), members, phase="train",
+        every=True,
+    )  # fmt: skip
+    with pytest.raises(OfflineClients, match=r"client\(s\) 3"):
+        every(1, Grid({100, 101, 102}))

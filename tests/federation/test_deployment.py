@@ -179,9 +179,12 @@ class Server(NamedTuple):
     loopback_port: int  # the SuperLink itself on 127.0.0.1: Control, Runtime and Fleet APIs
 
 
-def start_server(tmp_path: Path, processes: Processes, credentials: Credentials) -> Server:
+def start_server(
+    tmp_path: Path, processes: Processes, credentials: Credentials, *, state_file: bool = True
+) -> Server:
     """Start the README's start_superlink.sh with the proxy on PUBLIC, and point ``flwr``'s
-    connection ``server`` at the loopback Control API and ``public`` at the public listener."""
+    connection ``server`` at the loopback Control API and ``public`` at the public listener;
+    the SuperLink keeps its state in a file, or (``state_file=False``) in memory."""
     require_nginx()
     public_port, loopback_port = _free_port(PUBLIC), _free_port()
     home = Path(processes.env["FLWR_HOME"])
@@ -193,10 +196,11 @@ def start_server(tmp_path: Path, processes: Processes, credentials: Credentials)
         f'[superlink.public]\naddress = "{PUBLIC}:{public_port}"\nroot-certificates = {ca}\n'
     )
     (tmp_path / "proxy-tmp").mkdir()
+    state = [str(tmp_path / f"state {NASTY}.db")] if state_file else []
     script, log = processes.start(
         "superlink",
         ["bash", str(DEPLOY / "start_superlink.sh"), str(credentials.ca_certificate.parent),
-         str(public_port), str(tmp_path / f"state {NASTY}.db")],
+         str(public_port), *state],
         PUBLIC_HOST=PUBLIC, SUPERLINK_PORT=str(loopback_port), TMPDIR=str(tmp_path / "proxy-tmp"),
     )  # fmt: skip
     _wait_for_port("127.0.0.1", loopback_port, script, log)

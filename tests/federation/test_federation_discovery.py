@@ -86,11 +86,14 @@ def test_an_unlearning_request_goes_on_with_the_nodes_there_after_the_wait():
     """``partial``: the request's methods go on without the others or are refused, naming them."""
     grid = FakeGrid({7: 0, 9: 2}, num_partitions=4)  # partitions 1 and 3 are offline
     lines = []
-    members = discover_clients(grid, 4, wait_seconds=0.3, log=lines.append, partial=True)
+    members = discover_clients(
+        grid, 4, wait_seconds=0.6, log=lines.append, partial=True, settle_seconds=0.1
+    )
+    assert len(grid.sent) == 2  # asked once when they settled, not again at the deadline
     assert members.node_of_partition == {0: 7, 2: 9}
     assert members.unconnected == frozenset({1, 3})
     assert members.nodes() == [7, 9]
-    assert "2 of 4 SuperNodes connected within node-wait-seconds=0.3" in lines[-1]
+    assert "2 of 4 SuperNodes connected within node-wait-seconds=0.6" in lines[-1]
     with pytest.raises(ConfigError, match="at most the 0 SuperNodes"):  # none: nothing to go on with
         discover_clients(FakeGrid({}, 4), 4, wait_seconds=0.2, log=lambda _: None, partial=True)
     with pytest.raises(ConfigError, match="num-partitions \\(3\\)"):  # still checked
