@@ -50,6 +50,7 @@ def load_trained_run(
     config = request_config(trained, request)
     data = load_federated_data(config)
     members = discover(grid, config, data, log=log, partial=True)  # offline nodes: named later
+    _check_whole_federation(config, members)
     run = RunDirectory.open(path)
     request_journal.reopen(run, config.unlearn_targets, keep_original=config.keep_original, log=log)
     store = UpdateStore(run.store_path) if (run.store_path / "store.json").is_file() else None
@@ -70,3 +71,25 @@ def load_trained_run(
             max_update_ratio=config.max_update_ratio,
         ),
     )
+
+
+def _check_whole_federation(config: ExperimentConfig, members) -> None:
+    """A request that went on without some SuperNodes (``members.unconnected``) may unlearn (each
+    method goes on without them or is refused, :mod:`server.unlearning.request`), but the phases
+    that need every client's answer may not: their sums would silently leave those clients out.
+    Refused before anything is written."""
+    if not members.unconnected:
+        return
+    offline = ", ".join(str(p) for p in sorted(members.unconnected))
+    for on, key in (
+        (config.certified_head, "certified-head"),
+        (config.scrub, "scrub"),
+        (config.mia, "mia"),
+    ):
+        if on:
+            raise ConfigError(
+                key,
+                True,
+                f"false while client(s) {offline} are offline: it needs every client's "
+                "answer; restart their SuperNodes, or run the unlearning alone",
+            )

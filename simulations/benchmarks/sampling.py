@@ -1,22 +1,25 @@
-"""FedEraser when clients are sampled per round: the main job (``simulations/digits.toml``: digits,
+"""The unlearning methods when clients are sampled per round: the main job (``simulations/digits.toml``: digits,
 K = 10, 20 rounds of 10 local epochs, Δt = 2, forget client 0) with ``fraction-train`` 1 and 0.5, on
 IID, Dirichlet(0.1) and label-shard partitions, over seeds. With sampling, FedRetrain samples the
 same fraction of the remaining clients, and FedEraser calibrates each retained round over its
 remaining participants (docs/scale.md); the acceptance compares the two within 1 point.
+``--methods`` adds others that hold under sampling (FedRecover, Crab, SIFU: each compared with
+the FedRetrain of the same run).
 
 Each point is one ``fedunlearn-run`` (skipped when its directory already holds a result). Writes
 into ``--output-dir``:
 
-* ``sampling.csv`` / ``.md``: per point FedEraser's and FedAccum's test accuracy gap to FedRetrain
-  (points), FedRetrain's accuracy, FedEraser's client-epochs as a share of FedRetrain's, and the
-  rows' flags; then per partition and fraction the mean and the worst gap;
-* ``sampling.png``: per partition, FedEraser's gap to FedRetrain at each fraction, each seed a dot,
-  the ±1 point band shaded.
+* ``sampling.csv`` / ``.md``: per point each method's test accuracy gap to FedRetrain (points,
+  ``<method>_gap``) and flag, FedRetrain's accuracy, FedEraser's client-epochs as a share of
+  FedRetrain's; then per method, partition and fraction the mean and the worst gap;
+* ``sampling.png``: per partition, each method's gap to FedRetrain at each fraction, each seed a
+  dot, the ±1 point band shaded.
 
 Usage::
 
     python -m simulations.benchmarks.sampling [--fractions 1.0 0.5]
         [--partitionings iid dirichlet-0.1 shards] [--seeds 3] [--output-dir results/sampling]
+        [--methods federaser,fedaccum,fedretrain,fedrecover,crab,sifu]
 """
 
 from __future__ import annotations
@@ -43,59 +46,76 @@ PARTITIONS = {
 
 
 def point(run: Path, partitioning: str, fraction: float, seed: int) -> dict:
-    """One run's row: FedEraser and FedAccum against FedRetrain (both sampled alike)."""
+    """One run's row: each method against FedRetrain (both sampled alike)."""
     table = pd.read_csv(run / "unlearning.csv").set_index("method")
     retrained = table.loc["fedretrain"]
-
-    def gap(method: str) -> float:
-        return 100 * (table.loc[method, "test_accuracy"] - retrained["test_accuracy"])
-
-    def flag(method: str) -> str:
-        value = table.loc[method, "flag"]
-        return value if isinstance(value, str) else ""
-
-    return {
+    row = {
         "partitioning": partitioning,
         "fraction_train": fraction,
         "seed": seed,
         "fedretrain_accuracy": retrained["test_accuracy"],
-        "federaser_gap": gap("federaser"),
-        "fedaccum_gap": gap("fedaccum"),
-        "federaser_client_epochs_share": table.loc["federaser", "client_epochs"]
-        / retrained["client_epochs"],
-        "federaser_flag": flag("federaser"),
-        "fedaccum_flag": flag("fedaccum"),
     }
+    for method in _compared(table.index):
+        row[f"{method}_gap"] = 100 * (
+            table.loc[method, "test_accuracy"] - retrained["test_accuracy"]
+        )
+    row["federaser_client_epochs_share"] = (
+        table.loc["federaser", "client_epochs"] / retrained["client_epochs"]
+    )
+    for method in _compared(table.index):
+        value = table.loc[method, "flag"]
+        row[f"{method}_flag"] = value if isinstance(value, str) else ""
+    return row
+
+
+def _compared(methods) -> list[str]:
+    """The unlearning methods of a table, less the original model and the reference."""
+    return [m for m in methods if m not in ("fedavg", "fedretrain")]
+
+
+def _gap_columns(rows: pd.DataFrame) -> list[str]:
+    return [c for c in rows.columns if c.endswith("_gap")]
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per partition and fraction: FedEraser's mean and worst gap, seeds within 1 point."""
-    grouped = rows.groupby(["partitioning", "fraction_train"], sort=False)["federaser_gap"]
-    return grouped.agg(
-        seeds="count",
-        mean_gap="mean",
-        worst_gap="min",
-        within_1_point=lambda gaps: f"{int((gaps.abs() <= 1).sum())} of {len(gaps)}",
-    ).reset_index()
+    """Per method, partition and fraction: the mean and worst gap, seeds within 1 point."""
+    parts = []
+    for column in _gap_columns(rows):
+        grouped = rows.groupby(["partitioning", "fraction_train"], sort=False)[column]
+        part = grouped.agg(
+            seeds="count",
+            mean_gap="mean",
+            worst_gap=lambda gaps: gaps.loc[gaps.abs().idxmax()],
+            within_1_point=lambda gaps: f"{int((gaps.abs() <= 1).sum())} of {len(gaps)}",
+        ).reset_index()
+        parts.append(part.assign(method=column.removesuffix("_gap")))
+    table = pd.concat(parts, ignore_index=True)
+    return table[["method", *[c for c in table.columns if c != "method"]]]
 
 
 def figure(rows: pd.DataFrame, path: Path) -> None:
-    """Per partition, FedEraser's gap to FedRetrain at each fraction, each seed a dot."""
+    """Per partition, each method's gap to FedRetrain at each fraction, each seed a dot."""
     partitions = list(dict.fromkeys(rows["partitioning"]))
+    columns = _gap_columns(rows)
     fig, axes = plt.subplots(
         1, len(partitions), figsize=(4.5 * len(partitions), 4.5), squeeze=False
     )
+    fractions = sorted(set(rows["fraction_train"]), reverse=True)
     for axis, partitioning in zip(axes[0], partitions):
         part = rows[rows["partitioning"] == partitioning]
-        labels = [f"{f:g}" for f in part["fraction_train"]]
         axis.axhspan(-1, 1, color="tab:green", alpha=0.15, label="within 1 point")
-        axis.scatter(labels, part["federaser_gap"], color="tab:blue", label="FedEraser, a seed")
+        for index, column in enumerate(columns):
+            offset = (index - (len(columns) - 1) / 2) * 0.12
+            x = [fractions.index(f) + offset for f in part["fraction_train"]]
+            label = column.removesuffix("_gap")
+            axis.scatter(x, part[column], color=f"C{index}", label=f"{label}, a seed", s=18)
+        axis.set_xticks(range(len(fractions)), [f"{f:g}" for f in fractions])
         axis.axhline(0, color="black", linewidth=0.8)
         axis.set_title(f"{partitioning}")
         axis.set_xlabel("fraction-train (clients a round)")
         axis.set_ylabel("test accuracy gap to FedRetrain (points)")
-    axes[0][0].legend(loc="lower left")
-    fig.suptitle("FedEraser vs FedRetrain, both with the clients sampled per round (digits)")
+    axes[0][0].legend(loc="lower left", fontsize="small")
+    fig.suptitle("Each method vs FedRetrain, both with the clients sampled per round (digits)")
     save_figure(fig, path)
 
 
@@ -104,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fractions", type=float, nargs="+", default=[1.0, 0.5])
     parser.add_argument("--partitionings", nargs="+", default=list(PARTITIONS))
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--methods", default="", help="unlearn-methods for every run (default: the config's)"
+    )
     add_run_options(parser, "results/sampling")
     args = parser.parse_args(argv)
     output = args.output_dir.resolve()
@@ -113,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(args.seeds):
                 name = f"{partitioning}-fraction{fraction:g}-seed{seed}"
                 sets = [*PARTITIONS[partitioning], f"fraction-train={fraction}", f"seed={seed}"]
+                sets += [f"unlearn-methods='{args.methods}'"] if args.methods else []
                 if not args.summarize_only:
                     run_point(
                         CONFIG, output, name, [*sets, *args.set], data_root=None, app=args.app
@@ -122,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     table = pd.DataFrame(rows)
     table.to_csv(output / "sampling.csv", index=False)
     text = (
-        "## FedEraser with the clients sampled per round\n\n"
+        "## The methods with the clients sampled per round\n\n"
         + table.to_markdown(index=False, floatfmt=".2f")
         + "\n\n"
         + summary(table).to_markdown(index=False, floatfmt=".2f")

@@ -96,3 +96,25 @@ def test_training_goes_on_without_a_lost_client_and_the_request_without_offline_
     assert "waiting up to 3s (reply-timeout) for client(s) 2, 3 (node(s) 102, 103)" in said
     assert "going on without them: federaser, fedretrain" in said
     assert "rapid-retraining refused for this request" in said
+
+
+@pytest.mark.parametrize("key", ["certified-head", "scrub", "mia"])
+def test_a_phase_that_needs_every_client_is_refused_on_a_partial_federation(key):
+    """Their sums would silently leave the unconnected clients out."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from fedunlearn.errors import ConfigError
+    from server.federation.members import FederationMembers
+    from server.training.loading import _check_whole_federation
+
+    flags = {"certified_head": False, "scrub": False, "mia": False}
+    config = SimpleNamespace(**{**flags, key.replace("-", "_"): True})
+    partial = FederationMembers({0: 100, 2: 102}, {0: 5, 2: 5}, 0, unconnected=frozenset({1, 3}))
+    with pytest.raises(ConfigError, match=r"false while client\(s\) 1, 3 are offline") as info:
+        _check_whole_federation(config, partial)
+    assert info.value.parameter == key
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    assert f"| `{key}` |" in page  # the key a user sets
+    _check_whole_federation(config, FederationMembers({0: 100}, {0: 5}, 0))  # whole: no refusal
+    _check_whole_federation(SimpleNamespace(**flags), partial)  # nothing that needs everyone
