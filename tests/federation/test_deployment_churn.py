@@ -92,7 +92,7 @@ def test_churn_twenty_supernodes(tmp_path, processes):  # noqa: F811 - the fixtu
     data_root = tmp_path / "data"
     data_root.mkdir()
 
-    def supernode(index: int):
+    def start(index: int):
         return processes.start(
             f"supernode-{index}-{time.monotonic_ns()}",
             [
@@ -103,7 +103,27 @@ def test_churn_twenty_supernodes(tmp_path, processes):  # noqa: F811 - the fixtu
             SUPERNODE_PORT=str(_free_port()),
         )  # fmt: skip
 
-    nodes = {index: supernode(index) for index in range(K)}
+    def supernodes(indices) -> dict:
+        """Start these SuperNodes and wait until each is connected. A port found free can be
+        taken before the SuperNode binds it (20 SuperNodes open connections from the same
+        ephemeral range): such a SuperNode exits at once, and is started again on another."""
+        started = {index: start(index) for index in indices}
+        deadline = time.monotonic() + 300
+        waiting = set(started)
+        while waiting:
+            for index in sorted(waiting):
+                process, log = started[index]
+                said = log.read_text(errors="replace")
+                if "SuperNode ID" in said:
+                    waiting.discard(index)
+                elif process.poll() is not None:
+                    assert "address already in use" in said, said[-3000:]
+                    started[index] = start(index)
+            assert time.monotonic() < deadline, f"SuperNodes {sorted(waiting)} did not connect"
+            time.sleep(0.2)
+        return started
+
+    nodes = supernodes(range(K))
     runs = tmp_path / "runs"
     common = (
         f"num-clients = {K}\nrounds = 4\nlocal-epochs = 1\nretain-interval = 1\n"
@@ -130,8 +150,7 @@ def test_churn_twenty_supernodes(tmp_path, processes):  # noqa: F811 - the fixtu
     _wait_for(
         lambda: _checkpoint_round(result) >= 2 or training.poll() is not None, 600, training_said
     )
-    for index in KILLED:
-        nodes[index] = supernode(index)
+    nodes.update(supernodes(KILLED))
     assert training.wait(timeout=900) == 0, training_said()
     said = training_log.read_text()
     assert re.search(
