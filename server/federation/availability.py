@@ -87,32 +87,30 @@ class RoundAvailability:
     def __call__(self, server_round: int, grid) -> list[int]:
         roster = dict(self.roster())
         needed = self.needed(len(roster))
-        deadline = time.monotonic() + self.wait_seconds
-        last_log = -math.inf
-        while True:
+
+        def look() -> tuple[set[int], dict[int, int]]:
             connected = set(grid.get_node_ids()) & set(roster)
-            offline = {roster[n]: n for n in roster if n not in connected}
-            if len(connected) >= needed:
-                self._say(server_round, offline, len(connected), len(roster))
-                return sorted(connected)
-            now = time.monotonic()
-            if now >= deadline:
-                raise OfflineClients(
-                    f"{self._label(server_round)}: {len(connected)} of its {len(roster)} clients "
-                    f"connected, fewer than min-reply-fraction={self.min_fraction:g} requires "
-                    f"({needed}), after node-wait-seconds={self.wait_seconds:g}; offline: "
-                    f"{describe_offline(offline)}. Restart their SuperNodes and resume the run "
-                    "(resume = true)",
-                    offline,
-                )
-            if now - last_log >= WAIT_LOG_SECONDS:
-                self.log(
-                    f"{self._label(server_round)}: waiting for clients, {len(connected)} of "
-                    f"{len(roster)} connected, {needed} needed; offline: "
-                    f"{describe_offline(offline)}"
-                )
-                last_log = now
-            self.sleep(0.5)
+            return connected, {roster[n]: n for n in roster if n not in connected}
+
+        def say(seen) -> None:
+            self.log(
+                f"{self._label(server_round)}: waiting for clients, {len(seen[0])} of "
+                f"{len(roster)} connected, {needed} needed; offline: {describe_offline(seen[1])}"
+            )
+
+        enough = lambda seen: len(seen[0]) >= needed  # noqa: E731
+        (connected, offline), ok = _wait_until(look, enough, self.wait_seconds, say, self.sleep)
+        if not ok:
+            raise OfflineClients(
+                f"{self._label(server_round)}: {len(connected)} of its {len(roster)} clients "
+                f"connected, fewer than min-reply-fraction={self.min_fraction:g} requires "
+                f"({needed}), after node-wait-seconds={self.wait_seconds:g}; offline: "
+                f"{describe_offline(offline)}. Restart their SuperNodes and resume the run "
+                "(resume = true)",
+                offline,
+            )
+        self._say(server_round, offline, len(connected), len(roster))
+        return sorted(connected)
 
     def _label(self, server_round: int) -> str:
         return (
@@ -151,20 +149,36 @@ def await_clients(
     """Wait up to ``wait_seconds`` until every client of ``nodes`` (partition -> node id, None for
     one whose node never connected in this run, which cannot come back within it) is connected;
     returns those still offline then (partition -> node), empty when all are there."""
+
+    def look() -> dict[int, int | None]:
+        connected = set(grid_nodes())
+        return {p: n for p, n in nodes.items() if n is None or n not in connected}
+
+    def say(offline) -> None:
+        log(
+            f"{what}: waiting up to {wait_seconds:g}s (reply-timeout) for "
+            f"{describe_offline(offline)} to connect"
+        )
+
+    awaited = lambda offline: all(n is None for n in offline.values())  # noqa: E731
+    offline, _ = _wait_until(look, awaited, wait_seconds, say, sleep)
+    return offline
+
+
+def _wait_until(look, done, wait_seconds: float, say, sleep):
+    """``(seen, True)`` once ``done(seen := look())``, or ``(seen, False)`` after ``wait_seconds``;
+    ``say(seen)`` every :data:`WAIT_LOG_SECONDS` while it waits."""
     deadline = time.monotonic() + wait_seconds
     last_log = -math.inf
     while True:
-        connected = set(grid_nodes())
-        offline = {p: n for p, n in nodes.items() if n is None or n not in connected}
-        awaitable = [n for n in offline.values() if n is not None]
+        seen = look()
+        if done(seen):
+            return seen, True
         now = time.monotonic()
-        if not awaitable or now >= deadline:
-            return offline
+        if now >= deadline:
+            return seen, False
         if now - last_log >= WAIT_LOG_SECONDS:
-            log(
-                f"{what}: waiting up to {wait_seconds:g}s (reply-timeout) for "
-                f"{describe_offline(offline)} to connect"
-            )
+            say(seen)
             last_log = now
         sleep(0.5)
 
