@@ -242,7 +242,9 @@ class Retaining(Strategy):
         offered = self._sampled_from(grid)
         if self.available is not None:
             connected = frozenset(self.available(server_round, grid))
-            offered = _ParticipantGrid(grid, connected & frozenset(offered.get_node_ids()))
+            if self.participants is not None:
+                connected &= self.participants  # a set: no second read of the grid
+            offered = _ParticipantGrid(grid, connected)
         if self.sampler is not None:
             chosen = self.sampler(server_round, list(offered.get_node_ids()))
             offered = _ParticipantGrid(grid, frozenset(chosen))
