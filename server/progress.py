@@ -13,6 +13,11 @@ Log = Callable[[str], None]
 HEARTBEAT_SECONDS = 10.0
 
 
+def round_label(phase: str, server_round: int) -> str:
+    """How a round is named in its heartbeat lines: ``round 3`` in training, else with its phase."""
+    return f"round {server_round}" if phase == "train" else f"{phase} round {server_round}"
+
+
 def count(n: int, noun: str) -> str:
     """``"1 client"``, ``"3 clients"``: a count with its noun in the right number."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 
 from fedunlearn.errors import FedUnlearnError
-from server.progress import Log
+from server.progress import Log, round_label
 
 #: How often a wait for offline nodes says so.
 WAIT_LOG_SECONDS = 10.0
@@ -87,6 +87,7 @@ class RoundAvailability:
     def __call__(self, server_round: int, grid) -> list[int]:
         roster = dict(self.roster())
         needed = self.needed(len(roster))
+        label = round_label(self.phase, server_round)
 
         def look() -> tuple[set[int], dict[int, int]]:
             connected = set(grid.get_node_ids()) & set(roster)
@@ -94,7 +95,7 @@ class RoundAvailability:
 
         def say(seen) -> None:
             self.log(
-                f"{self._label(server_round)}: waiting for clients, {len(seen[0])} of "
+                f"{label}: waiting for clients, {len(seen[0])} of "
                 f"{len(roster)} connected, {needed} needed; offline: {describe_offline(seen[1])}"
             )
 
@@ -102,24 +103,17 @@ class RoundAvailability:
         (connected, offline), ok = _wait_until(look, enough, self.wait_seconds, say, self.sleep)
         if not ok:
             raise OfflineClients(
-                f"{self._label(server_round)}: {len(connected)} of its {len(roster)} clients "
+                f"{label}: {len(connected)} of its {len(roster)} clients "
                 f"connected, fewer than min-reply-fraction={self.min_fraction:g} requires "
                 f"({needed}), after node-wait-seconds={self.wait_seconds:g}; offline: "
                 f"{describe_offline(offline)}. Restart their SuperNodes and resume the run "
                 "(resume = true)",
                 offline,
             )
-        self._say(server_round, offline, len(connected), len(roster))
+        self._say(label, offline, len(connected), len(roster))
         return sorted(connected)
 
-    def _label(self, server_round: int) -> str:
-        return (
-            f"round {server_round}"
-            if self.phase == "train"
-            else f"{self.phase} round {server_round}"
-        )
-
-    def _say(self, server_round: int, offline: dict[int, int], connected: int, total: int) -> None:
+    def _say(self, label: str, offline: dict[int, int], connected: int, total: int) -> None:
         """One line whenever the set of offline clients changes (not every round)."""
         key = frozenset(offline)
         if key == self._said:
@@ -127,14 +121,12 @@ class RoundAvailability:
         self._said = key
         if offline:
             self.log(
-                f"{self._label(server_round)}: {describe_offline(offline)} offline; going on with "
+                f"{label}: {describe_offline(offline)} offline; going on with "
                 f"the {connected} of {total} connected (min-reply-fraction="
                 f"{self.min_fraction:g})"
             )
         else:
-            self.log(
-                f"{self._label(server_round)}: every one of the {total} clients connected again"
-            )
+            self.log(f"{label}: every one of the {total} clients connected again")
 
 
 def await_clients(

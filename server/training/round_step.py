@@ -21,6 +21,7 @@ from flwr.app import ConfigRecord, Message
 
 from server.federation.members import failure_reasons
 from server.federation.queries import collect_replies
+from server.progress import round_label
 from strategies.retaining import Retaining
 
 
@@ -33,11 +34,6 @@ class DivergedRound(RuntimeError):
     def __init__(self, message: str, state: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__(message)
         self.state = state
-
-
-def round_label(phase: str, server_round: int) -> str:
-    """How a round is named in its heartbeat lines: ``round 3`` in training, else with its phase."""
-    return f"round {server_round}" if phase == "train" else f"{phase} round {server_round}"
 
 
 def train_round(grid, strategy, config, server_round, arrays, train_config, screen, phase, log):
