@@ -24,7 +24,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_label_epochs
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.retention import AUXILIARY_REQUEST
-from fedunlearn.training.local import train_epochs
+from fedunlearn.training.local import evaluate, train_epochs
 from fedunlearn.training.models import build_dataset_model
 from fedunlearn.training.stacked import ModelStack
 from fedunlearn.unlearning.fedau import auxiliary_targets, train_auxiliary_head
@@ -32,10 +32,12 @@ from fedunlearn.unlearning.fedosd import client_gradient
 from fedunlearn.unlearning.fedquit import fedquit_epochs
 from fedunlearn.unlearning.pga import (
     PGA_DEFAULTS,
+    STOP_RULES,
     ball_radius,
     parameter_distance,
     projected_gradient_ascent,
     stop_distance,
+    validation_threshold,
 )
 from fedunlearn.unlearning.rapid_retraining import rapid_retraining_epochs
 
@@ -77,10 +79,12 @@ def _fedquit(model, x, y, config, setup, settings, attached=None) -> float:
 def _pga(model, x, y, config, setup, settings, attached=None) -> float:
     """Halimi et al. 2022's step on the leaving client: projected gradient ascent on its data
     within the L2 ball of radius delta (the authors' rule, from seeded random models) around the
-    reference model it received (w_ref, the mean of the other clients' models), stopping once
-    its squared distance to its own last model (the ``anchor`` attached) exceeds
-    ``pga-stop-distance`` (the authors' code) or, when set, ``pga-stop-ratio`` times where it
-    started (ours), or its accuracy falls below ``pga-stop-accuracy``."""
+    reference model it received (w_ref, the mean of the other clients' models), stopping by the
+    rule ``pga-stop`` names (:func:`_stop`): the paper's, at the first step whose accuracy on the
+    server's validation samples (attached as ``validation``) is below w_ref's minus
+    ``pga-stop-margin`` points; the authors' code's, once its squared distance to its own last
+    model (the ``anchor`` attached) exceeds ``pga-stop-distance``; or ours, ``pga-stop-ratio``
+    times where it started."""
     reference = {k: v.detach().clone() for k, v in model.state_dict().items()}
     seed = int(config.get("model-seed", setup.config.training_seed))
 
@@ -91,6 +95,7 @@ def _pga(model, x, y, config, setup, settings, attached=None) -> float:
 
     radius = ball_radius(reference, random_model, seed=derive_seed(seed, "pga-ball"))
     settings = {k: v for k, v in settings.items() if k not in ("lr", "momentum", "epochs")}
+    keys = [k for k, _ in model.named_parameters()]
     result = projected_gradient_ascent(
         model,
         x,
@@ -101,11 +106,30 @@ def _pga(model, x, y, config, setup, settings, attached=None) -> float:
         lr=float(config["pga-lr"]),
         momentum=PGA_DEFAULTS["momentum"],
         clip_norm=PGA_DEFAULTS["clip_norm"],
-        stop_accuracy=float(config["pga-stop-accuracy"]) or None,
-        **_anchor(attached, config, reference, [k for k, _ in model.named_parameters()]),
+        **_stop(attached, config, model, reference, keys, settings["device"]),
         **settings,
     )
     return float(result["last_loss"])
+
+
+def _stop(attached, config, model, reference, keys, device) -> dict:
+    """The arguments of the ascent's stop rule ``pga-stop``: ``validation``, the attached
+    validation samples and tau = w_ref's accuracy on them minus ``pga-stop-margin`` points (the
+    model still is w_ref here); ``distance`` / ``ratio``, :func:`_anchor`'s."""
+    rule = str(config.get("pga-stop", "distance"))
+    if rule not in STOP_RULES:
+        raise ConfigError("pga-stop", rule, f"one of {', '.join(STOP_RULES)}")
+    if rule != "validation":
+        return _anchor(attached, config, reference, keys)
+    sent = (attached or {}).get("validation")
+    if not sent or "x" not in sent or "y" not in sent:
+        raise ConfigError(
+            "validation", None, "the server's validation samples with pga-stop = validation"
+        )
+    validation = (sent["x"], sent["y"].long())
+    reference_accuracy = evaluate(model, *validation, device=device).accuracy
+    tau = validation_threshold(reference_accuracy, float(config["pga-stop-margin"]))
+    return {"validation": validation, "stop_accuracy": tau}
 
 
 def _gradient_step(loss: str) -> Callable[..., float]:
@@ -125,12 +149,11 @@ def _gradient_step(loss: str) -> Callable[..., float]:
 def _anchor(attached, config, reference, keys) -> dict:
     """PGA's distance stop: the attached anchor (the client's last model) and its threshold,
     ``pga-stop-ratio`` times the reference's squared distance to it over the parameters ``keys``
-    when set (ours), else ``pga-stop-distance`` (:func:`fedunlearn.unlearning.pga.stop_distance`)."""
+    (``pga-stop = ratio``, ours), else ``pga-stop-distance`` (the authors' code)
+    (:func:`fedunlearn.unlearning.pga.stop_distance`); nothing without an anchor."""
     anchor = (attached or {}).get("anchor")
-    absolute, ratio = (
-        float(config.get("pga-stop-distance", 0.0)),
-        float(config.get("pga-stop-ratio", 0.0)),
-    )
+    ratio = float(config.get("pga-stop-ratio", 0.0)) if config.get("pga-stop") == "ratio" else 0.0
+    absolute = float(config.get("pga-stop-distance", 0.0))
     if anchor is None or (absolute <= 0 and ratio <= 0):
         return {}
     start = parameter_distance(reference, anchor, keys) ** 2
@@ -139,10 +162,12 @@ def _anchor(attached, config, reference, keys) -> dict:
 
 def member_states(attached, member: int) -> dict:
     """Member ``member``'s part of each attached state of a judge stack (``members.<i>.`` keys,
-    the prefix dropped)."""
+    the prefix dropped); a state without such keys (PGA's validation samples) is every member's."""
     prefix = f"members.{member}."
     return {
         name: {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        if any(k.startswith("members.") for k in state)
+        else dict(state)
         for name, state in (attached or {}).items()
     }
 

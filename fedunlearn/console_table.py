@@ -17,14 +17,17 @@ import pandas as pd
 CONSOLE_WIDTH = 120
 
 #: (column of the comparison table, its console header, its format), in order. ``gap_points`` is
-#: computed here; a column the table lacks prints "-", but for ``attack_success``, left out unless
-#: some model was attacked.
+#: computed here; a column the table lacks prints "-", but for ``attack_success`` and
+#: ``forgetting``, left out unless some model was attacked (the forgetting signal). The worst
+#: client's drop is in points of accuracy against the original (positive: it lost).
 UNLEARNING_COLUMNS = (
     ("method", "method", "{}"),
     ("test_accuracy", "test acc", "{:.4f}"),
     ("gap_points", "vs retrain", "{:+.2f}"),
     ("target_accuracy", "target acc", "{:.4f}"),
     ("attack_success", "attack", "{:.3f}"),
+    ("forgetting", "forgot", "{}"),
+    ("worst_client_drop", "worst drop", "{:.1f}"),
     ("seconds", "seconds", "{:.1f}"),
     ("client_epochs", "client-epochs", "{:.0f}"),
     ("communication_mb", "comm MB", "{:.1f}"),
@@ -73,7 +76,7 @@ def console_frame(table: pd.DataFrame, columns=UNLEARNING_COLUMNS) -> pd.DataFra
     attacked = "attack_success" in table and table["attack_success"].notna().any()
     cells = {}
     for column, header, fmt in columns:
-        if column == "attack_success" and not attacked:
+        if column in ("attack_success", "forgetting") and not attacked:
             continue
         if column == "flag":
             flags = table[column] if column in table else pd.Series([""] * len(table))
@@ -85,7 +88,14 @@ def console_frame(table: pd.DataFrame, columns=UNLEARNING_COLUMNS) -> pd.DataFra
 
 
 #: Columns given up, in this order, while a table of long method names is wider than the console.
-DROPPED_FIRST = ("comm MB", "seconds", "target acc", "error test class", "info nats")
+DROPPED_FIRST = (
+    "comm MB",
+    "seconds",
+    "target acc",
+    "worst drop",
+    "error test class",
+    "info nats",
+)
 
 
 def _markdown(frame: pd.DataFrame) -> list[str]:

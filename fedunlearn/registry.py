@@ -1,5 +1,7 @@
 """Method registries: one per kind (unlearning methods, scrubbing methods, audited models, the
-judge's metrics), each mapping a name to its implementation and to what it needs.
+judge's metrics), each mapping a name to its implementation and to what it needs. What an entry
+holds and what a registry does (:class:`MethodSpec`, :class:`Registry`) is
+:mod:`fedunlearn.method_spec`; this module holds the entries.
 
 The core never imports the server layer (nor Flower): an entry names its implementation as a
 ``"module:function"`` string, imported when the method runs (:meth:`MethodSpec.resolve`), or holds
@@ -19,265 +21,22 @@ dict that the phase's log records.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Iterable
 
-from fedunlearn.errors import ConfigError, did_you_mean
+from fedunlearn.errors import ConfigError
 from fedunlearn.messages import PRUNE_QUERY, SCRUB_QUERY, TRAIN
+from fedunlearn.method_spec import (  # noqa: F401 (re-exported: what a registry entry is)
+    AGGREGATIONS,
+    METHOD_NAME,
+    NEEDS,
+    STATISTICS,
+    STORE_CONTENTS,
+    TRAJECTORY_KEEPS,
+    WEIGHTED_MEAN,
+    MethodSpec,
+    Registry,
+)
 from fedunlearn.store.retention import RetentionPolicy
-
-#: A method's name: it selects the method in the run config (a comma-separated list) and names its
-#: model file in the run directory, so nothing that could split a list or leave the directory.
-METHOD_NAME = re.compile(r"[a-z][a-z0-9-]{0,63}")
-#: What an adoptable method's trajectory keeps (``MethodSpec.trajectory_keeps``).
-TRAJECTORY_KEEPS = (None, "own", "every")
-#: What a method may need from the run besides its retention (its policy,
-#: ``MethodSpec.retention``): the trained or initial model, or statistics the clients compute at
-#: the server's request (the head's sums, the diagonal Fisher of D_r). Shared statistics are
-#: collected once per run and their cost is added to every method that needs them.
-STORE_CONTENTS = ("trained-model", "initial-model")
-#: The Flower strategies a run may aggregate with (the config's ``strategy``,
-#: ``strategies.aggregation``), and those whose result is the sample-weighted mean of the updates
-#: (FedProx changes the clients' objective, not the server's mean): what FedEraser's eq. 2,
-#: FedRecover's estimates, Crab's calibration and SIFU's bound assume.
-AGGREGATIONS = ("fedavg", "fedprox", "fedmedian", "fedtrimmedavg", "krum")
-WEIGHTED_MEAN = ("fedavg", "fedprox")
-STATISTICS = ("head-statistics", "fisher-statistics")
-NEEDS = STORE_CONTENTS + STATISTICS
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """One registered method (or audited model).
-
-    Parameters
-    ----------
-    name : str
-        The name the run config uses (``unlearn-methods``, ``scrub-methods``).
-    implementation : str or callable or None
-        ``"module:function"`` (imported on use) or the function itself; None for an audited model
-        that no code of the audit builds (it reads the file the method saved).
-    needs : tuple of str
-        What else it reads from the run (:data:`NEEDS`): the trained or initial model, client
-        statistics.
-    retention : RetentionPolicy subclass or str or None
-        Unlearning only: the policy that keeps, during training, the history it reads
-        (:class:`fedunlearn.store.retention.RetentionPolicy`; ``"module:Class"`` is imported on
-        use); None for a method that reads no history. Methods may share one policy.
-    messages : tuple of str
-        Flower message types it sends to clients (``"train"``, ``"query.scrub_stats"``, ...);
-        empty for a server-only method.
-    certifies : bool
-        Whether its removal comes with a certificate (a provable bound), not only a measurement.
-    adoptable : bool
-        Unlearning only: its trajectory can become the retained history after a request
-        (``unlearn-adopt``).
-    trajectory_keeps : str or None
-        Unlearning, adoptable only: what its trajectory keeps once adopted (what a later
-        request's methods may read): ``"own"``, its own policy's history, or ``"every"``, every
-        policy's (it retrains under all of them); ``unlearn-adopt = auto`` passes over a method
-        whose trajectory would not serve the request's methods when another candidate's does.
-    norms_suffice : bool
-        Unlearning only: of the updates retained after round t_1 it reads only their norms per
-        tensor, so it runs on a ``retain-mode = norms`` history (FedEraser's eq. 2).
-    aggregations : tuple of str or None
-        Unlearning only: the aggregations (:data:`AGGREGATIONS`) its math assumes; a run with
-        another ``strategy`` is refused before training, naming both. None: any (a method that only
-        retrains, with the run's own aggregation).
-    sampling, sampling_note : bool, str
-        Unlearning only: whether it holds when clients are sampled per round (``fraction-train``
-        < 1; else such a run is refused before training), and how, or why not (the refusal's text).
-    offline, offline_note : bool, str
-        Unlearning only: whether it goes on when remaining clients are offline at the request,
-        with the clients there, and how (else, for a method that messages clients, the request
-        refuses it, naming the offline clients, with ``offline_note``).
-    target_participates : bool
-        Unlearning only: the leaving client works for it during the request (PGA, FedOSD, FedQUIT),
-        a different promise from the others' (the target receives no message after the request):
-        the run config must opt in (``allow-target-participation``).
-    default : bool
-        Whether the config's method list includes it by default (``unlearn-methods``,
-        ``scrub-methods``); a method that needs more retained than the default run keeps is
-        chosen explicitly.
-    model_file : str or None
-        The stem of the model file it saves in the run directory (``model_<name>``,
-        ``model_scrub_<name>``): what the membership audit reads; None for a model never written.
-    options : mapping
-        Kind-specific settings read by its implementation (e.g. the config key of its lambda).
-    description : str
-        One line for listings and docs.
-    """
-
-    name: str
-    implementation: str | Callable[..., Any] | None = None
-    needs: tuple[str, ...] = ()
-    retention: type | str | None = None
-    messages: tuple[str, ...] = ()
-    certifies: bool = False
-    adoptable: bool = False
-    trajectory_keeps: str | None = None
-    norms_suffice: bool = False
-    aggregations: tuple[str, ...] | None = None
-    sampling: bool = False
-    sampling_note: str = "not verified with clients sampled per round"
-    offline: bool = False
-    offline_note: str = "it has no rule for a remaining client that cannot be asked"
-    target_participates: bool = False
-    default: bool = True
-    model_file: str | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
-    description: str = ""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "needs", tuple(self.needs))
-        object.__setattr__(self, "messages", tuple(self.messages))
-        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
-        unknown = [need for need in self.needs if need not in NEEDS]
-        if unknown:
-            raise ConfigError("needs", unknown, f"entries of {', '.join(NEEDS)}")
-        for key in ("implementation", "retention"):
-            value = getattr(self, key)
-            if isinstance(value, str) and ":" not in value:
-                raise ConfigError(key, value, "'module:name'")
-        if self.aggregations is not None:
-            object.__setattr__(self, "aggregations", tuple(self.aggregations))
-            wrong = [a for a in self.aggregations if a not in AGGREGATIONS]
-            if wrong or not self.aggregations:
-                raise ConfigError("aggregations", wrong, f"entries of {', '.join(AGGREGATIONS)}")
-        if self.trajectory_keeps not in TRAJECTORY_KEEPS:
-            raise ConfigError("trajectory_keeps", self.trajectory_keeps, "None, 'own' or 'every'")
-
-    def resolve(self) -> Callable[..., Any]:
-        """The implementation as a callable (importing ``module`` of ``"module:function"``)."""
-        if self.implementation is None:
-            raise ConfigError("implementation", None, f"a callable for {self.name!r}")
-        return _imported(self.implementation)
-
-    def policy(self) -> type[RetentionPolicy] | None:
-        """Its retention policy class (imported on first use), or None."""
-        if self.retention is None:
-            return None
-        policy = _imported(self.retention)
-        if not (isinstance(policy, type) and issubclass(policy, RetentionPolicy)):
-            raise ConfigError("retention", self.retention, "a RetentionPolicy subclass")
-        return policy
-
-    def aggregation_problem(self, strategy: str) -> str | None:
-        """Why it cannot run on a run aggregated by ``strategy`` (None when it can)."""
-        if self.aggregations is None or strategy in self.aggregations:
-            return None
-        return f"{self.name} assumes {' or '.join(self.aggregations)}, not {strategy}"
-
-    def sampling_problem(self, fraction_train: float) -> str | None:
-        """Why it cannot run with ``fraction_train`` of the clients per round (None: it can)."""
-        if fraction_train >= 1 or self.sampling:
-            return None
-        return f"{self.name}: {self.sampling_note}"
-
-    def trajectory_serves(self) -> tuple[str, ...]:
-        """The policies whose history its adopted trajectory keeps (:attr:`trajectory_keeps`)."""
-        if self.trajectory_keeps == "every":
-            return tuple(retention_policies())
-        own = self.policy()
-        return (own.name,) if self.trajectory_keeps == "own" and own is not None else ()
-
-
-def _imported(value):
-    """A callable or class, or ``"module:name"`` imported now."""
-    if not isinstance(value, str):
-        return value
-    module, _, name = value.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-class Registry:
-    """Name -> :class:`MethodSpec`, in registration order, for one kind of method.
-
-    ``parameter`` is the run-config key that selects from it (errors name it); ``model_prefix``
-    gives a registered method its default ``model_file`` (``model_prefix + name``).
-    """
-
-    def __init__(self, kind: str, parameter: str, *, model_prefix: str | None = None) -> None:
-        self.kind = kind
-        self.parameter = parameter
-        self.model_prefix = model_prefix
-        self._specs: dict[str, MethodSpec] = {}
-
-    def register(
-        self, name: str, implementation: str | Callable[..., Any] | None = None, **fields: Any
-    ) -> MethodSpec:
-        """Add a method; returns its spec. A name already registered is refused."""
-        if not isinstance(name, str) or not METHOD_NAME.fullmatch(name):
-            raise ConfigError(
-                "name", name, "lower-case letters, digits and '-', starting with a letter"
-            )
-        if name in self._specs:
-            raise ConfigError(
-                "name", name, f"a {self.kind} name not registered yet ({', '.join(self.names())})"
-            )
-        if self.model_prefix is not None:
-            fields.setdefault("model_file", f"{self.model_prefix}{name}")
-        spec = MethodSpec(name, implementation, **fields)
-        self._specs[name] = spec
-        return spec
-
-    def unregister(self, name: str) -> MethodSpec:
-        """Remove a method (a test's toy); returns its spec."""
-        spec = self[name]
-        del self._specs[name]
-        return spec
-
-    @contextlib.contextmanager
-    def registered(self, name: str, implementation=None, **fields: Any) -> Iterator[MethodSpec]:
-        """Register a method for the duration of a ``with`` block (tests)."""
-        spec = self.register(name, implementation, **fields)
-        try:
-            yield spec
-        finally:
-            self._specs.pop(name, None)
-
-    def names(self, **where: Any) -> tuple[str, ...]:
-        """The registered names, in order; ``where`` keeps those whose fields equal the values
-        given (``names(adoptable=True)``)."""
-        return tuple(
-            name
-            for name, spec in self._specs.items()
-            if all(getattr(spec, key) == value for key, value in where.items())
-        )
-
-    def parse(self, value: str, *, allow_empty: bool = True) -> list[str]:
-        """The names in a comma-separated config value, in the order given, each registered."""
-        names = [m for m in str(value).replace(" ", "").lower().split(",") if m]
-        wrong = [m for m in names if m not in self._specs]
-        if wrong or not (names or allow_empty):
-            hint = did_you_mean(wrong[0], self.names()) if wrong else ""
-            raise ConfigError(
-                self.parameter,
-                value,
-                f"a comma-separated subset of {', '.join(self.names())}{hint}",
-            )
-        return list(dict.fromkeys(names))
-
-    def __getitem__(self, name: str) -> MethodSpec:
-        try:
-            return self._specs[name]
-        except KeyError:
-            raise ConfigError(self.parameter, name, f"one of {', '.join(self.names())}") from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._specs
-
-    def __iter__(self) -> Iterator[MethodSpec]:
-        return iter(list(self._specs.values()))
-
-    def __len__(self) -> int:
-        return len(self._specs)
-
 
 #: Unlearning methods (Liu et al., FedEraser, Section V), run by ``server.unlearning.request``; their
 #: models are saved as ``model_<name>`` (``-<request>`` after the first request).
@@ -302,6 +61,15 @@ def retention_policies(methods: Iterable[str] | None = None) -> dict[str, type[R
                 "retention", policy.__qualname__, f"a policy name other than {policy.name!r}"
             )
     return found
+
+
+def trajectory_serves(spec: MethodSpec) -> tuple[str, ...]:
+    """The policies whose history ``spec``'s adopted trajectory keeps
+    (:attr:`MethodSpec.trajectory_keeps`): every registered one, its own, or none."""
+    if spec.trajectory_keeps == "every":
+        return tuple(retention_policies())
+    own = spec.policy()
+    return (own.name,) if spec.trajectory_keeps == "own" and own is not None else ()
 
 
 def run_retention(config) -> list[RetentionPolicy]:
@@ -450,6 +218,18 @@ UNLEARNING.register(
     default=False,
     sampling_note="a sampled target may lack the last round's auxiliary head",
     description="the head combined with the target's auxiliary head, no client work (Gu et al. 2024)",
+)
+
+UNLEARNING.register(
+    "keep-training",
+    "server.unlearning.keep_training:keep_training",
+    needs=("trained-model",),
+    messages=_TRAIN,
+    default=False,
+    sampling_note="its budget is spent over every remaining client each round",
+    offline=True,
+    offline_note="trains the remaining clients there",
+    description="no unlearning: the remaining clients go on training the original model for another method's client-epochs (Mora & Bellavista 2025)",
 )
 
 for _name, _gradient, _description in (

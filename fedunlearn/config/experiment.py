@@ -23,6 +23,25 @@ from fedunlearn.config.rules import ConfigGroup, partition_ids, validate_config
 from fedunlearn.config.table import parameter_constraints, parameter_table
 from fedunlearn.errors import ConfigError, did_you_mean
 
+#: Keys a later version took out: key -> (the value that meant "off", what replaced it). A run
+#: directory's ``config.json`` written before holds the key at that value, and is read without it;
+#: another value is refused, naming what to set instead.
+RETIRED_KEYS = {
+    "pga-stop-accuracy": (
+        0.0,
+        "a retired key: PGA's accuracy stop is now the paper's, pga-stop = validation with "
+        "pga-stop-margin (validation accuracy below w_ref's minus the margin); remove the key",
+    ),
+}
+
+
+def _without_retired(run_config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``run_config`` without the :data:`RETIRED_KEYS` it holds at their "off" value."""
+    for key, (off, replaced) in RETIRED_KEYS.items():
+        if key in run_config and run_config[key] not in (off, str(off)):
+            raise ConfigError(key, run_config[key], replaced)
+    return {k: v for k, v in run_config.items() if k not in RETIRED_KEYS}
+
 
 @dataclass(frozen=True)
 class ExperimentConfig(RunParameters):
@@ -53,6 +72,7 @@ class ExperimentConfig(RunParameters):
             Reject keys this experiment does not know (a typo would otherwise be ignored).
         """
         known = cls.keys()
+        run_config = _without_retired(run_config)
         if strict:
             unknown = sorted(set(run_config) - set(known))
             if unknown:
@@ -193,7 +213,7 @@ class ExperimentConfig(RunParameters):
         leaving out one whose trajectory would not keep what the request's methods need when
         another's would (FedEraser's trajectory keeps its Δt schedule only: after it, a request
         could not run FedRecover, Crab or SIFU)."""
-        from fedunlearn.registry import UNLEARNING, retention_policies
+        from fedunlearn.registry import UNLEARNING, retention_policies, trajectory_serves
 
         methods, adoptable = self.methods, choices.ADOPTABLE_METHODS
         if self.unlearn_adopt != "auto":
@@ -216,7 +236,7 @@ class ExperimentConfig(RunParameters):
         if len(candidates) == 1:
             return candidates
         needs = set(retention_policies(methods))
-        serving = [m for m in candidates if needs <= set(UNLEARNING[m].trajectory_serves())]
+        serving = [m for m in candidates if needs <= set(trajectory_serves(UNLEARNING[m]))]
         return serving or candidates
 
     @property

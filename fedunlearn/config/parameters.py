@@ -9,10 +9,7 @@ its default in ``pyproject.toml``; a rule across keys goes in :mod:`fedunlearn.c
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from fedunlearn.config import choices
 from fedunlearn.config.choices import (
@@ -35,7 +32,6 @@ from fedunlearn.config.choices import (
 )
 from fedunlearn.config.constraints import (
     ByRule,
-    Constraint,
     Flag,
     FolderPath,
     Interval,
@@ -44,6 +40,16 @@ from fedunlearn.config.constraints import (
     PositiveNumbers,
     RunName,
 )
+from fedunlearn.config.fields import (
+    AT_LEAST_1,
+    NON_NEGATIVE,
+    NUMBER,
+    POSITIVE,
+    WHOLE,
+    key_in,
+    lazy_names,
+)
+from fedunlearn.config.method_parameters import MethodParameters
 
 #: The groups, one per phase of a run, in the order the table and the page list them.
 GROUPS = {
@@ -70,42 +76,24 @@ _PREFIXES = {
     "judge": "judge_",
 }
 
-WHOLE = int
-NUMBER = float
-POSITIVE = Interval(NUMBER, 0, closed="neither")
-AT_LEAST_1 = Interval(WHOLE, 1)
-NON_NEGATIVE = Interval(NUMBER, 0.0)
 PARTITION_IDS = "comma-separated partition ids in [0, num-clients - 1], not all, e.g. '0' or '0,5'"
 
-
-def _in(group: str) -> Callable[..., Any]:
-    def key(default: Any, constraint: Constraint, description: str, *, name: str = "") -> Any:
-        metadata = {"group": group, "constraint": constraint, "description": description}
-        return field(default=default, metadata={**metadata, "name": name})
-
-    return key
-
-
-def _lazy(module: str, name: str) -> Callable[[], tuple[str, ...]]:
-    """Names read from ``module`` when a value is checked (the certified modules need SciPy)."""
-    return lambda: getattr(importlib.import_module(module), name)
-
-
-data, training, federation = _in("data"), _in("training"), _in("federation")
+data, training, federation = key_in("data"), key_in("training"), key_in("federation")
 # The group is not called "attack": that is one of its keys (``config.attack``).
-poisoning = _in("poisoning")
+poisoning = key_in("poisoning")
 unlearning, certified, scrubbing, audit, judge = (
-    _in("unlearning"),
-    _in("certified"),
-    _in("scrubbing"),
-    _in("audit"),
-    _in("judge"),
+    key_in("unlearning"),
+    key_in("certified"),
+    key_in("scrubbing"),
+    key_in("audit"),
+    key_in("judge"),
 )
 
 
 @dataclass(frozen=True)
-class RunParameters:
-    """The run configuration's values, flat (``config.num_clients``); grouped by phase below."""
+class CoreParameters:
+    """Every key but the single unlearning methods' own (:class:`MethodParameters`), grouped by
+    phase below."""
 
     # ------------------------------------------------------------------ data
     dataset: str = data("digits", Options(DATASETS), "the dataset; only digits is embedded")
@@ -261,64 +249,6 @@ class RunParameters:
         "let methods whose leaving client works during the request run (pga, fedosd, fedquit); "
         "it still receives nothing after the request",
     )
-    rapid_rounds: int = unlearning(
-        0, Interval(WHOLE, 0), "rapid retraining's rounds (Liu et al. 2022); 0: the run's rounds"
-    )
-    rapid_lr: float = unlearning(1e-3, POSITIVE, "rapid retraining's step size eta")
-    rapid_damping: float = unlearning(
-        1e-3,
-        NON_NEGATIVE,
-        "rapid retraining's lambda, added to the Fisher term's square root (ours: the authors' "
-        "1e-8 oscillated on digits, 78.7% after 20 rounds against FedRetrain's 98.0%)",
-    )
-    post_training_rounds: int = unlearning(
-        2,
-        Interval(WHOLE, 0),
-        "PGA, FedQUIT, FedOSD: rounds of the run's aggregation by the remaining clients after "
-        "the unlearning step (ours for FedQUIT, whose code stops at a retrained model's accuracy)",
-    )
-    pga_epochs: int = unlearning(5, AT_LEAST_1, "PGA: the leaving client's ascent epochs")
-    pga_lr: float = unlearning(0.01, POSITIVE, "PGA: the leaving client's SGD step size")
-    pga_stop_distance: float = unlearning(
-        2.2,
-        NON_NEGATIVE,
-        "PGA: the ascent stops once its squared distance to the leaving client's own last model "
-        "exceeds this (the authors' code; 0: off)",
-    )
-    pga_stop_ratio: float = unlearning(
-        0.0,
-        NON_NEGATIVE,
-        "PGA (ours): when > 0, each target's ascent stops once its squared distance to its own "
-        "model exceeds this multiple of where it started (w_ref's), in place of "
-        "pga-stop-distance; the authors' stored run stops at 2.2 from a start of 0.45 (4.9x)",
-    )
-    pga_stop_accuracy: float = unlearning(
-        0.0,
-        Interval(NUMBER, 0.0, 1.0),
-        "PGA: or once its accuracy on the leaving client's data is below this (the paper's tau, "
-        "unreachable here; 0: off)",
-    )
-    fedosd_rounds: int = unlearning(100, AT_LEAST_1, "FedOSD: unlearning rounds (the code's UR)")
-    fedosd_lr: float = unlearning(
-        0.1,
-        POSITIVE,
-        "FedOSD: unlearning step size, x0.999 a round (ours: the code's 4e-4 scales its "
-        "multi-batch pseudo-gradients; on digits' exact gradients it moved the model 0.002)",
-    )
-    fedquit_epochs: int = unlearning(
-        5, AT_LEAST_1, "FedQUIT: the leaving client's epochs (ours; the authors' 1)"
-    )
-    fedquit_lr: float = unlearning(
-        1e-3,
-        POSITIVE,
-        "FedQUIT: the leaving client's Adam step size (ours: the authors' 1 epoch at 1e-4 is six "
-        "steps on a digits client and forgot nothing)",
-    )
-    fedau_alpha: float = unlearning(
-        0.9,
-        Interval(NUMBER, 0.0, 1.0),
-        "FedAU's alpha: the head becomes (1 - alpha) W + alpha W_a (the authors' code's 0.9)",
-    )
     calibration_ratio: float = unlearning(
         0.5,
         Interval(NUMBER, 0.0, 1.0, closed="right"),
@@ -331,98 +261,6 @@ class RunParameters:
         "client",
         Options(CALIBRATION_ORDERS),
         "client: eq. 2 per client, then aggregate; average: the paper's code",
-    )
-    fedrecover_warmup: int = unlearning(
-        3, AT_LEAST_1, "FedRecover's T_w: the first rounds computed exactly (more than the buffer)"
-    )
-    fedrecover_correction_period: int = unlearning(
-        10, AT_LEAST_1, "FedRecover's T_c: after warm-up, every T_c-th round is exact"
-    )
-    fedrecover_final_tuning: int = unlearning(
-        2, Interval(WHOLE, 0), "FedRecover's T_f: the last rounds computed exactly"
-    )
-    fedrecover_buffer: int = unlearning(2, AT_LEAST_1, "FedRecover's s: L-BFGS pairs per client")
-    fedrecover_threshold: float = unlearning(
-        0.0, NON_NEGATIVE, "FedRecover's abnormality threshold tau; 0: from the history (alpha)"
-    )
-    fedrecover_tolerance: float = unlearning(
-        1e-3,
-        Interval(NUMBER, 0.0, 1.0, closed="left"),
-        "FedRecover's alpha: share of each round's update coordinates allowed above tau_t",
-    )
-    fedrecover_guard: bool = unlearning(
-        True,
-        Flag(),
-        "ours, not the paper's: redo with exact updates an estimated round whose step or "
-        "server-side loss leaves the exact rounds' range; refuse exact replies far above the "
-        "history's norms (false: the paper's FedRecover)",
-    )
-    fedrecover_guard_slack: float = unlearning(
-        0.5,
-        NON_NEGATIVE,
-        "how far (relative) an estimated round may go beyond the exact rounds' range, and an "
-        "exact reply beyond the history's largest update norm",
-    )
-    crab_round_ratio: float = unlearning(
-        0.6,
-        Interval(NUMBER, 0.0, 1.0, closed="right"),
-        "Crab's P (the authors' select_round_ratio): share of each window's rounds kept, those "
-        "whose global step has the largest KL divergence (at least one)",
-    )
-    crab_client_ratio: float = unlearning(
-        0.7,
-        Interval(NUMBER, 0.0, 1.0, closed="right"),
-        "Crab's X (select_client_ratio): share of a kept round's clients kept, those whose model "
-        "is most cosine-aligned with the global model (at least one)",
-    )
-    crab_loss_drop: float = unlearning(
-        0.1,
-        Interval(NUMBER, 0.0, 1.0, closed="neither"),
-        "Crab's alpha: a window closes at the first round whose global model's training loss is "
-        "below (1 - alpha) times the loss at the window's start",
-    )
-    crab_window: int = unlearning(
-        0,
-        Interval(WHOLE, 0),
-        "Crab: a window closes anyway once it spans this many rounds (ours: a bound on the rounds "
-        "kept whole until their window closes); 0: no bound, as the authors'",
-    )
-    crab_rollback: str = unlearning(
-        "first-kept",
-        Options(_lazy("fedunlearn.unlearning.crab_recovery", "ROLLBACK_RULES")),
-        "first-kept: the authors' recovery, every kept round re-run from the first; sensitivity: "
-        "ours, roll back to the latest kept round before the removed clients' share of a global "
-        "step exceeded crab-sensitivity-bound (round 1 is then always kept)",
-    )
-    crab_sensitivity_bound: float = unlearning(
-        0.1,
-        NON_NEGATIVE,
-        "Crab's beta, with crab-rollback = sensitivity only: the removed clients' largest share "
-        "of a global step before the rollback round",
-    )
-    sifu_epsilon: float = unlearning(1.0, POSITIVE, "SIFU's epsilon of (epsilon, delta)-unlearning")
-    sifu_delta: float = unlearning(
-        1e-4, Interval(NUMBER, 0.0, 1.0, closed="neither"), "SIFU's delta"
-    )
-    sifu_sigma: float = unlearning(
-        0.01, POSITIVE, "SIFU's noise std sigma; the budget is Psi* = epsilon sigma / c(delta)"
-    )
-    sifu_smoothness: float = unlearning(
-        1.0,
-        NON_NEGATIVE,
-        "L, the smoothness the certificate assumes of every mini-batch loss (exact for linear "
-        "models, an assumption for networks)",
-    )
-    sifu_expansion: str = unlearning(
-        "smoothness",
-        Options(_lazy("fedunlearn.unlearning.sensitivity", "EXPANSIONS")),
-        "SIFU's per-round factor rho: from sifu-smoothness (a bound), or non-expansive (assumed, "
-        "as the authors' code does: |1 - lr weight-decay|^K)",
-    )
-    sifu_mechanism: str = unlearning(
-        "analytic",
-        Options(_lazy("fedunlearn.unlearning.gaussian_mechanism", "MECHANISMS")),
-        "Gaussian mechanism: analytic (Balle and Wang 2018, any epsilon) or classical (epsilon < 1)",
     )
     unlearn_only: bool = unlearning(
         False, Flag(), "reopen the trained run output-dir/run-name and forget more clients"
@@ -443,9 +281,11 @@ class RunParameters:
         5.0,
         Interval(NUMBER, 0.0, 100.0),
         "a method this many points of test accuracy below FedRetrain (without it: the "
-        "original) is flagged, as is one whose backdoor success is this many points above "
-        "FedRetrain's when the request forgets an attacker (kept the attack), or else one that "
-        "stayed by the original (forgot nothing)",
+        "original) is flagged; when the request forgets a client that planted a backdoor (the "
+        "forgetting signal), so is one whose backdoor success is this many points above "
+        "FedRetrain's (kept the attack, or forgot nothing when within this many of the "
+        "original's), and every method where the signal cannot measure (forgetting not "
+        "measurable); without a signal, one that stayed by the original (forgot nothing)",
     )
     keep_original: bool = unlearning(
         False, Flag(), "keep the pre-request model and history under original-<request>/"
@@ -459,7 +299,7 @@ class RunParameters:
     )
     certified_loss: str = certified(
         "logistic",
-        Options(_lazy("fedunlearn.certified.losses", "LOSSES")),
+        Options(lazy_names("fedunlearn.certified.losses", "LOSSES")),
         "logistic (one-vs-rest) or least-squares (exact removal)",
         name="loss",
     )
@@ -482,22 +322,22 @@ class RunParameters:
     )
     certified_noise: str = certified(
         "gaussian",
-        Options(_lazy("fedunlearn.certified.perturbation", "NOISES")),
+        Options(lazy_names("fedunlearn.certified.perturbation", "NOISES")),
         "gaussian: (epsilon, delta)-CR; gamma: epsilon-CR; none: least squares only",
     )
     certified_mode: str = certified(
         "fast",
-        Options(_lazy("fedunlearn.certified.certificate", "MODES")),
+        Options(lazy_names("fedunlearn.certified.certificate", "MODES")),
         "exact: Hessian at the current w per request; fast: cached factor",
     )
     certified_bound: str = certified(
         "per-point",
-        Options(_lazy("fedunlearn.certified.certificate", "BOUNDS")),
+        Options(lazy_names("fedunlearn.certified.certificate", "BOUNDS")),
         "per-point (tighter) or corollary (Guo et al. Corollary 1)",
     )
     certified_gamma: str = certified(
         "exact",
-        Options(_lazy("fedunlearn.certified.certificate", "GAMMAS")),
+        Options(lazy_names("fedunlearn.certified.certificate", "GAMMAS")),
         "Lipschitz constant of the logistic l'': exact 1/(6 sqrt 3) or paper 1/4",
     )
     certified_refresh_ratio: float = certified(
@@ -553,7 +393,7 @@ class RunParameters:
     scrub_baseline_epochs: int = scrubbing(1, AT_LEAST_1, "local epochs in those rounds")
     prune_layer: str = scrubbing(
         "features",
-        Options(_lazy("fedunlearn.scrubbing.pruning", "LAYERS")),
+        Options(lazy_names("fedunlearn.scrubbing.pruning", "LAYERS")),
         "class-pruning: the body's feature units, or its last convolution's channels",
     )
     prune_ratio: float = scrubbing(
@@ -598,3 +438,10 @@ class RunParameters:
         NameList(lambda: choices.JUDGE_METRICS, required=True),
         "the judge's tests (registered metrics), each a group of columns of judge.csv",
     )
+
+
+@dataclass(frozen=True)
+class RunParameters(MethodParameters, CoreParameters):
+    """The run configuration's values, flat (``config.num_clients``): :class:`CoreParameters`'
+    keys, then :class:`MethodParameters`'; :func:`fedunlearn.config.table.parameter_table` lists
+    them group by group in the order of :data:`GROUPS`."""

@@ -293,6 +293,20 @@ def check_target_participation(config: RunParameters) -> None:
         )
 
 
+def check_keep_training(config: RunParameters) -> None:
+    """Keep-training's budget is another method of the same request (it runs after it), unless
+    it is given in rounds (``keep-training-rounds``)."""
+    if "keep-training" not in config.methods or config.keep_training_rounds:
+        return
+    if config.keep_training_budget not in config.methods:
+        raise ConfigError(
+            "keep-training-budget",
+            config.keep_training_budget,
+            f"a method of unlearn-methods ({', '.join(config.methods)}) whose client-epochs "
+            "keep-training spends, or keep-training-rounds > 0",
+        )
+
+
 def check_adoptable_method(config: RunParameters) -> None:
     """A request runs a method whose trajectory can become the retained history
     (:attr:`fedunlearn.config.ExperimentConfig.adoption_candidates`)."""
@@ -541,6 +555,7 @@ RULES: tuple[tuple[str | None, Rule], ...] = (
     (None, check_aggregation),
     (None, check_sampling),
     (None, check_target_participation),
+    (None, check_keep_training),
     (None, check_adoptable_method),
     (None, check_recipes),
     ("certified", check_perturbation),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from fedunlearn.config.constraints import Constraint, Interval
-from fedunlearn.config.parameters import _PREFIXES, RunParameters
+from fedunlearn.config.parameters import _PREFIXES, GROUPS, RunParameters
 from fedunlearn.errors import ConfigError
 
 
@@ -30,9 +30,12 @@ class Parameter:
 
 @functools.cache
 def parameter_table() -> tuple[Parameter, ...]:
-    """Every key, in the table's order (grouped by phase)."""
+    """Every key, in the table's order: group by group in the order of
+    :data:`~fedunlearn.config.parameters.GROUPS`, each group's keys in their declaration order
+    (:class:`RunParameters`' core keys before the single methods')."""
     rows = []
-    for item in fields(RunParameters):
+    order = list(GROUPS)
+    for item in sorted(fields(RunParameters), key=lambda item: order.index(item.metadata["group"])):
         meta = item.metadata
         prefix = _PREFIXES.get(meta["group"], "")
         name = meta["name"] or item.name.removeprefix(prefix)

@@ -294,6 +294,24 @@ def poisoned_data(
     return dataclasses.replace(data, splits=dataclasses.replace(splits, train=train), attack=plan)
 
 
+def validation_samples(data: FederatedData, count: int, seed: int) -> tuple[TensorSplit, str]:
+    """Up to ``count`` samples the server holds for validation, drawn without replacement with
+    ``seed``, and where they come from: training samples no client holds (a run on a subset,
+    ``train-samples``), so that no sample the comparison is measured on decides anything; else,
+    when every training sample is some client's, test samples (said in the second value)."""
+    if count < 1:
+        raise ConfigError("pga-validation-samples", count, "an integer >= 1")
+    held = np.concatenate(data.partitions) if data.partitions else np.empty(0, dtype=np.int64)
+    spare = np.setdiff1d(np.arange(len(data.splits.train)), held)
+    source, pool = "training samples no client holds", data.splits.train
+    if len(spare) == 0:
+        source, pool, spare = "test samples", data.splits.test, np.arange(len(data.splits.test))
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(spare, size=min(count, len(spare)), replace=False))
+    index = torch.as_tensor(chosen, dtype=torch.long)
+    return TensorSplit(pool.x[index], pool.y[index]), source
+
+
 def training_pool(num_train: int, train_samples: int, seed: int) -> np.ndarray:
     """The sorted indices of the training samples the federation shares out (``train-samples``).
 

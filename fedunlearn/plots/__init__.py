@@ -50,7 +50,9 @@ from fedunlearn.plots.style import (  # noqa: E402
 )
 from fedunlearn.plots.training import plot_training_curves, training_curves_figure  # noqa: E402
 from fedunlearn.plots.unlearning import (  # noqa: E402
+    client_accuracy_figure,
     neuron_angles_figure,
+    plot_client_accuracy,
     plot_neuron_angles,
     plot_tradeoff,
     plot_unlearning_comparison,
@@ -81,6 +83,8 @@ __all__ = [
     "plot_neuron_angles",
     "tradeoff_figure",
     "plot_tradeoff",
+    "client_accuracy_figure",
+    "plot_client_accuracy",
     "LINESTYLES",
     "roc_resolution",
     "roc_figure",

@@ -66,6 +66,7 @@ METHOD_COLOURS: dict[str, str] = {
     "fedquit": "#1b9e77",
     "fedosd": "#5254a3",
     "fedau": "#e6ab02",
+    "keep-training": "#a0522d",
     # scrubbing (fedunlearn.registry.SCRUBBING)
     "newton": "#17becf",
     "newton-forget-only": "#0b6e78",

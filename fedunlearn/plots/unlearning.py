@@ -1,6 +1,7 @@
 """Figures of client removal, every unlearning method against FedRetrain: the accuracy gaps and
-wall time (:func:`unlearning_figure`), the last layer's neuron angles (:func:`neuron_angles_figure`)
-and the storage-vs-training trade-off (:func:`tradeoff_figure`)."""
+wall time (:func:`unlearning_figure`), the last layer's neuron angles (:func:`neuron_angles_figure`),
+the storage-vs-training trade-off (:func:`tradeoff_figure`) and what each method did to the clients
+that stay (:func:`client_accuracy_figure`)."""
 
 from __future__ import annotations
 
@@ -223,3 +224,45 @@ def tradeoff_figure(table: pd.DataFrame, title: str = "", *, reference: str = "f
 def plot_tradeoff(table: pd.DataFrame, path: Path, title: str = "") -> Path:
     """:func:`tradeoff_figure`, saved to ``path``."""
     return save_figure(tradeoff_figure(table, title), path)
+
+
+def client_accuracy_figure(clients: pd.DataFrame, title: str = ""):
+    """Each remaining client's accuracy change against the original model, per method: one dot
+    per client (points; below 0, the request cost that client accuracy), the worst client's dot
+    ringed and labelled with its client id.
+
+    ``clients`` has columns ``method``, ``client``, ``accuracy`` (the original: ``fedavg``)."""
+    import numpy as np
+
+    before = clients[clients["method"] == "fedavg"].set_index("client")["accuracy"]
+    methods = [m for m in dict.fromkeys(clients["method"]) if m != "fedavg"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(methods) + 2), 4.2))
+    for i, method in enumerate(methods):
+        part = clients[clients["method"] == method]
+        change = 100 * (part["accuracy"].to_numpy() - before.reindex(part["client"]).to_numpy())
+        jitter = np.linspace(-0.18, 0.18, len(change)) if len(change) > 1 else np.zeros(1)
+        ax.scatter(i + jitter, change, s=18, color=method_colour(method), zorder=3)
+        if np.isfinite(change).any():
+            worst = int(np.nanargmin(change))
+            ax.scatter(i + jitter[worst], change[worst], s=70, facecolors="none",
+                       edgecolors="black", linewidths=1.0, zorder=4)  # fmt: skip
+            ax.annotate(f"client {int(part['client'].iloc[worst])}",
+                        (i + jitter[worst], change[worst]), textcoords="offset points",
+                        xytext=(6, -3), fontsize=7)  # fmt: skip
+    ax.axhline(0.0, color=method_colour("original"), linewidth=1, zorder=0.5)
+    ax.set_xticks(range(len(methods)), [display_name(m) for m in methods])
+    ax.tick_params(axis="x", labelrotation=30 if len(methods) > 3 else 0)
+    ax.set_ylabel("accuracy change vs the original (points)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(title or "the clients that stay: accuracy after unlearning")
+    caption(
+        fig,
+        "One dot per remaining client: the test set's per-class accuracies weighted by its labels, "
+        "minus the original model's. Ringed: the client that lost most.",
+    )
+    return fig
+
+
+def plot_client_accuracy(clients: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """:func:`client_accuracy_figure`, saved to ``path``."""
+    return save_figure(client_accuracy_figure(clients, title), path)

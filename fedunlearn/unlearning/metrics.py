@@ -55,3 +55,34 @@ def l2_distance(a: State, b: State) -> float:
         if value.dtype.is_floating_point:
             total += float((value.detach().double() - b[key].detach().double()).pow(2).sum())
     return math.sqrt(total)
+
+
+@torch.no_grad()
+def class_accuracies(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, *, batch_size: int = 1024
+) -> list[float]:
+    """The accuracy of ``model`` on each class's samples of ``(x, y)`` (NaN for a class with no
+    sample)."""
+    model.eval()
+    device = next(model.parameters()).device
+    right = torch.zeros(num_classes, dtype=torch.float64)
+    seen = torch.zeros(num_classes, dtype=torch.float64)
+    for start in range(0, len(x), batch_size):
+        labels = y[start : start + batch_size]
+        predicted = model(x[start : start + batch_size].to(device)).argmax(dim=1).cpu()
+        seen += torch.bincount(labels, minlength=num_classes).double()
+        right += torch.bincount(labels[predicted == labels], minlength=num_classes).double()
+    return [float(r / s) if s > 0 else math.nan for r, s in zip(right, seen)]
+
+
+def client_accuracy(classes: list[float], label_counts: list[int] | torch.Tensor) -> float:
+    """A client's accuracy: the per-class accuracies (on held-out data) weighted by the client's
+    share of each label, the accuracy on held-out data drawn as its own data is (the per-client
+    view of FedCCCU, "Federated unlearning in the wild"). Classes the held-out data lacks are
+    left out of the weights; NaN when none is left."""
+    counts = torch.as_tensor(label_counts, dtype=torch.float64)
+    accuracy = torch.as_tensor(classes, dtype=torch.float64)
+    known = ~torch.isnan(accuracy) & (counts > 0)
+    if not bool(known.any()):
+        return math.nan
+    return float((accuracy[known] * counts[known]).sum() / counts[known].sum())

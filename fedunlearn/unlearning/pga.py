@@ -19,10 +19,20 @@ federated-unlearning, ``federated_unlearning.ipynb``, section 4) give:
   at most 5 epochs), the gradient's norm clipped at 5 before each step, projected back into the
   ball after each step (:func:`project_to_ball`). Only parameters are projected (the notebook's
   ``parameters_to_vector``); buffers (BatchNorm statistics) are not.
-* Early stopping: the paper stops when the target's accuracy on its data falls below τ
-  (``stop_accuracy``); the notebook instead stops once the squared distance from the unlearned
-  model to the target's own last model exceeds 2.2 (``anchor``, ``stop_distance``). Both are
-  offered; both are checked after each projected step (ours: after the step, as in the notebook).
+* Early stopping, one of three rules (``pga-stop``):
+
+  - ``validation``, the paper's: the ascent stops "if the validation accuracy drops below a
+    predetermined threshold τ" (Halimi et al., Section 3). τ is not given a value there; we set it
+    relative to the start, τ = acc(w_ref) − m (:func:`validation_threshold`), so that one margin m
+    serves every network and dataset. The validation samples are the server's, sent with the
+    ascent request (the notebook measures the reference's clean accuracy on its test loader);
+  - ``distance``, the authors' code's: once the squared distance from the unlearned model to the
+    target's own last model exceeds 2.2 (``anchor``, ``stop_distance``), a constant for their
+    MNIST FLNet;
+  - ``ratio``, ours: that squared distance above a multiple of where it started
+    (:func:`stop_distance`).
+
+  Each is checked after every projected step, as the notebook checks its rule.
 * Post-training (the lead's FedAvg, not here): the notebook runs 10 rounds without the target,
   each client 1 local epoch capped at 51 batches of 128 (lr 0.01, momentum 0.9).
 
@@ -46,6 +56,8 @@ from fedunlearn.training.local import evaluate
 from fedunlearn.training.model_state import state_sum, weighted_average
 
 State = Mapping[str, torch.Tensor]
+#: The ascent's stop rules (``pga-stop``): the paper's, the authors' code's, ours.
+STOP_RULES = ("validation", "distance", "ratio")
 
 #: The authors' notebook's hyper-parameters (section 4 and 5), for the lead's wiring.
 PGA_DEFAULTS: dict[str, Any] = {
@@ -146,6 +158,17 @@ def stop_distance(start_distance2: float, absolute: float, ratio: float) -> floa
     return ratio * start_distance2 if ratio > 0 else absolute
 
 
+def validation_threshold(reference_accuracy: float, margin_points: float) -> float:
+    """τ = acc(w_ref) − m: the validation accuracy below which the paper's ascent stops, ``m``
+    (``pga-stop-margin``) in points of accuracy (Halimi et al., Section 3: "stop if the validation
+    accuracy drops below a predetermined threshold τ"; τ relative to w_ref is ours)."""
+    if not (isinstance(reference_accuracy, numbers.Real) and 0 <= reference_accuracy <= 1):
+        raise ConfigError("reference_accuracy", reference_accuracy, "a fraction in [0, 1]")
+    if not (isinstance(margin_points, numbers.Real) and 0 <= margin_points <= 100):
+        raise ConfigError("pga-stop-margin", margin_points, "points of accuracy in [0, 100]")
+    return float(reference_accuracy) - float(margin_points) / 100.0
+
+
 def ball_radius(
     reference: State,
     build: Callable[[int], nn.Module],
@@ -173,6 +196,7 @@ def ball_radius(
 
 
 def _check_ascent_arguments(x, y, epochs, lr, batch_size, radius, stop_accuracy, clip_norm):
+    # stop_accuracy may be below 0 (tau = acc(w_ref) - m): the rule then never fires
     if len(x) == 0 or len(y) != len(x):
         raise ConfigError("x", f"{len(x)} samples, {len(y)} labels", "a non-empty labelled set")
     if not (isinstance(epochs, numbers.Integral) and epochs >= 1):
@@ -183,8 +207,10 @@ def _check_ascent_arguments(x, y, epochs, lr, batch_size, radius, stop_accuracy,
         raise ConfigError("lr", lr, "a finite number > 0")
     if not (isinstance(radius, numbers.Real) and radius >= 0 and math.isfinite(radius)):
         raise ConfigError("radius", radius, "a finite number >= 0")
-    if stop_accuracy is not None and not 0 <= stop_accuracy <= 1:
-        raise ConfigError("stop_accuracy", stop_accuracy, "None or a fraction in [0, 1]")
+    if stop_accuracy is not None and not (
+        isinstance(stop_accuracy, numbers.Real) and -1 <= stop_accuracy <= 1
+    ):
+        raise ConfigError("stop_accuracy", stop_accuracy, "None or a number in [-1, 1]")
     if clip_norm is not None and not (clip_norm > 0 and math.isfinite(clip_norm)):
         raise ConfigError("clip_norm", clip_norm, "None or a finite number > 0")
 
@@ -199,10 +225,11 @@ def _project_model(model: nn.Module, center: State, radius: float) -> float:
     return parameter_distance(params, center, list(params))
 
 
-def _stop_reason(model, x, y, device, stop_accuracy, anchor, stop_distance, accuracy):
-    """Why the ascent stops after this step (None: it goes on), and the accuracy last measured."""
+def _stop_reason(model, validation, device, stop_accuracy, anchor, stop_distance, accuracy):
+    """Why the ascent stops after this step (None: it goes on), and the validation accuracy last
+    measured."""
     if stop_accuracy is not None:
-        accuracy = evaluate(model, x, y, device=device).accuracy
+        accuracy = evaluate(model, *validation, device=device).accuracy
         model.train()  # evaluate leaves the model in eval mode
         if accuracy < stop_accuracy:
             return "accuracy", accuracy
@@ -224,6 +251,7 @@ def projected_gradient_ascent(
     lr: float,
     batch_size: int,
     seed: int,
+    validation: tuple[torch.Tensor, torch.Tensor] | None = None,
     stop_accuracy: float | None = None,
     clip_norm: float | None = None,
     momentum: float = 0.0,
@@ -237,16 +265,25 @@ def projected_gradient_ascent(
     do). Each step: SGD on the batch's -CE (fresh optimizer, seeded batches as in
     :func:`fedunlearn.training.local.train_epochs`), the gradient norm clipped at ``clip_norm``,
     then the parameters projected back into the ball. After each step it stops early when the
-    accuracy on ``(x, y)`` is below ``stop_accuracy`` (the paper's τ) or when the squared distance
-    to ``anchor`` (the target's last local model) exceeds ``stop_distance`` (the notebook's rule).
+    accuracy on ``validation`` (inputs, labels) is below ``stop_accuracy`` (the paper's τ,
+    :func:`validation_threshold`) or when the squared distance to ``anchor`` (the target's last
+    local model) exceeds ``stop_distance`` (the notebook's rule).
 
     Returns ``steps``, ``epochs`` (begun), ``last_loss`` (CE of the last batch, before its step),
     ``stopped_early``, ``stop_reason`` (``"accuracy"``, ``"distance"`` or None), ``accuracy``
-    (the last measured one, or None) and ``distance`` (‖w - w_ref‖ at the end).
+    (the last validation accuracy measured, or None) and ``distance`` (‖w - w_ref‖ at the end).
     """
     _check_ascent_arguments(x, y, epochs, lr, batch_size, radius, stop_accuracy, clip_norm)
     if (anchor is None) != (stop_distance is None):
         raise ConfigError("stop_distance", stop_distance, "given together with anchor, or neither")
+    if (validation is None) != (stop_accuracy is None):
+        raise ConfigError(
+            "stop_accuracy", stop_accuracy, "given together with validation, or neither"
+        )
+    if validation is not None and (
+        len(validation[0]) == 0 or len(validation[0]) != len(validation[1])
+    ):
+        raise ConfigError("validation", len(validation[0]), "a non-empty labelled set")
     device = torch.device(device)
     model.to(device).train()
     center = {k: t.detach().to(device) for k, t in reference.items()}
@@ -269,7 +306,7 @@ def projected_gradient_ascent(
             distance = _project_model(model, center, radius)
             steps, last_loss = steps + 1, loss.item()
             reason, accuracy = _stop_reason(
-                model, x, y, device, stop_accuracy, anchor, stop_distance, accuracy
+                model, validation, device, stop_accuracy, anchor, stop_distance, accuracy
             )
             if reason is not None:
                 break

@@ -8,15 +8,19 @@ A row of the comparison table is flagged (``flag`` column, the console, the figu
   reference);
 * it is more than ``flag-gap`` points of test accuracy below the reference (FedRetrain, the model
   retrained without the targets), or, without a reference in the run, below the original model;
-* it kept the attack: when the request forgets a poisoning client (``attack_forgotten``) and
-  both it and the reference have an attack success (``attack_success``, the backdoor's success
-  on the test set), its success is more than ``flag-gap`` points above the reference's. That is
+* it did not forget: when the request forgets a client that planted a backdoor
+  (``attack_forgotten``) and the original and the reference have its success (``attack_success``),
+  the forgetting signal's verdict (:func:`fedunlearn.unlearning.forgetting.verdict`): flagged
+  unless its success is within ``flag-gap`` points of FedRetrain's ("kept the attack", "forgot
+  nothing"), and every row when the signal cannot measure forgetting (a target of fewer than 20
+  samples, a backdoor the original did not learn: "forgetting not measurable"). That is
   forgetting measured directly, so it replaces the L2 test below (a method that makes a small,
   targeted change, FedOSD on MNIST: backdoor 99.9% -> 2.8% at L2 1.25 from the original against
   5.24 to FedRetrain, would read as "forgot nothing");
-* it forgot nothing, whatever its accuracy: with a reference, its model is nearer the original
-  than a quarter of the way the original is from the reference (L2 over all parameters,
-  :data:`FORGOT_NOTHING_SHARE`); without one, it is the original model itself (L2 to it 0).
+* without such a signal, it forgot nothing, whatever its accuracy: with a reference, its model is
+  nearer the original than a quarter of the way the original is from the reference (L2 over all
+  parameters, :data:`FORGOT_NOTHING_SHARE`); without one, it is the original model itself (L2 to
+  it 0).
 
 Why not "no closer to the reference than the original is" (L2): parameter distances between
 networks trained along different trajectories say nothing of forgetting. On the main job (IID
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.unlearning import forgetting
 
 REFERENCE = "fedretrain"
 ORIGINAL = "fedavg"
@@ -71,21 +76,20 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _attack_kept(row: pd.Series, reference: pd.Series | None, gap: float) -> str | None:
-    """Why ``row`` kept the attack (``""``: it did not), or None when the row or the reference
-    has no attack success to compare."""
-    if reference is None or row["method"] == REFERENCE:
+def forgetting_signal(
+    reference: pd.Series | None, original: pd.Series | None
+) -> forgetting.Signal | None:
+    """The request's forgetting signal, calibrated on the original's and FedRetrain's backdoor
+    success (and the target's sample count, column ``target_samples``, when the table has it);
+    None when either success is not measured (no backdoor: a scaled-update attack)."""
+    if reference is None or original is None:
         return None
-    kept, retrained = row.get("attack_success", math.nan), reference.get("attack_success", math.nan)
-    if not (_finite(kept) and _finite(retrained)):
+    s_o, s_r = original.get("attack_success", math.nan), reference.get("attack_success", math.nan)
+    if not (_finite(s_o) and _finite(s_r)):
         return None
-    above = _points(kept - retrained)
-    if above > gap:
-        return (
-            f"kept the attack: success {kept:.4f}, {above:.1f} points above {REFERENCE}'s "
-            f"{retrained:.4f} (flag-gap {gap:g})"
-        )
-    return ""
+    samples = reference.get("target_samples", None)
+    samples = int(samples) if _finite(samples) else None
+    return forgetting.Signal(float(s_o), float(s_r), samples)
 
 
 def row_flag(
@@ -97,8 +101,8 @@ def row_flag(
 ):
     """The reason ``row`` is flagged, or ``""``; ``reference`` and ``original`` are the table's
     FedRetrain and original rows (None when absent), ``gap`` is ``flag-gap`` in points;
-    ``attack_forgotten``: the request forgets a poisoning client, so the attack's success measures
-    forgetting."""
+    ``attack_forgotten``: the request forgets a client that planted a backdoor, so its success
+    measures forgetting (:func:`forgetting_signal`)."""
     if row["method"] == ORIGINAL:
         return ""
     if not _finite(row["test_loss"]) or not _finite(row.get("l2_to_original", 0.0)):
@@ -110,9 +114,11 @@ def row_flag(
         below = _points(anchor["test_accuracy"] - row["test_accuracy"])
         if below > gap:
             return f"{below:.1f} points below {anchor_name} (flag-gap {gap:g})"
-    kept = _attack_kept(row, reference, gap) if attack_forgotten else None
-    if kept is not None:
-        return kept
+    signal = forgetting_signal(reference, original) if attack_forgotten else None
+    if signal is not None:
+        if row["method"] == REFERENCE:
+            return ""
+        return forgetting.verdict(row.get("attack_success", math.nan), signal, gap)[1]
     moved = row.get("l2_to_original", math.nan)
     if reference is not None and original is not None and row["method"] != REFERENCE:
         span = original["l2_to_fedretrain"]
@@ -124,6 +130,24 @@ def row_flag(
     if reference is None and moved == 0:
         return "forgot nothing: it is the original model"
     return ""
+
+
+def forgetting_labels(
+    table: pd.DataFrame, flag_gap: float, attack_forgotten: bool = False
+) -> list[str]:
+    """Each row's forgetting verdict (:mod:`fedunlearn.unlearning.forgetting`: "as fedretrain",
+    "kept part", "forgot nothing", "not measurable"); ``""`` for the original, for FedRetrain and
+    wherever the request has no forgetting signal."""
+    rows = {row["method"]: row for _, row in table.iterrows()}
+    signal = (
+        forgetting_signal(rows.get(REFERENCE), rows.get(ORIGINAL)) if attack_forgotten else None
+    )
+    if signal is None:
+        return [""] * len(table)
+    return [
+        "" if method in (ORIGINAL, REFERENCE) else forgetting.verdict(success, signal, flag_gap)[0]
+        for method, success in zip(table["method"], table["attack_success"])
+    ]
 
 
 def flag_rows(

@@ -45,7 +45,7 @@ from server.training.rounds import (
     stack_seeds,
     train_federated,
 )
-from server.unlearning.request import UnlearningContext
+from server.unlearning.request import UnlearningContext, keep_training_last
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,8 @@ def run_judge(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> Judg
     runner = MethodRunner(outcome.run, log=log, label="judge ")
     runner.add(ORIGINAL, outcome.final_state)
     runner.seconds[ORIGINAL] = training_seconds
-    runner.run_all([UNLEARNING[name] for name in config.methods], context)
+    context.costs = runner.costs  # keep-training spends another method's client-epochs
+    runner.run_all(keep_training_last([UNLEARNING[name] for name in config.methods]), context)
     diverged = drop_diverged(runner, log)
     runner.time(
         INDEPENDENT,

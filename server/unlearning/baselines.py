@@ -16,12 +16,19 @@ from collections.abc import Mapping
 
 import torch
 
+from fedunlearn.data.federated_data import validation_samples
 from fedunlearn.data.poisoning import poisoning_success_rate
+from fedunlearn.seeding import derive_seed
 from fedunlearn.store.history import load_policy
 from fedunlearn.training.local import resolve_device
 from fedunlearn.training.model_state import state_sum
 from fedunlearn.unlearning.fedau import AuxiliaryHeads, fedau_unlearn, split_head
-from fedunlearn.unlearning.pga import parameter_distance, reference_model, stop_distance
+from fedunlearn.unlearning.pga import (
+    parameter_distance,
+    reference_model,
+    stop_distance,
+    validation_threshold,
+)
 from server.progress import count
 from server.training.rounds import (
     DivergedRound,
@@ -151,7 +158,7 @@ def post_trained(context, name: str, unlearned, did: str):
     """The model after the leaving clients' step (``did`` says what it was), post-trained for
     ``post-training-rounds`` rounds by the remaining clients; with the method's details (its test
     accuracy before and after each post-training round)."""
-    accuracy, attack = _accuracy(context, unlearned), _attack_success(context, unlearned)
+    accuracy, attack = model_accuracy(context, unlearned), attack_success(context, unlearned)
     attacked = "" if math.isnan(attack) else f", attack success {attack:.4f}"
     context.log(f"{name}: {did}; test accuracy {accuracy:.4f}{attacked} before post-training")
     before = {"accuracy_after_unlearning": accuracy}
@@ -175,8 +182,8 @@ def post_trained(context, name: str, unlearned, did: str):
     }
 
 
-def _attack_success(context, state) -> float:
-    """The attack's success on ``state`` (NaN without a data-poisoning attack; a judge stack's
+def attack_success(context, state) -> float:
+    """The backdoor's success on ``state`` (NaN without a data-poisoning attack; a judge stack's
     models are not measured here)."""
     outcome = context.outcome
     attack = getattr(outcome.data, "attack", None)
@@ -188,24 +195,28 @@ def _attack_success(context, state) -> float:
     return poisoning_success_rate(model, attack, outcome.data.splits.test, device=device)
 
 
-def _accuracy(context, state) -> float:
-    """The test accuracy of ``state`` (a stack's: its members' mean)."""
+def model_accuracy(context, state, samples=None) -> float:
+    """The accuracy of ``state`` (a stack's: its members' mean) on ``samples`` (inputs, labels;
+    default: the test set)."""
     outcome = context.outcome
     device = resolve_device(outcome.config.device)
     model = outcome.new_model().to(device)
     model.load_state_dict(dict(state))
     test = outcome.data.splits.test
-    return float(evaluate_run_model(model, test.x, test.y, device=device).accuracy)
+    x, y = samples if samples is not None else (test.x, test.y)
+    return float(evaluate_run_model(model, x, y, device=device).accuracy)
 
 
 def pga(context, name: str):
     """PGA (Halimi et al. 2022): the reference model w_ref, the mean of the other clients' models
     of the last training round (its policy keeps that round); each leaving client runs projected
-    gradient ascent from w_ref within the ball around it (``pga-epochs`` at ``pga-lr``, stopping
-    once its squared distance to its own last model passes ``pga-stop-distance``, the authors'
-    code's rule, or ``pga-stop-ratio`` times where it started, ours, or its accuracy on its data
-    falls below ``pga-stop-accuracy``); then
-    ``post-training-rounds`` rounds of the run's aggregation by the remaining clients."""
+    gradient ascent from w_ref within the ball around it (``pga-epochs`` at ``pga-lr``), stopped
+    by ``pga-stop``: the paper's rule, at the first step whose accuracy on the server's validation
+    samples (:func:`fedunlearn.data.federated_data.validation_samples`, sent with the request) is
+    below w_ref's minus ``pga-stop-margin`` points; the authors' code's, once its squared distance
+    to its own last model passes ``pga-stop-distance``; or ours, ``pga-stop-ratio`` times where
+    it started; then ``post-training-rounds`` rounds of the run's aggregation by the remaining
+    clients."""
     config, history = context.outcome.config, context.history(name)
     last = history.rounds()[-1]
     start = history.read_global(last)
@@ -214,45 +225,73 @@ def pga(context, name: str):
     extra = {
         "objective": "pga",
         "pga-lr": config.pga_lr,
-        "pga-stop-accuracy": config.pga_stop_accuracy,
+        "pga-stop": config.pga_stop,
+        "pga-stop-margin": config.pga_stop_margin,
         "pga-stop-distance": config.pga_stop_distance,
         "pga-stop-ratio": config.pga_stop_ratio,
     }
+    validation = _validation(context) if config.pga_stop == "validation" else None
+    shared = {} if validation is None else {"validation": {"x": validation[0], "y": validation[1]}}
     requests = target_requests(context, name, epochs=config.pga_epochs, extra=extra)
     # each target's anchor: its own model of the last round, M^{T-1} + U_k (the code's stop rule)
     anchors = {k: state_sum(start, updates[k]) for k in context.targets if k in updates}
-    ascended = target_updates(context, requests, reference, anchors=anchors)
+    ascended = target_updates(context, requests, reference, anchors=anchors, shared=shared)
     did = (
         f"reference of round {last}'s other clients; client(s) {sorted(ascended)} ascended up to "
-        f"{config.pga_epochs} epoch(s) in its ball"
+        f"{config.pga_epochs} epoch(s) in its ball, {config.pga_stop} stop"
     )
-    ascent = _ascent(context, reference, ascended, anchors)
+    ascent = _ascent(context, reference, ascended, anchors, validation)
     state, details = post_trained(context, name, mean_model(context, reference, ascended), did)
     return state, {**details, "ascent": ascent}
 
 
-def _ascent(context, reference, ascended, anchors) -> dict[int, dict[str, float]]:
+def _validation(context) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server's validation samples for PGA's paper stop (``pga-validation-samples`` of them;
+    where they come from is logged)."""
+    config = context.outcome.config
+    seed = derive_seed(config.seed, "pga-validation")
+    samples, source = validation_samples(context.outcome.data, config.pga_validation_samples, seed)
+    context.log(f"pga: {len(samples.x)} validation samples ({source}) sent with the ascent request")
+    return samples.x, samples.y
+
+
+def _ascent(context, reference, ascended, anchors, validation=None) -> dict[int, dict[str, float]]:
     """How far each target's ascent went, over the model's parameters (the client's distances):
     ``moved`` ‖w_k − w_ref‖, and the squared distance to its own last model before
-    (``start_distance2``) and after (``end_distance2``); a distance stop that leaves no room is
-    said in the log (the authors' 2.2 is for their MNIST network)."""
+    (``start_distance2``) and after (``end_distance2``); with the paper's stop, the validation
+    accuracy of w_ref (``reference_validation_accuracy``), tau and the ascended model's
+    (``validation_accuracy``: below tau when the rule stopped it). A distance stop that leaves no
+    room is said in the log (the authors' 2.2 is for their MNIST network)."""
     config = context.outcome.config
     keys = [k for k, _ in context.outcome.new_model().named_parameters()]
     out = {}
     for k, update in sorted(ascended.items()):
         unlearned = state_sum(reference, update)
         row = {"moved": parameter_distance(unlearned, reference, keys)}
+        if validation is not None:
+            before = model_accuracy(context, reference, validation)
+            row["reference_validation_accuracy"] = before
+            row["tau"] = validation_threshold(before, config.pga_stop_margin)
+            row["validation_accuracy"] = model_accuracy(context, unlearned, validation)
         if k in anchors:
             row["start_distance2"] = parameter_distance(reference, anchors[k], keys) ** 2
             row["end_distance2"] = parameter_distance(unlearned, anchors[k], keys) ** 2
-            row["stop_distance2"] = stop_distance(
-                row["start_distance2"], config.pga_stop_distance, config.pga_stop_ratio
-            )
-            if 0 < row["stop_distance2"] <= row["start_distance2"]:
-                context.log(
-                    f"pga: client {k}'s reference is already {row['start_distance2']:.3g} (squared) "
-                    f"from its own model, past the stop at {row['stop_distance2']:.3g}: its ascent "
-                    "stopped at the first step; raise pga-stop-distance or set pga-stop-ratio"
+            if config.pga_stop != "validation":
+                row["stop_distance2"] = stop_distance(
+                    row["start_distance2"],
+                    config.pga_stop_distance,
+                    config.pga_stop_ratio if config.pga_stop == "ratio" else 0.0,
                 )
+                _say_no_room(context, k, row)
         out[k] = {key: round(value, 6) for key, value in row.items()}
     return out
+
+
+def _say_no_room(context, client: int, row: dict) -> None:
+    """A distance stop already passed where the ascent starts, said in the log."""
+    if 0 < row["stop_distance2"] <= row["start_distance2"]:
+        context.log(
+            f"pga: client {client}'s reference is already {row['start_distance2']:.3g} (squared) "
+            f"from its own model, past the stop at {row['stop_distance2']:.3g}: its ascent "
+            "stopped at the first step; raise pga-stop-distance or use pga-stop = validation"
+        )

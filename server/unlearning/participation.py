@@ -77,17 +77,20 @@ def target_updates(
     server_round: int = 0,
     *,
     anchors: Mapping[int, Mapping[str, torch.Tensor]] | None = None,
+    shared: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
 ) -> dict[int, dict[str, torch.Tensor]]:
     """Each replying target's update from ``start`` (its step of the method). ``anchors``: a state
-    attached to each target's own message (then one message each). No reply at all is refused:
-    the method did nothing."""
+    attached to each target's own message (then one message each); ``shared``: states attached to
+    every target's message, by name (PGA's validation samples). No reply at all is refused: the
+    method did nothing."""
+    shared = dict(shared or {})
     if anchors:
         updates = {}
         for k in context.targets:
-            attached = {"anchor": anchors[k]} if k in anchors else None
-            updates.update(requests(server_round, dict(start), [k], attached))
+            attached = {**shared, **({"anchor": anchors[k]} if k in anchors else {})}
+            updates.update(requests(server_round, dict(start), [k], attached or None))
     else:
-        updates = requests(server_round, dict(start), list(context.targets))
+        updates = requests(server_round, dict(start), list(context.targets), shared or None)
     if not updates:
         raise RuntimeError(
             f"{requests.phase}: no leaving client replied; nothing was unlearned by it"

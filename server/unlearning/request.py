@@ -22,42 +22,32 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import pandas as pd
-import torch
 from flwr.serverapp import Grid
 
 from fedunlearn.console_table import console_table
-from fedunlearn.data.poisoning import poisoning_success_rate
 from fedunlearn.errors import ConfigError
 from fedunlearn.memory import megabytes, release_free_memory, take_interval_peak_rss_bytes
 from fedunlearn.plots import (
     forgetting_title,
+    plot_client_accuracy,
     plot_neuron_angles,
     plot_tradeoff,
     plot_unlearning_comparison,
 )
-from fedunlearn.registry import UNLEARNING, run_retention
-from fedunlearn.store.history import check_retained, history, load_policy
+from fedunlearn.registry import UNLEARNING, run_retention, trajectory_serves
+from fedunlearn.store.history import check_retained, history
 from fedunlearn.store.run_directory import UNLEARNING_LOG
-from fedunlearn.training.local import evaluate, resolve_device
-from fedunlearn.training.model_state import State
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
-from fedunlearn.unlearning.metrics import (
-    angle_degrees,
-    l2_distance,
-    per_neuron_angles,
-    prediction_difference,
-)
 from fedunlearn.unlearning.verdicts import (
     Adoption,
     AdoptionRefused,
     choose_adoption,
-    flag_rows,
     training_flag,
 )
 from server.federation.availability import await_clients, describe_offline
 from server.federation.members import round_sampler
 from server.federation.queries import collect_replies
-from server.method_runner import MethodRunner, diverged_methods
+from server.method_runner import MethodRunner
 from server.progress import Log, count
 from server.training.rounds import (
     TrainingOutcome,
@@ -67,6 +57,14 @@ from server.training.rounds import (
 )
 from server.unlearning import journal as request_journal
 from server.unlearning.adoption import discard_stagings, open_staging
+from server.unlearning.comparison import (
+    KEEP_TRAINING,
+    measure,
+    retained_blobs_of,
+    with_costs,
+    with_keep_training,
+    with_verdicts,
+)
 from strategies.federaser import FedEraser
 
 LOG_NAME = UNLEARNING_LOG  # each request's record (named in fedunlearn.store.run_directory)
@@ -97,6 +95,9 @@ class UnlearningContext:
     #: remaining clients offline at the request (partition -> node, None: never connected in
     #: this run): left out by the methods that go on without them (``MethodSpec.offline``)
     offline: dict[int, int | None] = field(default_factory=dict)
+    #: each method's cost so far in this request (:class:`server.federation.metering.Cost`), by
+    #: name, filled as the methods run: keep-training spends another method's budget
+    costs: dict = field(default_factory=dict)
 
     def trajectory(self, name: str):
         """The store for ``name``'s trajectory when the request may adopt it, else None."""
@@ -150,7 +151,8 @@ def run_unlearning(
     )
     runner = MethodRunner(outcome.run, log=log, suffix=suffix, flag_divergence=True)
     runner.add("fedavg", outcome.final_state)
-    runner.run_all(specs, context)
+    context.costs = runner.costs
+    runner.run_all(keep_training_last(specs), context)
     for staging in context.staging.values():
         staging.close()
     table = _compare(outcome, runner, targets, already, suffix, log)
@@ -187,9 +189,11 @@ def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: 
     """Measure every model, say what each method did and flag the rows that must not read as
     results; publish the table and the figures."""
     config = outcome.config
-    table, angles = measure(outcome, runner.models, runner.seconds, targets)
+    excluded = sorted(set(targets) | set(already))
+    table, angles, clients = measure(outcome, runner.models, runner.seconds, targets, excluded)
     forgets_attacker = bool(set(config.attack_targets) & set(targets))
     table = with_costs(table, runner, outcome.store)
+    table = with_keep_training(table, runner.details)
     table = with_verdicts(table, runner.details, config.flag_gap, forgets_attacker)
     metrics = outcome.run.metrics
     if "test_accuracy" in metrics:
@@ -210,6 +214,11 @@ def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: 
     plot_tradeoff(table, outcome.run.path / f"tradeoff{suffix}.png", title=title)
     if angles:
         plot_neuron_angles(angles, outcome.run.path / f"last_layer_angles{suffix}.png", title=title)
+    if not clients.empty:
+        outcome.run.write_table(f"client_accuracy{suffix}", clients, floatfmt=".4f")
+        plot_client_accuracy(
+            clients, outcome.run.path / f"client_accuracy{suffix}.png", title=title
+        )
     return table
 
 
@@ -233,7 +242,7 @@ def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Lo
         raise
     discard_stagings(outcome.run, request, keep=adoption.method)
     passed_over = [
-        f"{m} was no candidate (its trajectory keeps {', '.join(UNLEARNING[m].trajectory_serves())} "
+        f"{m} was no candidate (its trajectory keeps {', '.join(trajectory_serves(UNLEARNING[m]))} "
         f"only, and a later request must be able to run {', '.join(config.methods)})"
         for m in UNLEARNING.names(adoptable=True)
         if explicit is None and m in config.methods and m not in context.candidates
@@ -242,6 +251,14 @@ def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Lo
         adoption = Adoption(adoption.method, "; ".join(passed_over))
     log(f"adopting {adoption.method}'s trajectory as the run's history: {adoption.reason}")
     return adoption
+
+
+def keep_training_last(specs: list) -> list:
+    """``specs`` with keep-training moved last: it spends the budget of a method of the same
+    request, which must have run."""
+    return [s for s in specs if s.name != KEEP_TRAINING] + [
+        s for s in specs if s.name == KEEP_TRAINING
+    ]
 
 
 def _offline_remaining(grid, outcome: TrainingOutcome, excluded, log: Log) -> dict:
@@ -449,105 +466,3 @@ def _fedretrain(
         "did": f"retrained {config.rounds} round(s) with {len(remaining_nodes)} client(s)"
         + (f", {config.fraction_train:g} of them a round" if sampler is not None else ""),
     }
-
-
-def measure(
-    outcome: TrainingOutcome,
-    models: dict[str, State],
-    seconds: dict[str, float],
-    targets: list[int],
-) -> tuple[pd.DataFrame, dict[str, list[float]]]:
-    """The comparison table (one row per method) and the per-neuron angles to FedRetrain."""
-    device = resolve_device(outcome.config.device)
-    splits = outcome.data.splits
-    target_x = torch.cat([outcome.data.client_split(t).x for t in targets])
-    target_y = torch.cat([outcome.data.client_split(t).y for t in targets])
-    original = outcome.new_model().to(device)
-    original.load_state_dict(outcome.final_state)
-    retrained = models.get("fedretrain")
-    rows, angles = [], {}
-    for method, state in models.items():
-        model = outcome.new_model().to(device)
-        model.load_state_dict(state)
-        test = evaluate(model, splits.test.x, splits.test.y, device=device)
-        target = evaluate(model, target_x, target_y, device=device)
-        row = {
-            "method": method,
-            "test_accuracy": test.accuracy,
-            "test_loss": test.loss,
-            "target_accuracy": target.accuracy,
-            "target_loss": target.loss,
-            "prediction_difference": prediction_difference(model, original, splits.test.x),
-            "l2_to_original": l2_distance(state, outcome.final_state),
-            "attack_success": poisoning_success_rate(
-                model, outcome.data.attack, splits.test, device=device
-            ),
-            "last_layer_angle_deg": float("nan"),
-            "l2_to_fedretrain": float("nan"),
-            "seconds": seconds.get(method, float("nan")),
-            "speedup_vs_fedretrain": float("nan"),
-        }
-        if retrained is not None:
-            row["last_layer_angle_deg"] = angle_degrees(
-                state["head.weight"], retrained["head.weight"]
-            )
-            row["l2_to_fedretrain"] = l2_distance(state, retrained)
-            if method != "fedretrain":
-                angles[method] = per_neuron_angles(state["head.weight"], retrained["head.weight"])
-            if method in seconds and "fedretrain" in seconds:
-                row["speedup_vs_fedretrain"] = seconds["fedretrain"] / seconds[method]
-        rows.append(row)
-    return pd.DataFrame(rows), angles
-
-
-def with_costs(table: pd.DataFrame, runner: MethodRunner, store) -> pd.DataFrame:
-    """``table`` with each method's cost (:mod:`server.federation.metering`): client-epochs (the
-    leaving client's included), the megabytes it exchanged with clients, the megabytes of history
-    its retention policy kept, and whether the leaving client worked for it."""
-    table = table.copy()
-    costs = [runner.costs.get(method) for method in table["method"]]
-    table["client_epochs"] = [c.client_epochs if c else 0.0 for c in costs]
-    table["communication_mb"] = [
-        (c.bytes_sent + c.bytes_received) / 1e6 if c else 0.0 for c in costs
-    ]
-    table["retained_mb"] = [retained_bytes(store, m) / 1e6 for m in table["method"]]
-    # a different promise: the leaving client worked during the request (allowed by the config)
-    table["target_participated"] = [
-        m in UNLEARNING and UNLEARNING[m].target_participates for m in table["method"]
-    ]
-    return table
-
-
-def with_verdicts(
-    table: pd.DataFrame, details: dict, flag_gap: float, attack_forgotten: bool = False
-) -> pd.DataFrame:
-    """``table`` with what each method did (``did``, its ``details["did"]``), the round it rolled
-    back to where it rolled back (``rollback_round``), and its flag
-    (:func:`fedunlearn.unlearning.verdicts.flag_rows`: ``""`` when its row is a result;
-    ``attack_forgotten``: the targets include a poisoning client)."""
-    table = table.copy()
-    own = [details.get(method, {}) for method in table["method"]]
-    table["did"] = [
-        d.get("did", "the original model" if m == "fedavg" else "")
-        for m, d in zip(table["method"], own)
-    ]
-    table["rollback_round"] = [d.get("rollback_round", float("nan")) for d in own]
-    table["flag"] = flag_rows(table, flag_gap, attack_forgotten, diverged_methods(details))
-    return table
-
-
-def retained_bytes(store, method: str) -> int:
-    """Bytes of the history ``method``'s retention policies kept (0 for a method that reads
-    none, such as FedRetrain, or for the trained model)."""
-    policy = UNLEARNING[method].policy() if method in UNLEARNING else None
-    if store is None or policy is None:
-        return 0
-    if not policy.keeps_rounds:
-        return load_policy(store, policy, method=method).state_bytes()
-    return history(store, policy.name, method=method).total_bytes()
-
-
-def retained_blobs_of(store, targets: list[int]) -> int:
-    """How many retained blobs of ``targets`` ``store`` holds (deleted with the old history when
-    the request's trajectory is adopted, :mod:`server.unlearning.adoption`)."""
-    return 0 if store is None else sum(store.client_blob_count(t) for t in targets)

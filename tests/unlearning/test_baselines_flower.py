@@ -171,14 +171,14 @@ def test_a_post_training_that_diverged_gives_a_flagged_row_not_a_crash(monkeypat
 
     import server.unlearning.baselines as baselines
     from server.training.rounds import DivergedRound
-    from server.unlearning.request import with_verdicts
+    from server.unlearning.comparison import with_verdicts
 
     def diverges(*args, **kwargs):
         raise DivergedRound("pga round 1: 9 of 9 replies refused, every one for a value ...")
 
     monkeypatch.setattr(baselines, "rounds_from", diverges)
-    monkeypatch.setattr(baselines, "_accuracy", lambda context, state: 0.0892)
-    monkeypatch.setattr(baselines, "_attack_success", lambda context, state: 0.0)
+    monkeypatch.setattr(baselines, "model_accuracy", lambda context, state, samples=None: 0.0892)
+    monkeypatch.setattr(baselines, "attack_success", lambda context, state: 0.0)
     config = SimpleNamespace(post_training_rounds=2)
     context = SimpleNamespace(outcome=SimpleNamespace(config=config), log=lambda _: None)
     unlearned = {"w": torch.ones(2)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from fedunlearn.unlearning.pga import (
     project_to_ball,
     projected_gradient_ascent,
     reference_model,
+    validation_threshold,
 )
 
 
@@ -147,16 +149,17 @@ def test_ball_holds_after_every_step():
     assert max(seen) <= 0.2 * (1 + 1e-5) and len(seen) == 3 * 12
 
 
-def test_early_stop_on_accuracy_and_on_distance():
+def test_early_stop_on_validation_accuracy_and_on_distance():
     model, x, y = _toy_problem(seed=3)
+    validation = _toy_problem(seed=4)[1:]  # other samples of the same task
     reference = {k: t.clone() for k, t in model.state_dict().items()}
-    assert evaluate(model, x, y).accuracy > 0.9
+    assert evaluate(model, *validation).accuracy > 0.9
     out = projected_gradient_ascent(
         model, x, y, reference=reference, radius=100.0, epochs=50, lr=0.5, batch_size=16,
-        seed=0, stop_accuracy=0.5,
+        seed=0, validation=validation, stop_accuracy=0.5,
     )  # fmt: skip
     assert out["stopped_early"] and out["stop_reason"] == "accuracy"
-    assert out["accuracy"] < 0.5 and evaluate(model, x, y).accuracy == out["accuracy"]
+    assert out["accuracy"] < 0.5 and evaluate(model, *validation).accuracy == out["accuracy"]
     assert out["steps"] < 50 * 6
     # Notebook rule: stop once the squared distance to the target's own model exceeds a bound.
     model2, _, _ = _toy_problem(seed=3)
@@ -167,6 +170,73 @@ def test_early_stop_on_accuracy_and_on_distance():
     params = {k: p.detach() for k, p in model2.named_parameters()}
     sq = sum(float((params[k] - reference[k]).pow(2).sum()) for k in params)
     assert out["stop_reason"] == "distance" and sq > 0.25
+
+
+def _by_hand(weight, bias, x, y, lr, steps):
+    """Full-batch gradient ascent on the mean cross-entropy of a 1-input, 2-class linear model,
+    written out: grad_W = (softmax(W x + b) - onehot(y))^T x / n, grad_b likewise; each step
+    W += lr grad_W."""
+    w, b = np.array(weight, dtype=np.float64), np.array(bias, dtype=np.float64)
+    out = [(w.copy(), b.copy())]
+    for _ in range(steps):
+        logits = x[:, None] * w[None, :, 0] + b[None, :]
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        residual = p - np.eye(2)[y]
+        w = w + lr * (residual * x[:, None]).mean(axis=0)[:, None]
+        b = b + lr * residual.mean(axis=0)
+        out.append((w.copy(), b.copy()))
+    return out
+
+
+def _accuracy_by_hand(w, b, x, y) -> float:
+    return float(((x[:, None] * w[None, :, 0] + b[None, :]).argmax(axis=1) == y).mean())
+
+
+@pytest.mark.parametrize("margin, expected_step", [(30, 6), (50, 7)])
+def test_the_paper_stop_fires_at_the_first_step_below_tau_by_hand(margin, expected_step):
+    # A 1-input, 2-class linear model that starts right on every sample; the ascent moves the
+    # boundary step by step, so the validation accuracy falls one sample at a time: by hand,
+    # 1.0 for steps 0-4, then 0.8, 0.6, 0.4, 0.2, 0.2, 0.0.
+    x = np.array([-2.0, -1.0, 0.5, 1.0, 2.0, 3.0])
+    y = np.array([0, 0, 1, 1, 1, 1])
+    x_val = np.array([-1.6, -0.6, 0.3, 0.9, 1.7])
+    y_val = np.array([0, 0, 1, 1, 1])
+    weight, bias, lr = [[-1.0], [1.0]], [0.0, 0.0], 0.8
+    reference_accuracy = _accuracy_by_hand(np.array(weight), np.array(bias), x_val, y_val)
+    tau = validation_threshold(reference_accuracy, margin)
+    assert tau == pytest.approx(1 - margin / 100)  # acc(w_ref) = 1
+    path = _by_hand(weight, bias, x, y, lr, steps=40)
+    accuracies = [_accuracy_by_hand(w, b, x_val, y_val) for w, b in path]
+    assert accuracies[:9] == pytest.approx([1, 1, 1, 1, 1, 0.8, 0.6, 0.4, 0.2])
+    first = next(k for k, a in enumerate(accuracies) if a < tau)
+    assert first == expected_step and accuracies[first - 1] >= tau
+    model = nn.Linear(1, 2)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor(weight))
+        model.bias.copy_(torch.tensor(bias))
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+    to_tensor = lambda a: torch.tensor(a, dtype=torch.float32)[:, None]  # noqa: E731
+    out = projected_gradient_ascent(
+        model, to_tensor(x), torch.tensor(y), reference=reference, radius=1e6, epochs=40, lr=lr,
+        batch_size=len(x), seed=0, validation=(to_tensor(x_val), torch.tensor(y_val)),
+        stop_accuracy=tau,
+    )  # fmt: skip
+    assert out["steps"] == first and out["stop_reason"] == "accuracy"
+    assert out["accuracy"] == pytest.approx(accuracies[first])
+    w, b = path[first]
+    assert torch.allclose(model.weight.detach().double(), torch.tensor(w), atol=1e-5)
+    assert torch.allclose(model.bias.detach().double(), torch.tensor(b), atol=1e-5)
+
+
+def test_tau_is_the_reference_accuracy_minus_the_margin_in_points():
+    assert validation_threshold(0.97, 10) == pytest.approx(0.87)
+    assert validation_threshold(0.5, 0) == 0.5
+    assert validation_threshold(0.05, 10) == pytest.approx(-0.05)  # never fires: stays a number
+    for bad, name in (((1.2, 10), "reference_accuracy"), ((0.9, -1), "pga-stop-margin"),
+                      ((0.9, 101), "pga-stop-margin")):  # fmt: skip
+        with pytest.raises(ConfigError, match=name):
+            validation_threshold(*bad)
 
 
 def test_ascent_is_reproducible_and_validates():
@@ -184,6 +254,8 @@ def test_ascent_is_reproducible_and_validates():
         ({"epochs": 0}, "epochs"),
         ({"lr": 0.0}, "lr"),
         ({"stop_accuracy": 1.5}, "stop_accuracy"),
+        ({"stop_accuracy": 0.5}, "stop_accuracy"),  # without validation samples
+        ({"validation": (x[:0], y[:0]), "stop_accuracy": 0.5}, "validation"),
         ({"clip_norm": 0.0}, "clip_norm"),
         ({"stop_distance": 1.0}, "stop_distance"),
     ]:
@@ -246,11 +318,26 @@ def test_the_client_sets_its_stop_from_its_own_start_when_a_ratio_is_sent():
 
     reference = {"w": torch.zeros(2), "n": torch.tensor(100.0)}
     anchor = {"w": torch.tensor([3.0, 4.0]), "n": torch.tensor(0.0)}
-    ratio = _anchor(
-        {"anchor": anchor}, {"pga-stop-distance": 2.2, "pga-stop-ratio": 2.0}, reference, ["w"]
-    )
+    sent = {"pga-stop": "ratio", "pga-stop-distance": 2.2, "pga-stop-ratio": 2.0}
+    ratio = _anchor({"anchor": anchor}, sent, reference, ["w"])
     assert ratio["stop_distance"] == pytest.approx(50.0) and ratio["anchor"] is anchor
-    absolute = _anchor({"anchor": anchor}, {"pga-stop-distance": 2.2}, reference, ["w"])
-    assert absolute["stop_distance"] == 2.2
+    absolute = _anchor({"anchor": anchor}, {**sent, "pga-stop": "distance"}, reference, ["w"])
+    assert absolute["stop_distance"] == 2.2  # the authors' rule ignores the ratio
     assert _anchor({"anchor": anchor}, {"pga-stop-distance": 0.0}, reference, ["w"]) == {}
-    assert _anchor(None, {"pga-stop-ratio": 2.0}, reference, ["w"]) == {}
+    assert _anchor(None, sent, reference, ["w"]) == {}
+
+
+def test_the_client_sets_tau_from_the_reference_on_the_validation_samples_it_was_sent():
+    from clients.objectives import _stop
+
+    model, x, y = _toy_problem(seed=5)
+    reference = {k: t.clone() for k, t in model.state_dict().items()}
+    keys = [k for k, _ in model.named_parameters()]
+    config = {"pga-stop": "validation", "pga-stop-margin": 25.0}
+    stop = _stop({"validation": {"x": x, "y": y}}, config, model, reference, keys, "cpu")
+    assert stop["stop_accuracy"] == pytest.approx(evaluate(model, x, y).accuracy - 0.25)
+    assert torch.equal(stop["validation"][0], x)
+    with pytest.raises(ConfigError, match="validation"):
+        _stop({}, config, model, reference, keys, "cpu")
+    with pytest.raises(ConfigError, match="pga-stop"):
+        _stop({}, {"pga-stop": "accuracy"}, model, reference, keys, "cpu")

@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fedunlearn.unlearning.forgetting import MIN_SIGNAL_POINTS, MIN_TARGET_SAMPLES
 from fedunlearn.unlearning.verdicts import (
     AdoptionRefused,
     choose_adoption,
     flag_rows,
+    forgetting_labels,
     training_flag,
 )
 
@@ -213,13 +215,14 @@ def test_the_backdoors_success_replaces_the_l2_guess_of_forgot_nothing():
 
 @given(
     kept=st.floats(0, 1),
-    retrained=st.floats(0, 1),
+    retrained=st.floats(0, 0.8),
     gap=st.floats(0, 50),
     accuracy_below=st.floats(0, 0.5),
 )
 def test_a_row_more_than_the_gap_above_on_attack_or_below_on_accuracy_is_always_flagged(
     kept, retrained, gap, accuracy_below
 ):
+    # the original holds the backdoor (1.0) at least 20 points above FedRetrain: measurable
     table = _table(fedavg=(0.98, 3.0), fedretrain=(0.98, 0.0), m=(0.98 - accuracy_below, 2.0))
     table = _attacked(table, fedavg=1.0, fedretrain=retrained, m=kept)
     flag = dict(zip(table["method"], flag_rows(table, gap, True)))["m"]
@@ -227,3 +230,57 @@ def test_a_row_more_than_the_gap_above_on_attack_or_below_on_accuracy_is_always_
         assert flag != ""
     elif 100 * accuracy_below < gap - 1e-9 and 100 * (kept - retrained) < gap - 1e-9:
         assert flag == ""
+
+
+@given(
+    original=st.floats(0, 1),
+    retrained=st.floats(0, 1),
+    kept=st.floats(0, 1),
+    gap=st.floats(0, 50),
+    samples=st.one_of(st.none(), st.integers(0, 10_000)),
+)
+def test_no_row_passes_where_the_signal_cannot_measure_forgetting(
+    original, retrained, kept, gap, samples
+):
+    # any calibration the API accepts: a row passes only where the original learned the backdoor
+    # at least 20 points above FedRetrain, the target holds at least 20 samples, and the row's
+    # success is within the gap of FedRetrain's
+    table = _table(fedavg=(0.98, 3.0), fedretrain=(0.98, 0.0), m=(0.98, 2.0))
+    table = _attacked(table, fedavg=original, fedretrain=retrained, m=kept)
+    if samples is not None:
+        table = table.assign(target_samples=samples)
+    flags = dict(zip(table["method"], flag_rows(table, gap, True)))
+    labels = dict(zip(table["method"], forgetting_labels(table, gap, True)))
+    measurable = 100 * (original - retrained) >= MIN_SIGNAL_POINTS and (
+        samples is None or samples >= MIN_TARGET_SAMPLES
+    )
+    passes = measurable and 100 * (kept - retrained) <= gap
+    assert (flags["m"] == "") == passes
+    assert (labels["m"] == "as fedretrain") == passes
+    if not measurable:
+        assert (
+            flags["m"].startswith("forgetting not measurable") and labels["m"] == "not measurable"
+        )
+    assert flags["fedretrain"] == flags["fedavg"] == "" == labels["fedretrain"]
+
+
+def test_the_identity_forgot_nothing_and_fedretrain_and_a_partial_forgetter_read_as_such():
+    # The digits suite's point, papers' regime: the original 0.931, FedRetrain 0.0025.
+    table = _table(
+        fedavg=(0.98, 2.0), fedretrain=(0.98, 0.0), identity=(0.98, 2.0, 0.1, 0.0),
+        pga=(0.978, 2.5), federaser=(0.98, 2.2),
+    )  # fmt: skip
+    table = _attacked(
+        table, fedavg=0.931, fedretrain=0.0025, identity=0.931, pga=0.148, federaser=0.0025
+    ).assign(target_samples=135)
+    flags, labels = _flags(table), dict(zip(table["method"], forgetting_labels(table, 5.0, True)))
+    assert flags["identity"].startswith("forgot nothing: backdoor success 0.9310")
+    assert labels == {"fedavg": "", "fedretrain": "", "identity": "forgot nothing",
+                      "pga": "kept part", "federaser": "as fedretrain"}  # fmt: skip
+    assert flags["pga"].startswith("kept the attack: success 0.1480, 14.5 points above")
+    assert flags["federaser"] == flags["fedretrain"] == ""
+    # the same table with a one-sample target: nothing passes, the reason is said
+    tiny = dict(zip(table["method"], flag_rows(table.assign(target_samples=1), 5.0, True)))
+    assert tiny["federaser"] == (
+        "forgetting not measurable: the target holds 1 sample(s), fewer than 20"
+    )
