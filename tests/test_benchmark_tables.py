@@ -55,32 +55,73 @@ def test_a_verdict_holds_at_the_seeds_it_held_at():
     assert table.loc["b", "backdoor removed"] == "holds at 1 of 2 seeds"
 
 
-def test_the_suite_names_points_without_a_result_and_points_whose_training_is_flagged():
-    from simulations.benchmarks.suite import points, points_note
+def test_the_suite_names_refused_points_points_without_a_result_and_flagged_trainings():
+    from simulations.benchmarks.suite import points
+    from simulations.benchmarks.suite_tables import points_note
 
-    chosen = list(points(["digits"], ["iid"], [0, 1, 2]))
+    chosen = list(points(["digits"], ["iid"], [0, 1, 2, 3]))
     long = pd.DataFrame(
         [
-            {"dataset": "digits", "partition": "iid", "seed": s, "method": "fedavg", "flag": f}
+            {"regime": "short", "dataset": "digits", "partition": "iid", "seed": s,
+             "method": "fedavg", "flag": f}
             for s, f in [(0, ""), (2, "training collapsed: final test accuracy 0.0982 ...")]
         ]
-    )
-    note = points_note(long, chosen)
-    assert "No result (1 of 3 points): digits-iid-s1." in note
-    assert "digits-iid-s2: the original is flagged (training collapsed" in note
+    )  # fmt: skip
+    refused = {"short/digits-iid-s3": "not measurable: client 3 holds 1 sample(s), fewer than 20"}
+    note = points_note(long, chosen, refused)
+    assert "Refused (1 of 4 points), never a pass:" in note
+    assert "- short/digits-iid-s3: not measurable: client 3 holds 1 sample(s)" in note
+    assert "No result (1 of 4 points): short/digits-iid-s1." in note
+    assert "short/digits-iid-s2: the original is flagged (training collapsed" in note
     assert "digits-iid-s0" not in note
     assert points_note(long[long["seed"] == 0], chosen[:1]) == ""
 
 
-def test_the_suites_method_rows_count_flags_and_give_the_worst_gap_per_partition():
-    from simulations.benchmarks.suite import by_method
+def _suite_long():
+    rows = []
+    for seed, (eraser, eraser_flag, forgot) in enumerate(
+        [(0.88, "", "as fedretrain"), (0.5, "30.0 points below fedretrain (flag-gap 5)", "kept part"),
+         (0.89, "kept the attack: success 0.3", "kept part")]
+    ):  # fmt: skip
+        keys = {"regime": "papers", "dataset": "digits", "partition": "shards", "seed": seed}
+        rows += [
+            {**keys, "method": "fedretrain", "test_accuracy": 0.9, "client_epochs": 100,
+             "flag": "", "forgetting": "", "forgot_beyond_keep_training": 40.0},
+            {**keys, "method": "federaser", "test_accuracy": eraser, "client_epochs": 25,
+             "flag": eraser_flag, "forgetting": forgot,
+             "forgot_beyond_keep_training": [30.0, 2.0, -1.0][seed]},
+        ]  # fmt: skip
+    long = with_gaps(pd.DataFrame(rows), ["regime", "dataset", "partition", "seed"])
+    from simulations.benchmarks.suite_tables import flag_kind
 
-    long = with_gaps(_long().assign(partition="shards", dataset="digits"), ["seed"])
-    row = by_method(long).set_index("method").loc["federaser"]
-    assert row["flagged"] == "1 of 2 runs"
-    assert row["gap shards"] == "-16.00 (worst -30.0)"
+    return long.assign(flag_kind=[flag_kind(f) for f in long["flag"]])
+
+
+def test_the_suites_method_rows_count_flags_by_reason_forgetting_and_keep_training():
+    from simulations.benchmarks.suite_tables import by_method
+
+    table = by_method(_suite_long())
+    row = table.set_index("method").loc["federaser"]
+    assert row["regime"] == "papers"
+    assert row["flagged"] == "2 of 3 (1 accuracy, 1 forgetting)"
+    assert row["gap shards"] == "-14.33 (worst -40.0)"  # -2, -40, -1
+    assert row["forgot as fedretrain"] == "1 of 3"
+    assert row["beyond keep-training"] == "1 of 3 (mean +10.3)"
     assert row["client-epochs share"] == "0.25"
-    assert list(by_method(long)["method"]) == ["federaser"]
+    assert list(table["method"]) == ["federaser"]
+
+
+@pytest.mark.parametrize(
+    "flag, kind",
+    [("", ""), ("12.7 points below fedretrain (flag-gap 5)", "accuracy"),
+     ("kept the attack: success 0.1", "forgetting"), ("forgot nothing: backdoor", "forgetting"),
+     ("forgetting not measurable: the target holds 1 sample(s)", "not measurable"),
+     ("diverged: round 3", "diverged")],
+)  # fmt: skip
+def test_a_flag_is_counted_by_its_reason(flag, kind):
+    from simulations.benchmarks.suite_tables import flag_kind
+
+    assert flag_kind(flag) == kind
 
 
 def test_the_pga_stop_table_reads_the_ascent_and_both_backdoor_measures(tmp_path):
@@ -88,7 +129,7 @@ def test_the_pga_stop_table_reads_the_ascent_and_both_backdoor_measures(tmp_path
 
     from simulations.benchmarks.pga_stop import figure, point
 
-    run = tmp_path / "iid-pga-stop-ratio4.9-seed0"
+    run = tmp_path / "iid-pga-stopratio-seed0"
     run.mkdir()
     pd.DataFrame(
         [
@@ -118,7 +159,7 @@ def test_the_pga_stop_table_reads_the_ascent_and_both_backdoor_measures(tmp_path
     details = {"attack_success_after_unlearning": 0.0, "ascent": {"3": {"moved": 2.1}}}
     details["ascent"]["3"]["start_distance2"] = 2.0
     (run / "unlearning_log.jsonl").write_text(json.dumps({"details": {"pga": details}}) + "\n")
-    row = point(run, "pga-stop-ratio=4.9", "iid", 0)
+    row = point(run, "pga-stop=ratio", "iid", 0)
     assert row["backdoor_before_post"] == 0.0 and row["backdoor_after_post"] == 0.04
     assert row["backdoor_original"] == 0.99 and row["backdoor_fedretrain"] == 0.003
     assert round(row["gap_points"], 6) == -3.0 and round(row["client_epochs_share"], 4) == 0.1278
@@ -189,3 +230,50 @@ def test_same_models_is_bit_for_bit_and_names_a_difference(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "t" / "same_models.csv").set_index("model")
     assert not table.loc["model_final.safetensors", "identical"]
     assert table.loc["model_federaser.safetensors", "max_abs_difference"] == "missing"
+
+
+def test_the_suite_plants_the_backdoor_in_the_class_the_target_holds_fewest_of():
+    import torch
+
+    from fedunlearn.config import ExperimentConfig
+    from fedunlearn.data.federated_data import load_federated_data
+    from simulations.benchmarks.suite import points, signal_sets
+
+    point = next(points(["digits"], ["dirichlet-0.1"], [1], ["short"]))
+    sets, why = signal_sets(point, None)
+    assert why == "" and sets[:2] == ["attack-clients='1'", "attack='backdoor'"]
+    config = ExperimentConfig.from_run_config(
+        {"dataset": "digits", "num-clients": 10, "partitioning": "dirichlet", "alpha": 0.1,
+         "seed": 1, "unlearn-clients": "1"}
+    )  # fmt: skip
+    counts = torch.bincount(load_federated_data(config).client_split(1).y, minlength=10)
+    assert sets[2] == f"attack-target-class={int(torch.argmin(counts))}"
+    assert counts[int(torch.argmin(counts))] == counts.min()
+
+
+def test_the_sensitivity_sweep_runs_the_base_once_and_each_knob_with_its_methods():
+    from simulations.benchmarks.sensitivity import BASE, KNOBS, sweep
+
+    chosen = list(sweep(list(KNOBS), ["iid"], [0]))
+    labels = [p.label for _, _, p in chosen]
+    distinct = set(labels)
+    # one base run, reached by every knob; every other value its own run
+    assert labels.count("base/digits-iid-s0") == len(KNOBS)
+    assert len(distinct) == 1 + sum(len(v) - 1 for v, _ in KNOBS.values())
+    for knob, value, point in chosen:
+        assert f"{knob}={value}" in point.sets
+        methods = next(s for s in point.sets if s.startswith("unlearn-methods=")).split("'")[1]
+        expected = KNOBS["local-epochs"][1] if value == BASE[knob] else KNOBS[knob][1]
+        assert methods.split(",") == [*expected, "fedretrain", "keep-training"]
+
+
+def test_a_method_holds_at_a_value_only_when_every_seed_is_unflagged():
+    from simulations.benchmarks.sensitivity import holds
+
+    rows = []
+    for value, flags in ((1, ["", "x"]), (10, ["", ""])):
+        for seed, flag in enumerate(flags):
+            rows.append({"method": "federaser", "partition": "iid", "knob": "local-epochs",
+                         "value": value, "seed": seed, "flag": flag})  # fmt: skip
+    row = holds(pd.DataFrame(rows)).iloc[0]
+    assert row["local-epochs"] == "10"
