@@ -277,3 +277,20 @@ def test_a_method_holds_at_a_value_only_when_every_seed_is_unflagged():
                          "value": value, "seed": seed, "flag": flag})  # fmt: skip
     row = holds(pd.DataFrame(rows)).iloc[0]
     assert row["local-epochs"] == "10"
+
+
+def test_a_benchmark_point_interrupted_before_its_result_is_resumed(tmp_path, monkeypatch):
+    from simulations import run as runner
+    from simulations.benchmarks.repeat import run_point
+
+    seen = []
+    monkeypatch.setattr(runner, "main", lambda argv: seen.append(argv) or 0)
+    run_point(tmp_path / "c.toml", tmp_path, "fresh", ["seed=1"])
+    assert "resume=true" not in seen[-1]
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "config.json").write_text("{}")
+    run_point(tmp_path / "c.toml", tmp_path, "cut", ["seed=1"])
+    assert seen[-1][-2:] == ["--set", "resume=true"]
+    (tmp_path / "cut" / "unlearning.csv").write_text("method\n")
+    run_point(tmp_path / "c.toml", tmp_path, "cut", ["seed=1"])
+    assert len(seen) == 2  # a point with a result is not run again

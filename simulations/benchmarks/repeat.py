@@ -50,12 +50,15 @@ def run_point(
     app: Path = runner.PROJECT_ROOT,
 ) -> Path:
     """``fedunlearn-run CONFIG`` as run ``name`` under ``output`` with ``sets``; nothing is run
-    when the run directory already holds a result. Returns the run directory."""
+    when the run directory already holds a result, and a run interrupted before its result (its
+    ``config.json`` written) is resumed (``resume = true``). Returns the run directory."""
     directory = output / name
     if any((directory / f).is_file() for f in RESULT_FILES):
         return directory
     argv = [str(config), "--output-dir", str(output), "--app", str(app)]
     argv += ["--set", f"run-name='{name}'"] + [x for s in sets for x in ("--set", s)]
+    if (directory / "config.json").is_file():
+        argv += ["--set", "resume=true"]
     if data_root:
         argv += ["--data-root", data_root]
     print(f"=== {name}: fedunlearn-run {' '.join(argv)}", flush=True)
