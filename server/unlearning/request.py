@@ -129,6 +129,7 @@ def run_unlearning(
     excluded = sorted(set(targets) | set(already))
     offline = _offline_remaining(grid, outcome, excluded, log)
     specs, refused = _going_on_without(config.methods, offline, log)
+    specs, refused = _without_budget(config, specs, refused, log)
     context = UnlearningContext(
         grid,
         outcome,
@@ -259,6 +260,16 @@ def keep_training_last(specs: list) -> list:
     return [s for s in specs if s.name != KEEP_TRAINING] + [
         s for s in specs if s.name == KEEP_TRAINING
     ]
+
+
+def _without_budget(config, specs: list, refused: dict, log: Log) -> tuple[list, dict]:
+    """Keep-training refused too when the method whose client-epochs it spends was refused."""
+    named = config.keep_training_budget
+    if config.keep_training_rounds or named not in refused or KEEP_TRAINING not in config.methods:
+        return specs, refused
+    why = f"its budget is {named}'s client-epochs, and {named} was refused"
+    log(f"{KEEP_TRAINING} refused for this request: {why}")
+    return [s for s in specs if s.name != KEEP_TRAINING], {**refused, KEEP_TRAINING: why}
 
 
 def _offline_remaining(grid, outcome: TrainingOutcome, excluded, log: Log) -> dict:

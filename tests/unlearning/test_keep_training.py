@@ -88,3 +88,38 @@ def test_a_clients_accuracy_weights_the_class_accuracies_by_its_labels():
     assert client_accuracy(classes, [0, 0, 4]) == 0.0  # holds class 2 only
     assert client_accuracy(classes, [1, 1, 2]) == pytest.approx(0.5)
     assert math.isnan(client_accuracy([math.nan, 1.0], [3, 0]))  # nothing known of its classes
+
+
+def test_keep_training_is_refused_with_the_method_whose_budget_it_spends():
+    from fedunlearn.config import ExperimentConfig
+    from fedunlearn.registry import UNLEARNING
+    from server.unlearning.request import _without_budget
+
+    methods = "fedretrain,rapid-retraining,keep-training"
+    config = ExperimentConfig.from_run_config(
+        {"unlearn-methods": methods, "keep-training-budget": "rapid-retraining"}
+    )
+    specs = [UNLEARNING[m] for m in ("fedretrain", "keep-training")]
+    lines = []
+    kept, refused = _without_budget(config, specs, {"rapid-retraining": "offline"}, lines.append)
+    assert [s.name for s in kept] == ["fedretrain"]
+    assert refused["keep-training"] == (
+        "its budget is rapid-retraining's client-epochs, and rapid-retraining was refused"
+    )
+    assert lines == [f"keep-training refused for this request: {refused['keep-training']}"]
+    # a budget in rounds, or a budget method that runs: keep-training goes on
+    rounds = config.replace(keep_training_rounds=3)
+    assert _without_budget(rounds, specs, {"rapid-retraining": "x"}, print)[0] == specs
+    assert _without_budget(config, specs, {}, print) == (specs, {})
+
+
+def test_a_budget_method_outside_the_request_is_refused_before_anything_runs():
+    from fedunlearn.config import ExperimentConfig
+
+    with pytest.raises(ConfigError, match="keep-training-budget"):
+        ExperimentConfig.from_run_config(
+            {"unlearn-methods": "federaser,keep-training", "keep-training-budget": "fedretrain"}
+        )
+    ExperimentConfig.from_run_config(
+        {"unlearn-methods": "federaser,keep-training", "keep-training-rounds": 2}
+    )
