@@ -44,7 +44,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fedunlearn.plots import save_figure  # noqa: E402
+from fedunlearn.plots import legend_outside, save_figure  # noqa: E402
 from simulations.benchmarks.repeat import add_run_options, run_point  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "pga_backdoor_mnist.toml"
@@ -76,32 +76,60 @@ def point(run: Path, variant: str, partitioning: str, seed: int) -> dict:
     }
 
 
+def variant_label(variant: str) -> str:
+    """A short label of a stop-rule variant for an axis: "paper, m=10", "code (2.2)", "ours
+    (ratio)"; other ``--set`` values joined by ", "."""
+    sets = dict(s.split("=", 1) for s in variant.split("+"))
+    rule = sets.pop("pga-stop", "")
+    label = {"validation": "paper", "distance": "code (2.2)", "ratio": "ours (ratio)"}.get(
+        rule, rule
+    )
+    if "pga-stop-margin" in sets:
+        label += f", m={sets.pop('pga-stop-margin')}"
+    return ", ".join([label, *(f"{k}={v}" for k, v in sets.items())]).strip(", ")
+
+
 def figure(rows: pd.DataFrame, path: Path) -> None:
     """Per partition: the backdoor's success (original, PGA before and after post-training,
-    FedRetrain) and PGA's test accuracy gap to FedRetrain, by stop rule, each seed a dot."""
+    FedRetrain) and PGA's test accuracy gap to FedRetrain, by stop rule, each seed a dot
+    (side by side within a rule)."""
     partitions = list(dict.fromkeys(rows["partitioning"]))
+    variants = list(dict.fromkeys(rows["variant"]))
     fig, axes = plt.subplots(
-        2, len(partitions), figsize=(5 * len(partitions), 7), squeeze=False, sharex=True
+        2, len(partitions), figsize=(4.8 * len(partitions) + 2, 7), squeeze=False, sharex=True
+    )
+    measures = (
+        ("backdoor_original", "original (poisoned)", "x", "tab:grey"),
+        ("backdoor_before_post", "PGA, before post-training", "v", "tab:orange"),
+        ("backdoor_after_post", "PGA, after post-training", "o", "#e7298a"),
+        ("backdoor_fedretrain", "FedRetrain", "s", "black"),
     )
     for column, partitioning in enumerate(partitions):
         part = rows[rows["partitioning"] == partitioning]
         top, bottom = axes[0][column], axes[1][column]
-        for key, label, marker in (
-            ("backdoor_original", "original (poisoned)", "x"),
-            ("backdoor_before_post", "PGA, before post-training", "v"),
-            ("backdoor_after_post", "PGA, after post-training", "o"),
-            ("backdoor_fedretrain", "FedRetrain", "s"),
-        ):
-            top.scatter(part["variant"], 100 * part[key], label=label, marker=marker)
+        x = [variants.index(v) + 0.08 * (s - 1) for v, s in zip(part["variant"], part["seed"])]
+        for key, label, marker, colour in measures:
+            top.scatter(x, 100 * part[key], label=label, marker=marker, color=colour, s=28)
         top.set_title(f"{partitioning}: backdoor success")
         top.set_ylabel("backdoor success (%)")
         top.set_ylim(-5, 105)
-        bottom.scatter(part["variant"], part["gap_points"], marker="o", color="tab:orange")
+        bottom.scatter(x, part["gap_points"], marker="o", color="#e7298a", s=28)
         bottom.axhline(0, color="black", linewidth=0.8)
+        bottom.set_yscale("symlog", linthresh=2)
+        low = min(float(part["gap_points"].min()), -5.0)
+        ticks = [
+            v for v in (-100, -50, -20, -10, -5, -2, 0, 2, 5, 10) if v >= low * 1.05 or v == -5
+        ]
+        bottom.set_yticks(ticks, [f"{v:+d}" if v else "0" for v in ticks])
+        bottom.set_ylim(low * 1.3, max(float(part["gap_points"].max()) * 1.3, 8.0))
         bottom.set_title(f"{partitioning}: PGA's test accuracy gap to FedRetrain")
-        bottom.set_ylabel("points")
-        bottom.set_xlabel("stop rule")
-    axes[0][0].legend(loc="center right")
+        bottom.set_ylabel("points (symlog)")
+        bottom.set_xticks(range(len(variants)), [variant_label(v) for v in variants],
+                          rotation=20, ha="right")  # fmt: skip
+        bottom.set_xlabel("stop rule (each seed a dot)")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+    legend_outside(axes[0][-1])
     save_figure(fig, path)
 
 
