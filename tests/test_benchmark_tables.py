@@ -105,8 +105,9 @@ def test_the_suites_method_rows_count_flags_by_reason_forgetting_and_keep_traini
     assert row["regime"] == "papers"
     assert row["flagged"] == "2 of 3 (1 accuracy, 1 forgetting)"
     assert row["gap shards"] == "-14.33 (worst -40.0)"  # -2, -40, -1
-    assert row["forgot as fedretrain"] == "1 of 3"
-    assert row["beyond keep-training"] == "1 of 3 (mean +10.3)"
+    # over the runs that kept their accuracy: seeds 0 and 2 (seed 1 is 30 points below)
+    assert row["forgot as fedretrain"] == "1 of 2"
+    assert row["beyond keep-training"] == "1 of 2 (mean +14.5)"
     assert row["client-epochs share"] == "0.25"
     assert list(table["method"]) == ["federaser"]
 

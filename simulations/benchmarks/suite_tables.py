@@ -97,8 +97,10 @@ def collect(output: Path, chosen) -> pd.DataFrame:
 def by_method(long: pd.DataFrame) -> pd.DataFrame:
     """Per regime and method (the original and FedRetrain left out): how many runs flagged it
     and for what, its gap to FedRetrain per partition (mean over datasets and seeds, and the worst
-    run), in how many measurable runs it forgot as FedRetrain, in how many it forgot more than
-    keep-training at its own cost (by more than :data:`BEYOND_POINTS` of backdoor success), the
+    run), in how many runs it forgot as FedRetrain and in how many it forgot more than
+    keep-training at its own cost (by more than :data:`BEYOND_POINTS` of backdoor success), both
+    over the runs where forgetting was measurable and the method kept its accuracy
+    (:func:`_useful`), the
     accuracy the remaining client that lost most lost against the original (points, mean and
     worst run), and its client-epochs share of FedRetrain's."""
     rows = long[~long["method"].isin(REFERENCES)]
@@ -125,19 +127,25 @@ def _flag_count(part: pd.DataFrame) -> str:
     return f"{flagged} of {len(part)}" + (f" ({why})" if why else "")
 
 
+def _useful(part: pd.DataFrame) -> pd.DataFrame:
+    """The runs whose forgetting is worth counting: measurable, and the method kept its accuracy
+    (flagged for forgetting or not at all: a model that collapsed forgets trivially)."""
+    measurable = part["forgetting"].isin(["as fedretrain", "kept part", "forgot nothing"])
+    return part[measurable & part["flag_kind"].isin(["", "forgetting"])]
+
+
 def _forgot_count(part: pd.DataFrame) -> str:
-    measurable = part[~part["forgetting"].isin(["", "not measurable"])]
-    same = int((measurable["forgetting"] == "as fedretrain").sum())
-    return f"{same} of {len(measurable)}" if len(measurable) else "not measured"
+    useful = _useful(part)
+    same = int((useful["forgetting"] == "as fedretrain").sum())
+    return f"{same} of {len(useful)}" if len(useful) else "none measurable"
 
 
 def _beyond_count(part: pd.DataFrame, method: str) -> str:
     if method == "keep-training" or "forgot_beyond_keep_training" not in part:
         return ""
-    measurable = part[part["forgetting"].isin(["as fedretrain", "kept part", "forgot nothing"])]
-    beyond = measurable["forgot_beyond_keep_training"].dropna()
+    beyond = _useful(part)["forgot_beyond_keep_training"].dropna()
     if beyond.empty:
-        return "not measured"
+        return "none measurable"
     return f"{int((beyond > BEYOND_POINTS).sum())} of {len(beyond)} (mean {beyond.mean():+.1f})"
 
 
