@@ -66,7 +66,7 @@ METHOD_COLOURS: dict[str, str] = {
     "fedquit": "#1b9e77",
     "fedosd": "#5254a3",
     "fedau": "#e6ab02",
-    "keep-training": "#a0522d",
+    "keep-training": "#525252",  # the original, trained on: a darker grey
     # scrubbing (fedunlearn.registry.SCRUBBING)
     "newton": "#17becf",
     "newton-forget-only": "#0b6e78",

@@ -189,17 +189,32 @@ def points_note(long: pd.DataFrame, chosen, refused: dict[str, str] | None = Non
 MARKERS = {"iid": "o", "dirichlet-0.5": "s", "dirichlet-0.1": "^", "shards": "D"}
 
 
+def _symlog_gaps(ax, values) -> None:
+    """A symlog axis for gaps in points, with ticks a reader can read."""
+    low = min([*values, -5.0])
+    high = max([*values, 5.0])
+    ax.set_yscale("symlog", linthresh=2)
+    ticks = [v for v in (-100, -50, -20, -10, -5, -2, 0, 2, 5, 10) if low * 1.05 <= v <= high * 1.3]
+    ax.set_yticks(ticks, [f"{v:+d}" if v else "0" for v in ticks])
+    ax.set_ylim(low * 1.3, high * 1.3)
+
+
 def regime_figure(long: pd.DataFrame, regime: str):
     """Two panels, one point per method and setting (dataset, partition; mean over seeds),
     colour per method, marker per partition, against client-epochs as a share of FedRetrain's:
     the test-accuracy gap to FedRetrain (symlog), and the backdoor's success above FedRetrain's
-    (points). A point flagged at any seed is ringed in red."""
+    (points; the runs where forgetting was measurable). A point flagged for accuracy or
+    forgetting at any seed is ringed in red."""
     rows = long[(long["regime"] == regime) & ~long["method"].isin(REFERENCES)]
+    rows = rows.assign(
+        left=rows["backdoor_above_points"].where(rows["forgetting"] != "not measurable"),
+        bad=rows["flag_kind"].isin(["accuracy", "forgetting", "diverged"]),
+    )
     means = rows.groupby(["dataset", "partition", "method"], sort=False).agg(
         gap=("gap_points", "mean"),
         share=("client_epochs_share", "mean"),
-        left=("backdoor_above_points", "mean"),
-        flagged=("flag_kind", lambda f: int((f != "").sum())),
+        left=("left", "mean"),
+        flagged=("bad", "sum"),
     )
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
     colours = {m: method_colour(m) for m in rows["method"].unique()}
@@ -216,11 +231,11 @@ def regime_figure(long: pd.DataFrame, regime: str):
         ax.axvline(1, color="grey", linewidth=0.8, linestyle=":")
         ax.grid(alpha=0.3, which="both")
         ax.set_xlabel("client-epochs, share of FedRetrain's (1 = as costly as retraining)")
-    axes[0].set_yscale("symlog", linthresh=5)
+    _symlog_gaps(axes[0], [v for v in means["gap"] if math.isfinite(v)])
     axes[0].set_ylabel("test accuracy gap to FedRetrain (points, symlog)")
     axes[0].set_title("utility: below 0 = accuracy lost")
     axes[1].set_ylabel("backdoor success above FedRetrain's (points)")
-    axes[1].set_title("forgetting: 0 = forgot as retraining does")
+    axes[1].set_title("forgetting (measurable runs): 0 = forgot as retraining does")
     handles = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=display_name(m))
                for m, c in colours.items()]  # fmt: skip
     handles += [plt.Line2D([], [], color="grey", marker=k, linestyle="", label=p)
@@ -233,13 +248,15 @@ def regime_figure(long: pd.DataFrame, regime: str):
 
 
 def regimes_figure(long: pd.DataFrame):
-    """Per method, its mean gap to FedRetrain (left) and its share of runs flagged (right) in each
+    """Per method, its mean gap to FedRetrain (left) and its share of runs flagged for accuracy,
+    forgetting or divergence (right; "not measurable" is the setting's, not the method's) in each
     regime, side by side: which methods need the papers' training."""
     rows = long[~long["method"].isin(REFERENCES)]
     regimes = list(dict.fromkeys(rows["regime"]))
     methods = list(dict.fromkeys(rows["method"]))
     gaps = rows.groupby(["method", "regime"])["gap_points"].mean()
-    flagged = rows.assign(f=rows["flag_kind"] != "").groupby(["method", "regime"])["f"].mean()
+    bad = rows["flag_kind"].isin(["accuracy", "forgetting", "diverged"])
+    flagged = rows.assign(f=bad).groupby(["method", "regime"])["f"].mean()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
     width = 0.8 / max(1, len(regimes))
     for r, regime in enumerate(regimes):
@@ -255,9 +272,9 @@ def regimes_figure(long: pd.DataFrame):
                       ha="right")  # fmt: skip
         ax.grid(axis="y", alpha=0.3)
         ax.axhline(0, color="black", linewidth=0.8)
-    axes[0].set_yscale("symlog", linthresh=5)
+    _symlog_gaps(axes[0], [v for v in gaps if math.isfinite(v)])
     axes[0].set_ylabel("mean gap to FedRetrain (points, symlog)")
-    axes[1].set_ylabel("runs flagged (%)")
+    axes[1].set_ylabel("runs flagged for accuracy or forgetting (%)")
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor="lightgrey", hatch="//" if r else "",
                              edgecolor="white", label=f"{regime} regime")
                for r, regime in enumerate(regimes)]  # fmt: skip
