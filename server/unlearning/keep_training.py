@@ -32,13 +32,13 @@ def keep_training(context, name: str):
     model = outcome.new_model()
     model.load_state_dict(dict(outcome.final_state))
     state = dict(outcome.final_state)
-    curve = [_point(context, state, 0.0)]
+    curve = [_point(context, state, 0.0, model_accuracy(context, state))]
     spent = 0
     for index, planned in enumerate(plan, start=1):
         server_round = config.rounds + index
-        state = _round(context, name, model, planned, server_round, index, len(plan))
+        state, accuracy = _round(context, name, model, planned, server_round, index, len(plan))
         spent += planned.client_epochs
-        curve.append(_point(context, state, float(spent)))
+        curve.append(_point(context, state, float(spent), accuracy))
     return state, {
         "did": (
             f"kept training the original model: {len(plan)} round(s), {spent} client-epochs "
@@ -70,21 +70,25 @@ def _plan(context) -> tuple[list[PlannedRound], str]:
 
 def _round(context, name: str, model, planned: PlannedRound, server_round: int, index, total):
     """One planned round: ``planned.clients`` of the remaining clients (all of them, or a seeded
-    draw for the last round's remainder) train ``planned.epochs`` each; the new state."""
+    draw for the last round's remainder) train ``planned.epochs`` each; the new state and its test
+    accuracy (the round's own evaluation)."""
     outcome, config, log = context.outcome, context.outcome.config, context.log
     nodes = sorted(context.remaining_nodes)
     if planned.clients < len(nodes):  # node ids are 64-bit: draw positions, not ids
         drawn = _generator(config.seed, server_round).permutation(len(nodes))[: planned.clients]
         nodes = sorted(nodes[int(i)] for i in drawn)
 
+    accuracy = []
+
     def progress(_round, result, _metrics, replied, seconds):
+        accuracy.append(float(result.accuracy))
         log(
             f"{name}: round {index}/{total}, {count(replied, 'client')} x {planned.epochs} "
             f"epoch(s), test accuracy {result.accuracy:.4f}, {seconds:.1f}s"
         )
 
     test = outcome.data.splits.test
-    return fedavg_rounds(
+    state = fedavg_rounds(
         context.grid,
         participant_strategy(config, nodes, members=outcome.members, phase=name, log=log),
         model,
@@ -98,11 +102,12 @@ def _round(context, name: str, model, planned: PlannedRound, server_round: int, 
         phase=name,
         log=log,
     )
+    return state, accuracy[-1]
 
 
 def _generator(seed: int, server_round: int) -> np.random.Generator:
     return np.random.default_rng(derive_seed(seed, NAME, server_round))
 
 
-def _point(context, state, client_epochs: float) -> CurvePoint:
-    return CurvePoint(client_epochs, model_accuracy(context, state), attack_success(context, state))
+def _point(context, state, client_epochs: float, accuracy: float) -> CurvePoint:
+    return CurvePoint(client_epochs, accuracy, attack_success(context, state))
