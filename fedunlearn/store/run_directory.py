@@ -76,7 +76,8 @@ REQUEST_JOURNAL = "request.json"
 def log_time() -> str:
     """Now, as :meth:`RunDirectory.append_log` stamps it: local time with its UTC offset
     (ISO 8601, e.g. ``2025-01-31T14:05:09+0100``)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    # time.time(), not strftime's own clock: time(2) is coarse and can lag time.time() by a tick
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time()))
 
 
 def request_stop(path: Path) -> bool:

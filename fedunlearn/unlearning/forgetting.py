@@ -97,7 +97,9 @@ def verdict(success: float, signal: Signal, gap: float) -> tuple[str, str]:
 
 
 def _points(value: float) -> float:
-    return 100.0 * value
+    """``value`` in percentage points, rounded to 1e-9 so that a difference printed as 20.0 is
+    not refused as 19.999999999999996 (1.0 - 0.8 in floating point)."""
+    return round(100.0 * value, 9)
 
 
 def _finite(value) -> bool:

@@ -251,10 +251,10 @@ def test_no_row_passes_where_the_signal_cannot_measure_forgetting(
         table = table.assign(target_samples=samples)
     flags = dict(zip(table["method"], flag_rows(table, gap, True)))
     labels = dict(zip(table["method"], forgetting_labels(table, gap, True)))
-    measurable = 100 * (original - retrained) >= MIN_SIGNAL_POINTS and (
+    measurable = round(100 * (original - retrained), 9) >= MIN_SIGNAL_POINTS and (
         samples is None or samples >= MIN_TARGET_SAMPLES
     )
-    passes = measurable and 100 * (kept - retrained) <= gap
+    passes = measurable and round(100 * (kept - retrained), 9) <= gap
     assert (flags["m"] == "") == passes
     assert (labels["m"] == "as fedretrain") == passes
     if not measurable:
@@ -277,7 +277,7 @@ def test_the_identity_forgot_nothing_and_fedretrain_and_a_partial_forgetter_read
     assert flags["identity"].startswith("forgot nothing: backdoor success 0.9310")
     assert labels == {"fedavg": "", "fedretrain": "", "identity": "forgot nothing",
                       "pga": "kept part", "federaser": "as fedretrain"}  # fmt: skip
-    assert flags["pga"].startswith("kept the attack: success 0.1480, 14.5 points above")
+    assert flags["pga"].startswith("kept the attack: success 0.1480, 14.6 points above")
     assert flags["federaser"] == flags["fedretrain"] == ""
     # the same table with a one-sample target: nothing passes, the reason is said
     tiny = dict(zip(table["method"], flag_rows(table.assign(target_samples=1), 5.0, True)))
