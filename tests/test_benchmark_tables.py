@@ -53,6 +53,17 @@ def test_a_verdict_holds_at_the_seeds_it_held_at():
     assert table.loc["a", "indistinguishable from retraining"] == "holds at 2 of 3 seeds"
     assert table.loc["b", "indistinguishable from retraining"] == "holds at 0 of 3 seeds"
     assert table.loc["b", "backdoor removed"] == "holds at 1 of 2 seeds"
+    # a seed whose original never learned the backdoor is named, not counted as removed
+    problem = ["", "", "", "", "", "the original did not learn the backdoor"]
+    table = holds(rows.assign(backdoor_problem=problem)).set_index("method")
+    assert table.loc["b", "backdoor removed"] == (
+        "holds at 1 of 2 seeds; not measurable at 1 seed(s)"
+    )
+    assert table.loc["a", "backdoor removed"] == "holds at 3 of 3 seeds"
+    unlearned = rows.assign(backdoor_removed=None, backdoor_problem="never learned")
+    assert holds(unlearned).set_index("method").loc["a", "backdoor removed"] == (
+        "not measurable at 3 seed(s)"
+    )
 
 
 def test_the_suite_names_refused_points_points_without_a_result_and_flagged_trainings():

@@ -34,6 +34,7 @@ from fedunlearn.plots import (
 )
 from fedunlearn.registry import JUDGE_METRICS
 from fedunlearn.store.durable_io import atomic_write_bytes
+from fedunlearn.unlearning.forgetting import Signal
 
 NO_SIGNAL = "no signal in this setting"
 
@@ -123,18 +124,22 @@ def judge_verdicts(table: pd.DataFrame) -> dict[str, dict[str, object]]:
       model and batch order (FedRecover, SIFU from round 1) are coupled to it;
     * ``f``, ``ulira``: the two sides (-1, 0, +1; :func:`_side`);
     * ``backdoor_removed``: its backdoor success interval reaches down to retrain-independent's
-      (None without a backdoor column)."""
+      (None without a backdoor column, or when the backdoor cannot measure forgetting:
+      ``backdoor_problem`` says why, :func:`backdoor_problem`)."""
     rows = table.set_index("population")
     fixed = {ORIGINAL, REFERENCE, INDEPENDENT}
     signal = separated(table)
+    problem = backdoor_problem(table)
     out = {}
     for population in rows.index:
         if population in fixed:
             continue
         f, ulira = _side(rows, population, "f"), _side(rows, population, "ulira-accuracy")
         backdoor = None
-        if "backdoor-success-low" in rows.columns and np.isfinite(
-            rows.loc[population, "backdoor-success-low"]
+        if (
+            not problem
+            and "backdoor-success-low" in rows.columns
+            and np.isfinite(rows.loc[population, "backdoor-success-low"])
         ):
             backdoor = bool(
                 rows.loc[population, "backdoor-success-low"]
@@ -148,8 +153,26 @@ def judge_verdicts(table: pd.DataFrame) -> dict[str, dict[str, object]]:
             "f": f,
             "ulira": ulira,
             "backdoor_removed": backdoor,
+            "backdoor_problem": problem,
         }
     return out
+
+
+def backdoor_problem(table: pd.DataFrame) -> str:
+    """Why the judge's backdoor cannot tell whether a method removed it (``""``: it can, or the
+    run has no backdoor): the original learned it less than
+    :data:`fedunlearn.unlearning.forgetting.MIN_SIGNAL_POINTS` points above FedRetrain (the
+    suite's rule, :class:`fedunlearn.unlearning.forgetting.Signal`), so "removed" would hold for
+    any model."""
+    if "backdoor-success" not in table.columns:
+        return ""
+    rows = table.set_index("population")["backdoor-success"]
+    if ORIGINAL not in rows.index or REFERENCE not in rows.index:
+        return ""
+    original, reference = float(rows[ORIGINAL]), float(rows[REFERENCE])
+    if not (np.isfinite(original) and np.isfinite(reference)):
+        return ""
+    return Signal(original=original, reference=reference).problem()
 
 
 def _value_columns(table: pd.DataFrame) -> list[str]:
@@ -184,6 +207,9 @@ def judge_markdown(table: pd.DataFrame) -> str:
         "`python -m simulations.benchmarks.repeat CONFIG --seeds 3`):"
     )
     backdoor = {True: "; backdoor removed", False: "; backdoor NOT removed", None: ""}
+    problem = backdoor_problem(table)
+    if problem:
+        lines.append(f"- the backdoor cannot tell whether a method removed it: {problem}")
     for population, verdict in judge_verdicts(table).items():
         closer = (
             " (closer to fedretrain than retraining from other seeds)" if verdict["closer"] else ""

@@ -138,6 +138,7 @@ def judge_seed_rows(tables: dict[int, pd.DataFrame]) -> pd.DataFrame:
                     "verdict": verdict["verdict"],
                     "closer to fedretrain than retraining": verdict["closer"],
                     "backdoor_removed": verdict["backdoor_removed"],
+                    "backdoor_problem": verdict.get("backdoor_problem", ""),
                     "f": f"{row['f']:.3f} [{row['f-low']:.3f}, {row['f-high']:.3f}]",
                     "ulira": (
                         f"{row['ulira-accuracy']:.3f} [{row['ulira-accuracy-low']:.3f}, "
@@ -165,14 +166,26 @@ def holds(rows: pd.DataFrame) -> pd.DataFrame:
             {
                 "method": method,
                 "indistinguishable from retraining": f"holds at {same} of {k} seeds",
-                "backdoor removed": (
-                    f"holds at {int(removed.astype(bool).sum())} of {len(removed)} seeds"
-                    if len(removed)
-                    else "n/a"
-                ),
+                "backdoor removed": _removed_count(part, removed),
             }
         )
     return pd.DataFrame(out)
+
+
+def _removed_count(part: pd.DataFrame, removed: pd.Series) -> str:
+    """ "holds at r of m seeds", naming the seeds whose backdoor could not tell (the original did
+    not learn it); "n/a" without a backdoor."""
+    unmeasurable = int(
+        part.get("backdoor_problem", pd.Series(dtype=str)).fillna("").astype(bool).sum()
+    )
+    text = (
+        f"holds at {int(removed.astype(bool).sum())} of {len(removed)} seeds"
+        if len(removed)
+        else ""
+    )
+    if unmeasurable:
+        text += f"{'; ' if text else ''}not measurable at {unmeasurable} seed(s)"
+    return text or "n/a"
 
 
 def _write(table: pd.DataFrame, path: Path, title: str = "") -> str:

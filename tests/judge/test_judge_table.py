@@ -178,3 +178,43 @@ def test_without_signal_no_method_gets_a_verdict():
 
     table = _interval_table((0.45, 0.6), (0.5, 0.6), floor_f=(0.3, 0.45))
     assert judge_verdicts(table)["m"]["verdict"] == NO_SIGNAL
+
+
+def _backdoored(table, original, retrained, method):
+    """``table`` with backdoor success intervals (±0.01 around each value)."""
+    values = {"original": original, "fedretrain": retrained, "retrain-independent": retrained}
+    values["m"] = method
+    success = table["population"].map(values)
+    return table.assign(
+        **{
+            "backdoor-success": success,
+            "backdoor-success-low": success - 0.01,
+            "backdoor-success-high": success + 0.01,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("original", "retrained", "method", "removed"),
+    [
+        (0.95, 0.001, 0.002, True),  # learned, and the method is at retraining's level
+        (0.95, 0.001, 0.60, False),  # learned, and the method kept it
+        (0.0045, 0.0009, 0.017, None),  # never learned (the judge's Dirichlet(0.1) seed 0)
+        (0.0045, 0.0009, 0.0010, None),  # never learned: "removed" would hold for any model
+        (0.15, 0.001, 0.002, None),  # 14.9 points above FedRetrain: fewer than 20
+    ],
+)
+def test_the_backdoor_verdict_needs_a_backdoor_the_original_learned(
+    original, retrained, method, removed
+):
+    from fedunlearn.judge import judge_verdicts
+    from fedunlearn.judge.report import backdoor_problem, judge_markdown
+
+    table = _backdoored(_interval_table((0.45, 0.6), (0.5, 0.6)), original, retrained, method)
+    verdict = judge_verdicts(table)["m"]
+    assert verdict["backdoor_removed"] is removed
+    assert bool(verdict["backdoor_problem"]) == (removed is None) == bool(backdoor_problem(table))
+    text = judge_markdown(table)
+    assert ("backdoor removed" in text) == (removed is True)
+    assert ("backdoor NOT removed" in text) == (removed is False)
+    assert ("cannot tell whether a method removed it" in text) == (removed is None)
