@@ -276,8 +276,14 @@ def judge_figure(data: JudgeData, table: pd.DataFrame):
         ax_backdoor.text(
             0.5, 0.5, "no backdoor planted", ha="center", transform=ax_backdoor.transAxes
         )
+    crowded = len(order) > 8  # every method and keep-training: steeper, smaller names
     ax_backdoor.set_xticks(
-        range(len(order)), [display_name(p) for p in order], rotation=30, ha="right"
+        range(len(order)),
+        [display_name(p) for p in order],
+        rotation=60 if crowded else 30,
+        ha="right",
+        rotation_mode="anchor",
+        fontsize=8 if crowded else None,
     )
     ax_backdoor.set(ylabel="backdoor success", title="triggered test samples, other classes")
     ax_roc.plot([1e-5, 1], [1e-5, 1], color="gray", linestyle=":", label="chance")
