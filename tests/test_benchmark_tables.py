@@ -291,6 +291,22 @@ def test_a_method_holds_at_a_value_only_when_every_seed_is_unflagged():
     assert row["local-epochs"] == "10"
 
 
+def test_a_partial_sweep_says_nothing_of_the_knobs_it_did_not_run():
+    from simulations.benchmarks.sensitivity import holds
+
+    rows = [
+        {"method": method, "partition": "iid", "knob": "retain-interval", "value": value,
+         "seed": 0, "flag": "" if value < 4 else "x"}
+        for method in ("federaser", "keep-training", "fedrecover") for value in (1, 2, 4)
+    ]  # fmt: skip
+    table = holds(pd.DataFrame(rows))
+    assert list(table.columns) == ["method", "partition", "retain-interval"]
+    # only the methods the knob is swept for; no "none" for local-epochs, which did not run
+    assert table.to_dict("records") == [
+        {"method": "federaser", "partition": "iid", "retain-interval": "1, 2"}
+    ]
+
+
 def test_a_benchmark_point_interrupted_before_its_result_is_resumed(tmp_path, monkeypatch):
     from simulations import run as runner
     from simulations.benchmarks.repeat import run_point

@@ -32,6 +32,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -47,7 +48,11 @@ from fedunlearn.errors import FedUnlearnError  # noqa: E402
 from fedunlearn.plots import display_name, legend_outside, method_colour, save_figure  # noqa: E402
 from simulations.benchmarks.repeat import add_run_options, run_point, with_gaps  # noqa: E402
 from simulations.benchmarks.suite import SUITE_CONFIG, Point, points, signal_sets  # noqa: E402
-from simulations.benchmarks.suite_tables import record_refused, with_signal_columns  # noqa: E402
+from simulations.benchmarks.suite_tables import (  # noqa: E402
+    record_refused,
+    symlog_gaps,
+    with_signal_columns,
+)
 
 EVERY_METHOD = (
     "federaser,fedaccum,fedrecover,crab,sifu,rapid-retraining,pga,fedquit,fedosd,fedau"
@@ -151,21 +156,24 @@ def per_value(long: pd.DataFrame) -> pd.DataFrame:
 
 
 def holds(long: pd.DataFrame) -> pd.DataFrame:
-    """Per method and partition, for each knob, the values at which it held: unflagged (within
-    ``flag-gap`` of FedRetrain's accuracy and forgetting as FedRetrain) at every seed."""
+    """Per method and partition, for each knob swept (a partial sweep, ``--knobs``, has only
+    its own columns) and the methods it is swept for, the values at which it held: unflagged
+    (within ``flag-gap`` of FedRetrain's accuracy and forgetting as FedRetrain) at every seed."""
+    swept = [knob for knob in KNOBS if knob in set(long["knob"])]
     rows = []
     for (method, partition), part in long[~long["method"].isin(["fedavg", "fedretrain"])].groupby(
         ["method", "partition"], sort=False
     ):
         row = {"method": method, "partition": partition}
-        for knob, (_, methods) in KNOBS.items():
-            if method not in methods:
+        for knob in swept:
+            if method not in KNOBS[knob][1]:
                 continue
             values = part[part["knob"] == knob].groupby("value")["flag"]
             held = [v for v, flags in values if (flags == "").all()]
             row[knob] = ", ".join(f"{v:g}" for v in held) if held else "none"
-        rows.append(row)
-    return pd.DataFrame(rows)
+        if len(row) > 2:
+            rows.append(row)
+    return pd.DataFrame(rows, columns=["method", "partition", *swept])
 
 
 def figure(long: pd.DataFrame):
@@ -173,26 +181,29 @@ def figure(long: pd.DataFrame):
     knobs = list(dict.fromkeys(long["knob"]))
     fig, axes = plt.subplots(2, len(knobs), figsize=(3.6 * len(knobs), 7), squeeze=False)
     styles = {"iid": "-", "dirichlet-0.1": "--"}
+    drawn = {}
     for column, knob in enumerate(knobs):
         part = long[(long["knob"] == knob) & ~long["method"].isin(["fedavg", "fedretrain"])]
+        gaps = []
         for (method, partition), rows in part.groupby(["method", "partition"], sort=False):
             if method not in [*KNOBS[knob][1], "keep-training"]:
                 continue
+            drawn[method] = True
             means = rows.groupby("value")[["gap_points", "backdoor_above_points"]].mean()
+            gaps += list(means["gap_points"].dropna())
             for row, measure in enumerate(("gap_points", "backdoor_above_points")):
                 axes[row, column].plot(means.index, means[measure], marker="o", markersize=3,
                                        color=method_colour(method),
                                        linestyle=styles.get(partition, ":"))  # fmt: skip
         axes[0, column].set_title(knob)
         axes[1, column].set_xlabel(f"{knob} (base {BASE[knob]:g})")
-        axes[0, column].set_yscale("symlog", linthresh=5)
+        symlog_gaps(axes[0, column], gaps)
         for row in (0, 1):
             axes[row, column].axhline(0, color="black", linewidth=0.8)
             axes[row, column].grid(alpha=0.3)
     axes[0, 0].set_ylabel("test accuracy gap to FedRetrain (points)")
     axes[1, 0].set_ylabel("backdoor success above FedRetrain's (points)")
-    methods = [m for m in dict.fromkeys(long["method"]) if m not in ("fedavg", "fedretrain")]
-    handles = [plt.Line2D([], [], color=method_colour(m), label=display_name(m)) for m in methods]
+    handles = [plt.Line2D([], [], color=method_colour(m), label=display_name(m)) for m in drawn]
     handles += [plt.Line2D([], [], color="grey", linestyle=s, label=p) for p, s in styles.items()]
     legend_outside(axes[0, -1], handles=handles)
     fig.suptitle("digits, papers' regime, one knob at a time: mean over 3 seeds")
@@ -207,9 +218,11 @@ def cost_figure(long: pd.DataFrame):
     means = part.groupby(["method", "knob", "partition", "value"], sort=True)[
         ["client_epochs_share", "gap_points", "backdoor_above_points"]
     ].mean()
+    drawn = {}
     for (method, knob, partition), rows in means.groupby(level=[0, 1, 2]):
         if method not in [*KNOBS[knob][1], "keep-training"]:
             continue
+        drawn[method] = True
         for ax, measure in zip(axes, ("gap_points", "backdoor_above_points")):
             ax.plot(rows["client_epochs_share"], rows[measure], marker="o", markersize=3,
                     color=method_colour(method), alpha=0.7,
@@ -220,10 +233,9 @@ def cost_figure(long: pd.DataFrame):
         ax.set_ylabel(label)
         ax.axhline(0, color="black", linewidth=0.8)
         ax.grid(alpha=0.3)
-    axes[0].set_yscale("symlog", linthresh=5)
-    methods = [m for m in dict.fromkeys(long["method"]) if m not in ("fedavg", "fedretrain")]
+    symlog_gaps(axes[0], [v for v in means["gap_points"] if math.isfinite(v)])
     legend_outside(axes[1], handles=[plt.Line2D([], [], color=method_colour(m),
-                                                label=display_name(m)) for m in methods])  # fmt: skip
+                                                label=display_name(m)) for m in drawn])  # fmt: skip
     fig.suptitle("quality against cost over the sweep (IID solid, Dirichlet(0.1) dashed)")
     return fig
 

@@ -189,7 +189,7 @@ def points_note(long: pd.DataFrame, chosen, refused: dict[str, str] | None = Non
 MARKERS = {"iid": "o", "dirichlet-0.5": "s", "dirichlet-0.1": "^", "shards": "D"}
 
 
-def _symlog_gaps(ax, values) -> None:
+def symlog_gaps(ax, values) -> None:
     """A symlog axis for gaps in points, with ticks a reader can read."""
     low = min([*values, -5.0])
     high = max([*values, 5.0])
@@ -231,7 +231,7 @@ def regime_figure(long: pd.DataFrame, regime: str):
         ax.axvline(1, color="grey", linewidth=0.8, linestyle=":")
         ax.grid(alpha=0.3, which="both")
         ax.set_xlabel("client-epochs, share of FedRetrain's (1 = as costly as retraining)")
-    _symlog_gaps(axes[0], [v for v in means["gap"] if math.isfinite(v)])
+    symlog_gaps(axes[0], [v for v in means["gap"] if math.isfinite(v)])
     axes[0].set_ylabel("test accuracy gap to FedRetrain (points, symlog)")
     axes[0].set_title("utility: below 0 = accuracy lost")
     axes[1].set_ylabel("backdoor success above FedRetrain's (points)")
@@ -272,7 +272,7 @@ def regimes_figure(long: pd.DataFrame):
                       ha="right")  # fmt: skip
         ax.grid(axis="y", alpha=0.3)
         ax.axhline(0, color="black", linewidth=0.8)
-    _symlog_gaps(axes[0], [v for v in gaps if math.isfinite(v)])
+    symlog_gaps(axes[0], [v for v in gaps if math.isfinite(v)])
     axes[0].set_ylabel("mean gap to FedRetrain (points, symlog)")
     axes[1].set_ylabel("runs flagged for accuracy or forgetting (%)")
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor="lightgrey", hatch="//" if r else "",
