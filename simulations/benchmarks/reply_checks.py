@@ -43,7 +43,9 @@ def measure(name: str, arguments: list[str], output_dir: Path, data_root: str | 
     argv = [*arguments, "--output-dir", str(output_dir), "--set", f"run-name='{run_name}'"]
     if run_name != "digits":
         if not data_root:
-            raise SystemExit("reply_checks: MNIST needs --data-root, FEDUNLEARN_DATA_ROOT or ~/data")
+            raise SystemExit(
+                "reply_checks: MNIST needs --data-root, FEDUNLEARN_DATA_ROOT or ~/data"
+            )
         argv += ["--data-root", data_root]
     code = runner.main(argv)
     if code != 0:
