@@ -173,8 +173,8 @@ def holds(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _removed_count(part: pd.DataFrame, removed: pd.Series) -> str:
-    """ "holds at r of m seeds", naming the seeds whose backdoor could not tell (the original did
-    not learn it); "n/a" without a backdoor."""
+    """``holds at r of m seeds`` over the seeds whose backdoor could tell, then how many could
+    not (their original did not learn it); ``n/a`` without a backdoor."""
     unmeasurable = int(
         part.get("backdoor_problem", pd.Series(dtype=str)).fillna("").astype(bool).sum()
     )
