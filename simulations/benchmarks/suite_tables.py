@@ -23,6 +23,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fedunlearn.plots import display_name, legend_outside, method_colour, save_figure  # noqa: E402
+from fedunlearn.unlearning.forgetting import (  # noqa: E402
+    AS_REFERENCE,
+    FORGOT_NOTHING,
+    KEPT_PART,
+    NOT_MEASURABLE,
+)
 from simulations.benchmarks.repeat import comparison_summary, with_gaps  # noqa: E402
 
 KEYS = ("regime", "dataset", "partition", "seed")
@@ -130,13 +136,13 @@ def _flag_count(part: pd.DataFrame) -> str:
 def _useful(part: pd.DataFrame) -> pd.DataFrame:
     """The runs whose forgetting is worth counting: measurable, and the method kept its accuracy
     (flagged for forgetting or not at all: a model that collapsed forgets trivially)."""
-    measurable = part["forgetting"].isin(["as fedretrain", "kept part", "forgot nothing"])
+    measurable = part["forgetting"].isin([AS_REFERENCE, KEPT_PART, FORGOT_NOTHING])
     return part[measurable & part["flag_kind"].isin(["", "forgetting"])]
 
 
 def _forgot_count(part: pd.DataFrame) -> str:
     useful = _useful(part)
-    same = int((useful["forgetting"] == "as fedretrain").sum())
+    same = int((useful["forgetting"] == AS_REFERENCE).sum())
     return f"{same} of {len(useful)}" if len(useful) else "none measurable"
 
 
@@ -207,7 +213,7 @@ def regime_figure(long: pd.DataFrame, regime: str):
     forgetting at any seed is ringed in red."""
     rows = long[(long["regime"] == regime) & ~long["method"].isin(REFERENCES)]
     rows = rows.assign(
-        left=rows["backdoor_above_points"].where(rows["forgetting"] != "not measurable"),
+        left=rows["backdoor_above_points"].where(rows["forgetting"] != NOT_MEASURABLE),
         bad=rows["flag_kind"].isin(["accuracy", "forgetting", "diverged"]),
     )
     means = rows.groupby(["dataset", "partition", "method"], sort=False).agg(
