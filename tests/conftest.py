@@ -8,11 +8,29 @@ from pathlib import Path
 import pytest
 import torch
 
+#: The tiers' guard (a test that starts Ray or a deployment carries its marker) and Pytester,
+#: with which the guard's own test runs planted tests.
+pytest_plugins = ("tier_guard", "pytester")
+
 #: A local copy of the benchmark datasets (MNIST, Fashion-MNIST, Adult); `.ci/run` sets it.
 DATA_ROOT = Path(os.environ.get("FEDUNLEARN_DATA_ROOT", "")).expanduser()
 
-# Keep the suite reproducible and light on a 2-core CI machine.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Keep the suite reproducible and light on a 2-core CI machine: under pytest-xdist every worker
+# gets one thread (the workers are the parallelism), else up to two.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(1 if _WORKERS > 1 else max(1, min(2, os.cpu_count() or 1)))
+
+#: The xdist group of the tests that start Ray or processes of a deployment: they run one after
+#: another on one worker (fixed ports, Ray's start on a busy machine), beside the parallel rest.
+PROCESS_GROUP = "ray-and-deployment"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("ray") or item.get_closest_marker("deployment"):
+            item.add_marker(pytest.mark.xdist_group(PROCESS_GROUP))
 
 
 @pytest.fixture
@@ -25,17 +43,25 @@ def shared_data() -> Path:
 @pytest.fixture
 def flower_task_identity():
     """Flower stamps each Message with the run and node it belongs to; outside a run, pretend one."""
-    from flwr.supercore.task_identity import TaskIdentity
+    from federation_grid import flower_task_identity
 
-    previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
+    with flower_task_identity():
+        yield
 
 
 @pytest.fixture
 def simulate():
-    """:func:`simulate_in_process`, for the end-to-end tests."""
+    """:func:`federation_grid.serve_in_process`: the end-to-end tests' federation, the real
+    ServerApp and ClientApp in this process, without Ray."""
+    from federation_grid import serve_in_process
+
+    return serve_in_process
+
+
+@pytest.fixture
+def simulate_ray():
+    """:func:`simulate_in_process`: a Ray simulation, for the tests of Flower's simulation engine
+    itself (they carry ``@pytest.mark.ray``)."""
     return simulate_in_process
 
 

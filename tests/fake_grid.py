@@ -11,6 +11,19 @@ from __future__ import annotations
 from uuid import uuid4
 
 
+def stamp(metadata, **fields) -> None:
+    """Set ``fields`` (``message_id``, ``src_node_id``, ``reply_to_message_id``) on a message's
+    metadata: on Flower's ``Metadata`` as its grids do (the fields are read-only properties), on a
+    test's stand-in by attribute."""
+    from flwr.app import Metadata
+
+    for name, value in fields.items():
+        if isinstance(metadata, Metadata):
+            metadata.__dict__[f"_{name}"] = value
+        else:
+            setattr(metadata, name, value)
+
+
 class AnsweringGrid:
     """``push_messages`` answers each message with ``answer(message)`` right away; the next
     ``pull_messages`` hands the replies over."""
@@ -24,9 +37,10 @@ class AnsweringGrid:
         ids = []
         for message in messages:
             message_id = str(uuid4())
+            stamp(message.metadata, message_id=message_id)  # as Flower's grid does on push
             reply = self.answer(message)
             if reply is not None:
-                reply.metadata.reply_to_message_id = message_id
+                stamp(reply.metadata, reply_to_message_id=message_id)
                 self._replies[message_id] = reply
             ids.append(message_id)
         return ids

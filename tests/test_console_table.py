@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedunlearn.registry import UNLEARNING
 from fedunlearn.console_table import CONSOLE_WIDTH, console_frame, console_table
+from fedunlearn.registry import UNLEARNING
 
 
 def comparison(methods, *, attacked: bool, rng) -> pd.DataFrame:

@@ -132,6 +132,7 @@ def _rows(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
+@pytest.mark.deployment
 @pytest.mark.skipif(
     _superlink_port_taken(), reason="a local SuperLink already runs here; this test starts its own"
 )

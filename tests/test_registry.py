@@ -114,7 +114,6 @@ def _toys_on_clients():
     return mod
 
 
-@pytest.mark.slow
 def test_a_toy_method_runs_end_to_end_into_the_tables_and_the_audit(tmp_path, simulate):
     overrides = {
         "num-clients": 3,

@@ -19,8 +19,6 @@ import fedunlearn.certified.removal as engine
 from fedunlearn.certified.certificate import read_ledger, weights_sha256
 from fedunlearn.certified.removal import CertifiedHead
 
-pytestmark = pytest.mark.slow
-
 
 def test_federated_certified_head_matches_central_and_certifies_every_request(
     tmp_path, simulate, monkeypatch

@@ -107,7 +107,6 @@ def _digest(data) -> str:
     return hashlib.sha256(train.x.numpy().tobytes() + train.y.numpy().tobytes()).hexdigest()
 
 
-@pytest.mark.slow
 def test_another_process_poisons_the_same_samples():
     """The server and every client load the data in their own process: the poisoned partitions
     follow from the run configuration alone."""

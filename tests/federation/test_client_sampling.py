@@ -9,7 +9,8 @@ import re
 
 import pytest
 import torch
-from test_malicious_clients import ClientAppGrid, K
+from fake_grid import stamp
+from federation_grid import ClientAppGrid, K
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.messages import CALIBRATE
@@ -51,7 +52,7 @@ class SampledGrid(ClientAppGrid):
         self.sent.append((self.phase, partition, message.metadata.message_type, server_round))
         message.metadata.dst_node_id = 100 + partition  # the parent's node numbering
         reply = super().answer(message)
-        reply.metadata.src_node_id = self.first + self.step * partition
+        stamp(reply.metadata, src_node_id=self.first + self.step * partition)
         return reply
 
 

@@ -130,7 +130,7 @@ def test_bad_arguments_exit_2_naming_the_parameter_and_write_nothing(
 def test_a_one_day_set_is_valid_now_and_expires_within_a_day(tmp_path):
     written = write_credentials(tmp_path / "creds", hosts=["localhost"], supernodes=0, days=1)
     server = x509.load_pem_x509_certificate(written.server_certificate.read_bytes())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     assert server.not_valid_before_utc <= now
     assert now + datetime.timedelta(hours=23) < server.not_valid_after_utc
     assert server.not_valid_after_utc <= now + datetime.timedelta(days=1)
@@ -242,6 +242,7 @@ def run_script(script: str, *arguments: str, cwd: Path, **env: str) -> subproces
     )
 
 
+@pytest.mark.deployment
 @pytest.mark.parametrize(
     ("script", "arguments", "env", "message"),
     [
@@ -337,6 +338,7 @@ NASTY = [
 ]
 
 
+@pytest.mark.deployment
 @pytest.mark.parametrize("name", NASTY)
 def test_a_data_root_with_any_characters_reaches_the_supernode_intact(
     tmp_path, fake_supernode, name
@@ -355,6 +357,7 @@ def test_a_data_root_with_any_characters_reaches_the_supernode_intact(
 EXPANDED = re.compile(r"\$(\w|\{[^}]*\})", re.ASCII)
 
 
+@pytest.mark.deployment
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -379,6 +382,7 @@ def test_any_printable_folder_name_reaches_the_clientapp_intact_or_is_refused(
         assert os.path.expandvars(str(data_root)) == str(data_root)
 
 
+@pytest.mark.deployment
 @pytest.mark.parametrize("name", ["$HOME", "a${PATH}b", "x$1", "${}"])
 def test_a_data_root_the_clientapp_would_expand_is_refused_with_exit_2(
     tmp_path, fake_supernode, name
@@ -389,6 +393,7 @@ def test_a_data_root_the_clientapp_would_expand_is_refused_with_exit_2(
     assert "invalid DATA_ROOT=" in stderr and "no $NAME or ${...}" in stderr
 
 
+@pytest.mark.deployment
 @pytest.mark.parametrize("name", [b"new\nline", b"tab\there", b"escape\x1b[31m", b"latin1-\xe9"])
 def test_a_data_root_flower_cannot_carry_is_refused_with_exit_2(tmp_path, fake_supernode, name):
     data_root = os.path.join(os.fsencode(tmp_path), name)

@@ -229,7 +229,6 @@ def post(host: str, port: int, path: str, ca: Path) -> tuple[int, str]:
         connection.close()
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(120)
 def _checkpoint_round(run_path: Path) -> int:
     """The round of the run's checkpoint (written atomically), -1 while there is none."""
@@ -243,6 +242,7 @@ def _checkpoint_round(run_path: Path) -> int:
         return -1
 
 
+@pytest.mark.deployment
 def test_the_public_listener_forwards_only_fleet_calls_and_stops_with_the_superlink(
     tmp_path, processes
 ):
@@ -283,7 +283,7 @@ def test_the_public_listener_forwards_only_fleet_calls_and_stops_with_the_superl
     assert list((tmp_path / "proxy-tmp").iterdir()) == []
 
 
-@pytest.mark.slow
+@pytest.mark.deployment
 @pytest.mark.timeout(420)
 def test_a_deployed_federation_with_tls_and_auth_trains_unlearns_and_refuses_a_stranger(
     tmp_path, processes

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import torch
-from test_malicious_clients import ClientAppGrid
+from federation_grid import ClientAppGrid
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.unlearning.verdicts import AdoptionRefused, choose_adoption, flag_rows

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_malicious_clients import ClientAppGrid, K
+from federation_grid import ClientAppGrid, K
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.registry import UNLEARNING

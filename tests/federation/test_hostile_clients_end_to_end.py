@@ -19,8 +19,6 @@ from safetensors.torch import load_file
 
 from fedunlearn.store.update_store import UpdateStore
 
-pytestmark = pytest.mark.slow
-
 #: partition -> (round it misbehaves in, what it does)
 HOSTILE = {0: (2, "nan"), 1: (2, "wrong-shape"), 2: (3, "huge-examples"), 3: (3, "spoof")}
 

@@ -4,11 +4,9 @@ federation with a backdoored client learns the backdoor."""
 
 from __future__ import annotations
 
-from unittest.mock import Mock
-
 import pytest
 import torch
-from fake_grid import AnsweringGrid
+from federation_grid import ClientAppGrid, K, node_context
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from clients.client_app import create_client_app
@@ -23,38 +21,12 @@ from server.training.rounds import train_config_record, train_federated
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
-K = 4
 CLEAN = {"num-clients": K, "unlearn-clients": ""}
 BACKDOOR = {**CLEAN, "attack-clients": "1", "attack": "backdoor"}
 
 
 def _context(partition: int, run_config: dict) -> Context:
-    return Context(
-        run_id=1,
-        node_id=100 + partition,
-        node_config={"partition-id": partition, "num-partitions": K},
-        state=RecordDict(),
-        run_config=run_config,
-    )
-
-
-class ClientAppGrid(AnsweringGrid):
-    """Nodes 100 .. 100 + K - 1 (partitions 0 .. K - 1) answering with the real ClientApp."""
-
-    def __init__(self, run_config: dict):
-        self.app, self.run_config = create_client_app(), run_config
-
-    def get_node_ids(self):
-        return [100 + k for k in range(K)]
-
-    def answer(self, message):
-        node = message.metadata.dst_node_id
-        answer = self.app(message, _context(node - 100, self.run_config))
-        reply = Mock(spec=Message)
-        reply.has_error.return_value = False
-        reply.metadata.src_node_id = node
-        reply.content = answer.content
-        return reply
+    return node_context(partition, K, run_config)
 
 
 def test_a_client_trains_on_the_poisoned_partition_the_server_computes():
@@ -135,7 +107,6 @@ def _trained(tmp_path, run_config: dict, name: str):
     return model, outcome.data
 
 
-@pytest.mark.slow
 def test_a_backdoored_client_plants_its_backdoor_in_the_global_model(tmp_path):
     attacked, data = _trained(tmp_path, BACKDOOR, "attacked")
     clean, _ = _trained(tmp_path, CLEAN, "clean")

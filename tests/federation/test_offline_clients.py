@@ -12,7 +12,7 @@ import time
 
 import pandas as pd
 import pytest
-from test_malicious_clients import ClientAppGrid, K
+from federation_grid import ClientAppGrid, K
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.messages import CALIBRATE, TRAIN

@@ -21,8 +21,6 @@ from simulations import run as runner
 
 SCALE = Path(__file__).resolve().parents[2] / "docs" / "scale.md"
 
-pytestmark = pytest.mark.slow
-
 
 def record_ray_node(path):
     """A Flower mod: appends the Ray node id its ClientApp runs on to ``path`` for each training
@@ -42,7 +40,10 @@ def _models(run_dir) -> dict[str, dict]:
     return {p.name: load_file(p) for p in sorted(run_dir.glob("model_*.safetensors"))}
 
 
-def test_the_main_job_runs_on_both_nodes_of_a_ray_cluster_and_equals_one_node(tmp_path, simulate):
+@pytest.mark.ray
+def test_the_main_job_runs_on_both_nodes_of_a_ray_cluster_and_equals_one_node(
+    tmp_path, simulate_ray
+):
     overrides = {
         "num-clients": 4,
         "rounds": 2,
@@ -60,13 +61,13 @@ def test_the_main_job_runs_on_both_nodes_of_a_ray_cluster_and_equals_one_node(tm
         pythonpath = os.pathsep.join(sys.path)  # the actors import the apps as this process does
         ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-        simulate(overrides, num_supernodes=4, client_mods=[record_ray_node(nodes)])
+        simulate_ray(overrides, num_supernodes=4, client_mods=[record_ray_node(nodes)])
     finally:
         ray.shutdown()
         cluster.shutdown()
     placed = nodes.read_text().split()
     assert len(placed) >= 4 * 2 and len(set(placed)) == 2  # training ran on both Ray nodes
-    simulate({**overrides, "run-name": "one-node"}, num_supernodes=4)  # Ray started by Flower
+    simulate_ray({**overrides, "run-name": "one-node"}, num_supernodes=4)  # Ray started by Flower
     two, one = _models(tmp_path / "two-nodes"), _models(tmp_path / "one-node")
     assert set(two) == set(one) and "model_final.safetensors" in two
     for name, state in two.items():

@@ -16,10 +16,9 @@ from safetensors.torch import load_file
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.update_store import UpdateStore
 
-pytestmark = pytest.mark.slow
 
-
-def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path, simulate):
+@pytest.mark.ray
+def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path, simulate_ray):
     overrides = {
         "num-clients": 4,
         "rounds": 2,
@@ -30,7 +29,7 @@ def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path, simulate):
         "node-wait-seconds": 60,
         "unlearn-clients": "",  # training and retention only; unlearning has its own test
     }
-    simulate(overrides, num_supernodes=4)
+    simulate_ray(overrides, num_supernodes=4)
 
     run_dir = tmp_path / "e2e"
     metrics = pd.read_csv(run_dir / "metrics.csv")
@@ -54,8 +53,9 @@ def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path, simulate):
     assert summary["retained_rounds"] == [1, 2]
 
 
+@pytest.mark.ray
 def test_without_num_clients_the_app_adopts_the_federation_size_and_runs_the_main_job(
-    tmp_path, simulate, capfd
+    tmp_path, simulate_ray, capfd
 ):
     """``flwr run . --stream`` on Flower's default federation (2 SuperNodes): no num-clients set,
     so the app adopts 2, trains, forgets client 0 and prints the comparison."""
@@ -68,7 +68,7 @@ def test_without_num_clients_the_app_adopts_the_federation_size_and_runs_the_mai
         "run-name": "adopted",
         "node-wait-seconds": 60,
     }
-    simulate(overrides, num_supernodes=2)
+    simulate_ray(overrides, num_supernodes=2)
 
     out = capfd.readouterr().out
     assert "num-clients not set (0): adopting the federation's size, 2 SuperNode(s)" in out

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flwr.app import ArrayRecord
-from test_malicious_clients import ClientAppGrid, K
+from federation_grid import CLIENT_APP_RAISED_AN_EXCEPTION, ClientAppGrid, K
+from flwr.app import ArrayRecord, Error, Message
 
 import strategies.retaining as retaining
 from fedunlearn.config import ExperimentConfig
@@ -49,8 +49,9 @@ class ShuffledGrid(ClientAppGrid):
             kind = ""
         if kind == "train":
             if self.kind == "error":
-                reply.has_error.return_value = True
-                reply.error.reason = "client lost"
+                reply = Message(
+                    Error(CLIENT_APP_RAISED_AN_EXCEPTION, "client lost"), reply_to=message
+                )
             elif self.kind == "hostile":  # a count above the one it declared
                 reply.content["metrics"]["num-examples"] = 10**6
             else:  # an outlier: finite, its update thousands of times the others'

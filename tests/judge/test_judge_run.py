@@ -4,7 +4,6 @@ forgotten client receives no message, for any model, once training is over."""
 from __future__ import annotations
 
 import pandas as pd
-import pytest
 from fake_grid import SpyGrid
 from flwr.serverapp import ServerApp
 
@@ -13,8 +12,6 @@ from fedunlearn.store.run_directory import RunDirectory
 from server.audit.judge import run_judge
 from server.training.rounds import stack_seeds, train_federated
 from server.unlearning.request import run_unlearning
-
-pytestmark = pytest.mark.slow
 
 COMMON = {
     "num-clients": 3,

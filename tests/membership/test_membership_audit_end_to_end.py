@@ -16,7 +16,6 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
 
 
-@pytest.mark.slow
 def test_every_model_is_attacked_and_judged_against_fedretrain(tmp_path, simulate):
     overrides = {
         "num-clients": 4,

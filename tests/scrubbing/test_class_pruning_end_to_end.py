@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-import pytest
-
-pytestmark = pytest.mark.slow
 
 
 def test_pruning_and_fine_tuning_forget_the_class_and_keep_the_others(tmp_path, simulate):

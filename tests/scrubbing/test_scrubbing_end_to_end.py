@@ -14,8 +14,6 @@ import pytest
 
 from fedunlearn.config import SCRUB_METHODS
 
-pytestmark = pytest.mark.slow
-
 
 def _simulate(simulate, tmp_path, name, **overrides):
     overrides = {

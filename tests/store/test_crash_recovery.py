@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import torch
 from fake_grid import DelegatingGrid
 from flwr.serverapp import ServerApp
@@ -33,8 +32,6 @@ from server.training.resume import RECOVERY_LOG
 from server.training.rounds import train_federated
 from server.unlearning.adoption import adopt
 from server.unlearning.request import LOG_NAME, run_unlearning
-
-pytestmark = pytest.mark.slow
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 
@@ -248,9 +245,9 @@ def test_unlearning_interrupted_halfway_is_run_again_to_the_same_result(tmp_path
 
 KILLED_RUN = """
 import json, sys
-sys.path.insert(0, sys.argv[2])
-from tests.conftest import simulate_in_process
-simulate_in_process(json.loads(sys.argv[1]), num_supernodes=4)
+sys.path[:0] = [sys.argv[2], sys.argv[2] + "/tests"]
+from federation_grid import serve_in_process
+serve_in_process(json.loads(sys.argv[1]), num_supernodes=4)
 """
 
 

@@ -20,8 +20,6 @@ from safetensors.torch import load_file
 
 from fedunlearn.store.update_store import UpdateStore
 
-pytestmark = pytest.mark.slow
-
 TARGET = 1
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pytest
 import torch
 from fake_grid import DelegatingGrid
 from flwr.serverapp import ServerApp
@@ -33,8 +32,6 @@ from server.server_app import serve
 from server.unlearning import adoption as history
 from server.unlearning import journal as request_journal
 from server.unlearning.request import LOG_NAME
-
-pytestmark = pytest.mark.slow
 
 TARGET = 0
 TRAINING = {

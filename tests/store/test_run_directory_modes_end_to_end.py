@@ -6,10 +6,6 @@ from __future__ import annotations
 import os
 import stat
 
-import pytest
-
-pytestmark = pytest.mark.slow
-
 
 def test_a_finished_run_with_unlearning_and_certified_removal_is_private(tmp_path, simulate):
     overrides = {

@@ -98,7 +98,6 @@ def _toy_on_clients():
     return mod
 
 
-@pytest.mark.slow
 def test_a_toy_method_with_its_own_retention_trains_forgets_and_loses_the_client(
     tmp_path, simulate
 ):

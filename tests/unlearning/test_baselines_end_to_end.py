@@ -8,7 +8,6 @@ import dataclasses
 import json
 import math
 
-import pytest
 from fake_grid import SpyGrid
 from flwr.serverapp import ServerApp
 
@@ -19,8 +18,6 @@ from server.training.rounds import train_federated
 from server.unlearning import journal as request_journal
 from server.unlearning.adoption import adopt
 from server.unlearning.request import run_unlearning
-
-pytestmark = pytest.mark.slow
 
 BASELINES = [spec.name for spec in UNLEARNING if spec.name not in ("federaser", "fedaccum")]
 #: The objective of each participating method's step on the leaving client.

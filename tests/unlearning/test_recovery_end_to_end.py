@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from fake_grid import SpyGrid
 from flwr.serverapp import ServerApp
 from safetensors.torch import load_file
@@ -18,8 +17,6 @@ from fedunlearn.unlearning.sensitivity import SensitivityAccumulator
 from server.training.rounds import train_federated
 from server.unlearning.adoption import adopt
 from server.unlearning.request import run_unlearning
-
-pytestmark = pytest.mark.slow
 
 
 def test_fedrecover_and_crab_recover_close_to_retraining_at_a_fraction_of_its_cost(

@@ -6,7 +6,6 @@ import dataclasses
 import json
 
 import pandas as pd
-import pytest
 from fake_grid import SpyGrid
 from flwr.serverapp import ServerApp
 
@@ -16,8 +15,6 @@ from server.training.rounds import train_federated
 from server.unlearning import journal as request_journal
 from server.unlearning.adoption import adopt
 from server.unlearning.request import LOG_NAME, run_unlearning
-
-pytestmark = pytest.mark.slow
 
 
 def adopted(outcome):

@@ -1,0 +1,96 @@
+"""The suite's Ray-free federation: the real ClientApp answering in this process, one persistent
+Flower ``Context`` per node, as a grid the real ServerApp serves.
+
+:class:`ClientAppGrid` is what Flower's simulation engine does for the server's messages, minus
+Ray: node ``100 + k`` holds partition ``k`` of ``num_nodes``, keeps its ``context.state`` from one
+message to the next, and replies what the ClientApp (with its Flower mods) returns, or an error
+reply when the ClientApp raises (as a SuperNode reports a failed ClientApp). Subclasses override
+:meth:`ClientAppGrid.answer` to lose, delay or change a node's reply.
+
+:func:`serve_in_process` runs the whole ServerApp (or a test's own) on it: the tests that need a
+federation but not Ray use it (the ``simulate`` fixture); a test of Ray itself uses
+``simulate_ray`` and carries ``@pytest.mark.ray``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from fake_grid import AnsweringGrid
+from flwr.app import Context, Error, Message, RecordDict
+
+#: The first node id; node ``FIRST_NODE + k`` holds partition ``k``.
+FIRST_NODE = 100
+#: The federation size of the tests that do not say (``test_malicious_clients``' K).
+K = 4
+#: The error code a SuperNode reports when its ClientApp raised (Flower's ``ErrorCode``).
+CLIENT_APP_RAISED_AN_EXCEPTION = 2
+
+
+@contextmanager
+def flower_task_identity() -> Iterator[None]:
+    """Flower stamps each Message with the run and node it belongs to; outside a run, pretend one
+    (run 1, node 0) and restore what was there."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    try:
+        yield
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
+
+
+def node_context(partition: int, num_nodes: int, run_config: Mapping[str, Any]) -> Context:
+    """The Context Flower's simulation gives node ``FIRST_NODE + partition``."""
+    return Context(
+        run_id=1,
+        node_id=FIRST_NODE + partition,
+        node_config={"partition-id": partition, "num-partitions": num_nodes},
+        state=RecordDict(),
+        run_config=dict(run_config),
+    )
+
+
+class ClientAppGrid(AnsweringGrid):
+    """Nodes ``FIRST_NODE .. FIRST_NODE + num_nodes - 1`` (partitions ``0 .. num_nodes - 1``)
+    answering with the real ClientApp (``create_client_app(run_config, mods)``)."""
+
+    def __init__(
+        self, run_config: Mapping[str, Any], num_nodes: int = K, mods: list | None = None
+    ) -> None:
+        from clients.client_app import create_client_app
+
+        self.run_config, self.num_nodes = dict(run_config), num_nodes
+        self.app = create_client_app(self.run_config, mods=mods)
+        self.contexts = {
+            FIRST_NODE + k: node_context(k, num_nodes, self.run_config) for k in range(num_nodes)
+        }
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def answer(self, message):
+        node = message.metadata.dst_node_id
+        try:
+            return self.app(message, self.contexts[node])
+        except Exception as error:  # what a SuperNode sends when its ClientApp raised
+            reason = f"{type(error).__name__}: {error}"
+            return Message(Error(CLIENT_APP_RAISED_AN_EXCEPTION, reason), reply_to=message)
+
+
+def serve_in_process(
+    overrides: Mapping[str, Any], num_supernodes: int, server_app=None, client_mods=None
+) -> None:
+    """Run the ServerApp (or ``server_app``, a test's own) against ``num_supernodes`` nodes of
+    :class:`ClientAppGrid` (the ClientApp with Flower mods ``client_mods``), all in this process:
+    the Ray-free twin of ``tests.conftest.simulate_in_process``."""
+    from server.server_app import create_server_app
+
+    app = server_app or create_server_app(overrides)
+    grid = ClientAppGrid(overrides, num_supernodes, mods=client_mods)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    with flower_task_identity():
+        app(grid, context)
