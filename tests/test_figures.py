@@ -147,7 +147,7 @@ def test_a_later_request_is_titled_with_every_target_so_far():
     assert "[0, 3, 5]" in fig._suptitle.get_text()
 
 
-# ------------------------------------------------------------ colours and names (issue 26)
+# ------------------------------------------------------------------------ colours and names
 ANGLES = {
     m: list(np.linspace(2, 30, 10) + i) for i, m in enumerate(["fedavg", "federaser", "fedaccum"])
 }

@@ -1,9 +1,11 @@
 """The README and docs/ are for users: no path outside the repository, a README a newcomer reads in
-ten minutes, links that resolve, and commands that parse (``--dry-run`` or ``--help``)."""
+ten minutes, links that resolve, commands that parse (``--dry-run`` or ``--help``), pages that speak
+of the project alone (no work-item numbers) and results that say when they were measured."""
 
 from __future__ import annotations
 
 import importlib
+import datetime
 import json
 import os
 import re
@@ -19,6 +21,15 @@ from simulations import run as runner
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+RESULTS = ROOT / "simulations" / "benchmarks" / "RESULTS.md"
+#: Pages a user reads: the README, docs/ (figures' page included), the measured results and the
+#: reference implementations' set-up.
+READ_PAGES = [
+    README,
+    *sorted((ROOT / "docs").rglob("*.md")),
+    RESULTS,
+    ROOT / "simulations" / "benchmarks" / "reference" / "README.md",
+]
 README_MAX_LINES = 350
 #: A run that continues an earlier one can only be checked up to the point where it needs that run.
 NEEDS_EARLIER_RUN = "a finished run under"
@@ -191,3 +202,80 @@ def test_documented_sequential_recipes_run(train, request_, tmp_path, monkeypatc
     first = asked[0].group(1) if asked[0] else "0"  # the main job's default target
     expected = [[int(first)], [int(asked[1].group(1))]]
     assert [json.loads(line)["targets"] for line in log] == expected
+
+
+#: How a page would cite a work item by number instead of saying what it means: "issue 25",
+#: "issues 12 and 14", "work item 7", "item 4", "acceptance 1", "PR 3", "(#27)". A colour
+#: (``#1f77b4``, ``#000000``), an anchor (``page.md#3-x``), an address (``.../issues/2``) and an
+#: HTML entity (``&#8212;``) are not citations.
+WORK_ITEM = re.compile(
+    r"\bissues?\s+#?\d+"
+    r"|\b(?:work[- ])?items?\s+#?\d+"
+    r"|\bacceptance\s+#?\d+"
+    r"|\b(?:PR|pull request)\s*#?\d+"
+    r"|(?<![\w/&#])#(?![0-9a-fA-F]{6}(?:[0-9a-fA-F]{2})?\b)\d+\b",
+    re.IGNORECASE,
+)
+#: A RESULTS.md section's heading ends with the date its numbers were measured.
+SECTION_DATE = re.compile(r"\((\d{4}-\d{2}-\d{2})\)$")
+
+
+def _work_item_citations(text: str) -> list[str]:
+    """Each line that cites a work item by number; a heading's own ``#`` marks are not read."""
+    return [
+        f"{number}: {line.strip()[:100]}"
+        for number, line in enumerate(text.splitlines(), 1)
+        if WORK_ITEM.search(re.sub(r"^#+\s", "", line))
+    ]
+
+
+def test_the_work_item_pattern_catches_a_citation_and_nothing_else():
+    for cited in (
+        "The skewed runs behind issue 25 rolled back.",
+        "as in Issue 31",
+        "issues 12 and 14",
+        "the fix (#27)",
+        "work item 7",
+        "work-item 7",
+        "issue 27 item 4",
+        "(acceptance 1 and 2)",
+        "see PR #3",
+    ):
+        assert _work_item_citations(cited), cited
+    for clean in (
+        "## The judge over seeds (2026-11-26)",
+        'color: "#1f77b4", "#000000"',
+        "[Data](#data), docs/scale.md#3-rounds",
+        "github.com/Liar-Mask/FedAU/issues/2",
+        "a dash &#8212; here",
+        "| # | hot spot |",
+        "the issue's run, the items listed, issued 3 certificates",
+    ):
+        assert not _work_item_citations(clean), clean
+
+
+@pytest.mark.parametrize("page", READ_PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_pages_cite_no_work_item_numbers(page):
+    """A reader has no tracker: a page says what it means ("the label-skew runs"), not a number."""
+    assert _work_item_citations(page.read_text()) == []
+
+
+def _results_sections() -> list[str]:
+    """RESULTS.md's ``## `` headings, outside code blocks."""
+    headings, fenced = [], False
+    for line in RESULTS.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("## "):
+            headings.append(line)
+    return headings
+
+
+def test_every_results_section_is_dated():
+    """Each section names what it measured and ends with the date it was measured: (YYYY-MM-DD)."""
+    sections = _results_sections()
+    assert len(sections) > 10, "RESULTS.md is read by its ## sections"
+    undated = [heading for heading in sections if not SECTION_DATE.search(heading)]
+    assert undated == []
+    for heading in sections:
+        datetime.date.fromisoformat(SECTION_DATE.search(heading).group(1))  # a real day

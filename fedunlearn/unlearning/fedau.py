@@ -3,7 +3,7 @@
 Gu, Zhu, Zhang, Zhao, Han, Fan, Yang, *Unlearning during Learning: An Efficient Federated Machine
 Unlearning Method*, IJCAI 2024 (arXiv 2405.15474; code: github.com/Liar-Mask/FedAU, ``main_zgx.py``
 and ``experiments/trainer_private.py``). The paper's text was not reachable from here; what follows
-is read from the authors' code and their answer in issue #2 of that repository.
+is read from the authors' code and their answer in github.com/Liar-Mask/FedAU/issues/2.
 
 **The auxiliary module W_a.** A second linear classifier on the same features phi(x) as the model's
 head W (the code's ``classifier_ul`` beside ``classifier``). A client that may ask to forget trains
@@ -14,7 +14,7 @@ code starts W_a from ``(1 - gamma) W + gamma W_a^prev`` (client level, ``ul_clie
 and trains body, W and W_a jointly on ``CE(W phi, y) + CE(W_a phi, y_aux)``; body and W go to
 FedAvg as usual, W_a stays, one per client, overwritten every round (never summed over rounds).
 
-**The linear operation** (code's convention; the paper's alpha is 1 - this alpha, issue #2)::
+**The linear operation** (code's convention; the paper's alpha is 1 - this alpha, per that answer)::
 
     sample / client level:  W_u = (1 - alpha) W + alpha * mean_{k in targets} W_a^k   (alpha = 0.9)
     class level:            W_u = W - mean_{k in targets} W_a^k

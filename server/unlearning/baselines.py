@@ -1,4 +1,4 @@
-"""The field's baselines on Flower (issue: the baselines the field compares against): rapid
+"""The field's baselines on Flower (the methods the field compares against): rapid
 retraining, PGA, FedQUIT and FedAU; FedOSD in :mod:`server.unlearning.fedosd`. Their math is
 Flower-free in :mod:`fedunlearn.unlearning`; this module moves models between the server and the
 clients and reads what training kept.

@@ -1,4 +1,5 @@
-"""Adoption on a skewed federation, then a second request (issue 25's adoption case).
+"""Adoption on a skewed federation, then a second request (the case where FedEraser's
+flagged model was once adopted and built on).
 
 Digits, K = 10 clients holding label shards (2 per client), the main job's training; request 1
 forgets clients 2 and 5 with ``unlearn-adopt = auto``. Then request 2 forgets client 3 from the

@@ -1,8 +1,9 @@
 """FedRecover on label skew with and without the divergence guard (ours), for two readings of the
 abnormality threshold τ: the paper's (τ_t lets at most α = 10⁻³ of round t's update coordinates
 above it, τ = max_t τ_t) and α = 0 (τ = the largest coordinate of any retained update, the reading
-under which issue 25's run diverged). One ``fedunlearn-run simulations/fedrecover_skew_mnist.toml``
-per variant and seed (forgetting client S at seed S); skipped when already done.
+under which FedRecover once diverged unseen on label skew). One ``fedunlearn-run
+simulations/fedrecover_skew_mnist.toml`` per variant and seed (forgetting client S at seed S);
+skipped when already done.
 
 Writes ``fedrecover_guard.csv``/``.md`` in ``--output-dir``: per variant and seed, FedRecover's and
 FedRetrain's test accuracy, the gap, the flag, FedRecover's rounds estimated / exact / redone by the

@@ -1,5 +1,5 @@
-"""Whether two runs left the same models, bit for bit (issue 30: a round folded reply by reply must
-give the model the round aggregated whole gave).
+"""Whether two runs left the same models, bit for bit (streaming aggregation: a round folded
+reply by reply must give the model the round aggregated whole gave).
 
 Compares every ``model_*.safetensors`` of two run directories tensor by tensor (``torch.equal``:
 the same values and dtypes, not close) and writes ``same_models.csv``/``.md``: one row per model

@@ -204,13 +204,13 @@ def round_table(metrics: pd.DataFrame) -> pd.DataFrame:
     table["round_wall_seconds"] = table["elapsed_seconds"].diff()
     table["seconds_per_update"] = table["round_wall_seconds"] / table["clients_replied"]
     columns = ["round", "test_accuracy", "server_rss_mb", "store_mb", "clients_replied"]
-    if "server_round_peak_rss_mb" in table:  # the peak within each round (runs since issue 30)
+    if "server_round_peak_rss_mb" in table:  # the peak within each round (newer runs)
         columns.insert(3, "server_round_peak_rss_mb")
     return table[table["round"] >= 1][columns + ["round_wall_seconds", "seconds_per_update"]]
 
 
 def calibration_updates(run: Path, details: dict, steps: int, remaining: int) -> int:
-    """The calibration updates FedEraser asked: as its details count them (runs since issue 30),
+    """The calibration updates FedEraser asked: as its details count them (newer runs),
     else the clients of each adopted trajectory round after the first (a sampled run calibrates
     each round's participants only), else every remaining client at every step after t_1."""
     if "calibration_updates" in details:

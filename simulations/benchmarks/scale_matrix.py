@@ -1,4 +1,4 @@
-"""Server memory flat in the number of clients (issue 30): the scale benchmark over K and the
+"""Server memory flat in the number of clients: the scale benchmark over K and the
 fraction of clients a round trains.
 
 Runs :mod:`simulations.benchmarks.scale` once per setting ``K:fraction:rounds`` on MNIST

@@ -1,4 +1,5 @@
-"""How far apart honest updates of one round are, against ``max-update-ratio`` (issue 27).
+"""How far apart honest updates of one round are, against the reply screen's norm bound
+``max-update-ratio``.
 
 Trains digits (K = 10, the main job's model, 8 rounds, training only) on Dirichlet(0.1) and label
 shards (2 per client), seeds 0-2, then reads every retained round's updates and reports the largest

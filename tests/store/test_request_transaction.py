@@ -202,7 +202,7 @@ def kill_points(recording: RecordingGrid) -> list[tuple]:
     """Every file step, and before the first push of each phase (a run of pushes of one message
     type: FedEraser's calibration, SIFU's and FedRetrain's rounds, the certified head's queries,
     scrubbing's, the audit's reference trainings); with ``FEDUNLEARN_KILL_EVERY_PUSH=1``, before
-    every push (minutes: the figures in the issue's closing note)."""
+    every push (minutes)."""
     points = [("file", *step) for step in FILE_STEPS]
     every = os.environ.get("FEDUNLEARN_KILL_EVERY_PUSH") == "1"
     for place, kind in zip(recording.places, recording.types):
