@@ -79,6 +79,7 @@ from fedunlearn.certified.certificate import (
     worst_case_bound,
 )
 from fedunlearn.certified.fast_factor import FastFactor
+from fedunlearn.certified.head_data import HeadData, id_list
 from fedunlearn.certified.losses import lipschitz_gamma
 from fedunlearn.certified.perturbation import check_generator, sample_perturbation
 from fedunlearn.certified.removal_step import RemovalStep
@@ -90,7 +91,7 @@ from fedunlearn.certified.solvers import (
     joint_norm,
     top_eigenvalue,
 )
-from fedunlearn.certified.statistics import HeadData, HeadSums, id_list
+from fedunlearn.certified.statistics import HeadSums
 from fedunlearn.errors import ConfigError, FedUnlearnError
 from fedunlearn.store.durable_io import log_size, truncate_log
 
@@ -119,7 +120,7 @@ class CertifiedHead(RemovalStep):
     Parameters
     ----------
     data : HeadData
-        The training set (:class:`fedunlearn.certified.statistics.CentralHeadData`, or the federation).
+        The training set (:class:`fedunlearn.certified.head_data.CentralHeadData`, or the federation).
     params : CertifiedRemovalParams
     rng : numpy.random.Generator, optional
         Source of b for tests only. ``None`` (the default, and the only choice of the run config)

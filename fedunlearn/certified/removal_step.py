@@ -23,6 +23,7 @@ from fedunlearn.certified.certificate import (
     per_point_bound,
 )
 from fedunlearn.certified.fast_factor import FastFactor
+from fedunlearn.certified.head_data import HeadData
 from fedunlearn.certified.losses import lipschitz_gamma
 from fedunlearn.certified.solvers import (
     blas_threads,
@@ -32,7 +33,6 @@ from fedunlearn.certified.solvers import (
     joint_norm,
     top_eigenvalue,
 )
-from fedunlearn.certified.statistics import HeadData
 
 #: ``||X'||_2`` is recomputed only when that could tighten it by more than this fraction.
 SPECTRAL_GAIN = 0.01

@@ -3,7 +3,7 @@
 The body of the trained federated model is the feature extractor. The server holds the head, the
 perturbation b and the list of removed samples; the clients return sums over their features
 (``query.certified_head``, see ``clients/head_queries.py``). :class:`FederatedHeadData` turns those
-messages into the :class:`fedunlearn.certified.statistics.HeadData` interface, so the same engine
+messages into the :class:`fedunlearn.certified.head_data.HeadData` interface, so the same engine
 (:class:`fedunlearn.certified.removal.CertifiedHead`) trains and unlearns centrally and federated.
 
 A sample is named ``(partition id, local index)``, two integers (nothing is coerced). A removal
@@ -32,17 +32,10 @@ from flwr.serverapp import Grid
 
 from fedunlearn.certified.certificate import CertifiedRemovalParams
 from fedunlearn.certified.features import head_features
+from fedunlearn.certified.head_data import CentralHeadData, id_list, is_integer_id
 from fedunlearn.certified.losses import one_vs_rest_targets, predict_labels
 from fedunlearn.certified.removal import CertifiedHead
-from fedunlearn.certified.statistics import (
-    CentralHeadData,
-    HeadSums,
-    RemovedParts,
-    StepSums,
-    id_list,
-    is_integer_id,
-    unpack_symmetric,
-)
+from fedunlearn.certified.statistics import HeadSums, RemovedParts, StepSums, unpack_symmetric
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import run_settings
 from fedunlearn.errors import ConfigError
@@ -75,7 +68,7 @@ def model_digest(state: Mapping[str, torch.Tensor]) -> str:
 
 
 class FederatedHeadData:
-    """:class:`fedunlearn.certified.statistics.HeadData` over a federation's clients.
+    """:class:`fedunlearn.certified.head_data.HeadData` over a federation's clients.
 
     Every reply is validated before it is used (:mod:`server.certified.replies`): from the node
     asked, the op's arrays with their exact shapes, finite floating values, and counts equal to the
