@@ -4,7 +4,7 @@ implementation :class:`CentralHeadData` on one feature matrix, and the sample id
 Guo et al.'s Algorithms 1-2 touch the data only through the sums of
 :mod:`fedunlearn.certified.statistics`; a :class:`HeadData` computes them over the current data D'
 wherever it lives: centrally here, or in a federation, where each client computes them on its own
-features and the server adds them up (``server/certified/head.py`` implements
+features and the server adds them up (``server/certified/head_data.py`` implements
 :class:`HeadData` with messages).
 """
 

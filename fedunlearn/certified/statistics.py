@@ -8,7 +8,7 @@ computed here by pure functions on a feature matrix, so that the same code runs
 
 * centrally, on one matrix (:class:`~fedunlearn.certified.head_data.CentralHeadData`), and
 * in a federation, where each client computes them on its own features and the server adds them up
-  (``server/certified/head.py`` implements :class:`~fedunlearn.certified.head_data.HeadData`
+  (``server/certified/head_data.py`` implements :class:`~fedunlearn.certified.head_data.HeadData`
   with messages).
 
 Regularisation and the perturbation ``b`` are never here: they belong to the server (which alone

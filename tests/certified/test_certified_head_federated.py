@@ -21,7 +21,7 @@ from fedunlearn.certified.removal import CertifiedHead
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.errors import ConfigError
-from server.certified.head import FederatedHeadData
+from server.certified.head_data import FederatedHeadData
 from server.certified.replies import BadReplyError, QueryFailedError
 from server.federation.members import FederationMembers
 
