@@ -68,14 +68,8 @@ from fedunlearn.store.durable_io import (
     private_directory,
 )
 from fedunlearn.store.header import FORMAT_VERSION, HeaderAndLock
-from fedunlearn.store.index import (
-    COLUMNS,
-    BlobRow,
-    NormsRow,
-    StoreBusyError,
-    StoreIndex,
-    StoreReadOnlyError,
-)
+from fedunlearn.store.index import StoreBusyError, StoreIndex, StoreReadOnlyError
+from fedunlearn.store.index_rows import COLUMNS, BlobRow, NormsRow
 from fedunlearn.store.retained_round import RetainedRound
 from fedunlearn.store.round_writer import RoundWriter
 
