@@ -25,10 +25,10 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.client_state import ClientSetup
 from fedunlearn.certified.features import head_features
+from fedunlearn.certified.head_data import is_integer_id
 from fedunlearn.certified.losses import check_loss, one_vs_rest_targets
 from fedunlearn.certified.statistics import (
     head_sums,
-    is_integer_id,
     pack_symmetric,
     removed_parts,
     step_sums,

@@ -30,7 +30,7 @@ CALIBRATE = "train.calibrate"
 EVALUATE = "evaluate"
 #: Who a client is (partition, expected federation size, sample count): the server's discovery.
 DESCRIBE = "query.describe"
-#: Sums over a client's head features for the certified head (``server/certified/head.py``).
+#: Sums over a client's head features for the certified head (``server/certified/head_data.py``).
 HEAD_QUERY = "query.certified_head"
 #: Sums over a client's D_r / D_f for the scrubbing methods (``server/scrubbing/phase.py``).
 SCRUB_QUERY = "query.scrub_stats"

@@ -23,7 +23,8 @@ from server.federation.members import adopt_federation_size
 from server.federation.threads import use_server_threads
 from server.scrubbing.phase import run_scrubbing
 from server.training.loading import load_trained_run
-from server.training.rounds import dp_epsilon_of, train_federated
+from server.training.original import train_federated
+from server.training.rounds import dp_epsilon_of
 from server.unlearning import journal as request_journal
 from server.unlearning.adoption import adopt, is_adopted
 from server.unlearning.request import run_unlearning, unlearning_done

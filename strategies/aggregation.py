@@ -20,7 +20,8 @@ from flwr.serverapp.strategy import FedAvg, FedMedian, FedProx, FedTrimmedAvg, K
 
 from fedunlearn.config.choices import AGGREGATIONS
 from fedunlearn.errors import ConfigError
-from strategies.retaining import aggregate_train_metrics, participant_minimums
+from strategies.retaining import participant_minimums
+from strategies.train_replies import aggregate_train_metrics
 
 _CLASSES = {
     "fedavg": FedAvg,

@@ -13,6 +13,8 @@ round; the store keeps the union once, and its metadata records each policy's ow
 and aggregates (FedAvg, FedProx, FedMedian, FedTrimmedAvg, Krum: :mod:`strategies.aggregation`); the
 wrapper remembers the model it sent, keeps what the policies select of the replies and hands the
 replies on in partition order. :class:`RetainingFedAvg` is the wrapper around Flower's own FedAvg.
+What the wrapper reads of the training replies (their metrics, L^t, the auxiliary heads, the
+updates they carry, their partition order) is :mod:`strategies.train_replies`.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.store.retention import (
-    AUXILIARY_KEY,
     AUXILIARY_REQUEST,
     PARTICIPANTS_KEY,
     RECORD_KEY,
@@ -37,70 +38,20 @@ from fedunlearn.store.retention import (
     Selection,
 )
 from fedunlearn.store.update_store import UpdateStore
-from fedunlearn.training.model_state import state_difference
 from fedunlearn.training.streaming import DEFAULT_WINDOW
 from strategies.streaming import StreamingRound, folds_replies
+from strategies.train_replies import (
+    PARTITION_ID_KEY,
+    START_LOSS_REQUEST,
+    ReplyUpdates,
+    aggregate_train_metrics,
+    auxiliary_heads,
+    partition_order,
+    shallow_arrays,
+    start_loss,
+)
 
 logger = logging.getLogger(__name__)
-
-#: Metrics every training reply must carry for retention.
-PARTITION_ID_KEY = "partition-id"
-#: The config key asking the clients for L^t (the loss of the model they received, before they
-#: train), and the metric that answers it: what a policy with ``wants_start_loss`` reads.
-START_LOSS_REQUEST, START_LOSS_KEY = "report-start-loss", "start-loss"
-
-
-def aggregate_train_metrics(records: list[RecordDict], weighted_by_key: str) -> MetricRecord:
-    """Weighted mean of the clients' numeric metrics, leaving out ids that must not be averaged."""
-    totals: dict[str, float] = {}
-    weight_sum = 0.0
-    for record in records:
-        metrics = next(iter(record.metric_records.values()))
-        weight = float(metrics[weighted_by_key])
-        weight_sum += weight
-        for key, value in metrics.items():
-            if key in (weighted_by_key, PARTITION_ID_KEY) or isinstance(value, list):
-                continue
-            totals[key] = totals.get(key, 0.0) + weight * float(value)
-    aggregated = (
-        MetricRecord({k: v / weight_sum for k, v in totals.items()})
-        if weight_sum
-        else MetricRecord()
-    )
-    aggregated[weighted_by_key] = int(weight_sum)
-    return aggregated
-
-
-def _start_loss(replies: list[Message], weighted_by_key: str) -> float | None:
-    """L^t: the replies' ``start-loss`` weighted by their sample counts (None if none reported)."""
-    total = weight = 0.0
-    for reply in replies:
-        metrics = next(iter(reply.content.metric_records.values()))
-        if START_LOSS_KEY in metrics:
-            total += float(metrics[weighted_by_key]) * float(metrics[START_LOSS_KEY])
-            weight += float(metrics[weighted_by_key])
-    return total / weight if weight > 0 else None
-
-
-def _auxiliary(replies: list[Message]) -> dict[int, torch.Tensor]:
-    """The auxiliary heads the replies carry (:data:`AUXILIARY_KEY`), flat, by partition id."""
-    heads = {}
-    for reply in replies:
-        metrics = next(iter(reply.content.metric_records.values()))
-        if AUXILIARY_KEY in metrics and PARTITION_ID_KEY in metrics:
-            values = metrics[AUXILIARY_KEY]
-            heads[int(metrics[PARTITION_ID_KEY])] = torch.tensor(list(values), dtype=torch.float32)
-    return heads
-
-
-def _partition_order(reply: Message) -> tuple[int, int]:
-    """Sort key: replies with a partition id first, by id; failed or anonymous replies after."""
-    if reply.has_error():
-        return (1, 0)
-    metrics = next(iter(reply.content.metric_records.values()), None)
-    if metrics is None or PARTITION_ID_KEY not in metrics:
-        return (1, 0)
-    return (0, int(metrics[PARTITION_ID_KEY]))
 
 
 class _ParticipantGrid:
@@ -112,24 +63,6 @@ class _ParticipantGrid:
 
     def get_node_ids(self) -> list[int]:
         return [node for node in self._grid.get_node_ids() if node in self._participants]
-
-
-class _Updates(Mapping):
-    """Partition id -> U_k^t = M_k^t - M^t, computed from the reply's arrays on each read: a
-    round of many clients never holds all its updates besides the replies themselves."""
-
-    def __init__(self, arrays: Mapping[int, ArrayRecord], global_state) -> None:
-        self._arrays, self._global_state = arrays, global_state
-
-    def __getitem__(self, partition_id: int):
-        client_state = self._arrays[partition_id].to_torch_state_dict()
-        return state_difference(client_state, self._global_state)
-
-    def __iter__(self):
-        return iter(self._arrays)
-
-    def __len__(self) -> int:
-        return len(self._arrays)
 
 
 class Retaining(Strategy):
@@ -271,12 +204,12 @@ class Retaining(Strategy):
         every client."""
         # Sum in partition order, not arrival order: floating-point addition is not associative,
         # and a rerun with the same seed must give the same model bit for bit.
-        replies = sorted(replies, key=_partition_order)
+        replies = sorted(replies, key=partition_order)
         valid = [m for m in replies if not m.has_error()]
         # What each client sent, held apart: a robust aggregation (FedMedian) pops the arrays it
         # has read from the replies. The copies share the arrays themselves (no extra memory).
         retaining = self.store is not None
-        sent = [_shallow_arrays(m, self.arrayrecord_key) for m in valid] if retaining else []
+        sent = [shallow_arrays(m, self.arrayrecord_key) for m in valid] if retaining else []
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         if self.store is not None and arrays is not None:
             if self.sampler is not None:
@@ -331,7 +264,7 @@ class Retaining(Strategy):
     def _record_participants(self, server_round: int, replies: list[Message]) -> None:
         """Who took part in ``server_round`` (the partitions whose replies were aggregated), in
         the store's metadata; a resumed run drops the rounds after its checkpoint."""
-        took_part = sorted(p for error, p in map(_partition_order, replies) if not error)
+        took_part = sorted(p for error, p in map(partition_order, replies) if not error)
         self._save_participants(server_round, took_part)
 
     def _save_participants(self, server_round: int, took_part: list[int]) -> None:
@@ -344,10 +277,10 @@ class Retaining(Strategy):
         keeps of earlier ones); write the union and the record, then delete what is left unkept."""
         global_state = self.started_from(server_round)
         updates, counts = self._updates(server_round, replies, sent, global_state)
-        loss = _start_loss(replies, self.weighted_by_key)
+        loss = start_loss(replies, self.weighted_by_key)
         for policy in self.policies.values():
             if policy.wants_auxiliary(server_round):
-                policy.observe(server_round, _auxiliary(replies))
+                policy.observe(server_round, auxiliary_heads(replies))
 
         def select(name: str, policy: RetentionPolicy) -> Selection:
             selection = policy.select(
@@ -432,7 +365,7 @@ class Retaining(Strategy):
             partition_id = int(metrics[PARTITION_ID_KEY])
             arrays[partition_id] = record
             counts[partition_id] = int(metrics[self.weighted_by_key])
-        return _Updates(arrays, global_state), counts
+        return ReplyUpdates(arrays, global_state), counts
 
     def _save_record(self, server_round: int, states: dict) -> None:
         """The record and the policies' states after this round (and the round before, which a
@@ -448,11 +381,6 @@ class Retaining(Strategy):
         """Every stateful policy's :meth:`~RetentionPolicy.state_dict`, by name."""
         states = {name: policy.state_dict() for name, policy in self.policies.items()}
         return {name: state for name, state in states.items() if state is not None}
-
-
-def _shallow_arrays(reply: Message, key: str) -> ArrayRecord:
-    """A new ArrayRecord holding the same arrays as the reply's ``key`` record."""
-    return ArrayRecord(dict(reply.content[key].items()))
 
 
 def _by_name(policies: Iterable[RetentionPolicy], store) -> dict[str, RetentionPolicy]:

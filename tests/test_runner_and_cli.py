@@ -194,9 +194,9 @@ def test_store_verify_on_a_garbage_index_exits_1(tmp_path, capsys, garbage):
 def _certified_head_with_a_ledger(folder, seed: int):
     """A fitted certified head of 30 samples writing its ledger into ``folder``."""
     from fedunlearn.certified.certificate import CertifiedRemovalParams
+    from fedunlearn.certified.head_data import CentralHeadData
     from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
     from fedunlearn.certified.removal import CertifiedHead
-    from fedunlearn.certified.statistics import CentralHeadData
 
     rng = np.random.default_rng(seed)
     x = normalize_features(rng.normal(size=(30, 3)) + 0.3)

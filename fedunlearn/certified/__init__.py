@@ -42,6 +42,7 @@ from fedunlearn.certified.fast_factor import (
 from fedunlearn.certified.features import (
     head_features,
 )
+from fedunlearn.certified.head_data import CentralHeadData, HeadData, id_list, is_integer_id
 from fedunlearn.certified.losses import (
     LOGISTIC_GAMMA,
     LOSSES,
@@ -76,14 +77,10 @@ from fedunlearn.certified.staleness import (
     stale_terms,
 )
 from fedunlearn.certified.statistics import (
-    CentralHeadData,
-    HeadData,
     HeadSums,
     RemovedParts,
     StepSums,
     head_scores,
-    id_list,
-    is_integer_id,
     pack_symmetric,
     removed_parts,
     step_sums,

@@ -21,16 +21,8 @@ from fedunlearn.store.durable_io import (
     truncate_log,
 )
 from fedunlearn.store.header import FORMAT_VERSION, HeaderAndLock
-from fedunlearn.store.index import (
-    COLUMNS,
-    INDEX_VERSION,
-    BlobRow,
-    StoreBusyError,
-    StoreIndex,
-    StoreReadOnlyError,
-    blob_path,
-    describe,
-)
+from fedunlearn.store.index import INDEX_VERSION, StoreBusyError, StoreIndex, StoreReadOnlyError
+from fedunlearn.store.index_rows import COLUMNS, BlobRow, blob_path, describe
 from fedunlearn.store.round_writer import RoundWriter
 from fedunlearn.store.run_directory import (
     CHECKPOINT,

@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 
 from fedunlearn.errors import ConfigError, StoreCorruptionError
 from fedunlearn.store.durable_io import PRIVATE_DIRECTORY_MODE, PRIVATE_FILE_MODE, json_loads
-from fedunlearn.store.index import BlobRow
+from fedunlearn.store.index_rows import BlobRow
 
 State = Mapping[str, torch.Tensor]
 #: The name in every header and blob of the store's format.

@@ -24,7 +24,7 @@ from fedunlearn.store.blobs import (
     squared_norms,
 )
 from fedunlearn.store.durable_io import atomic_write_bytes, fsync_directory, private_directory
-from fedunlearn.store.index import BlobRow, blob_path
+from fedunlearn.store.index_rows import BlobRow, blob_path
 
 
 class RoundWriter:

@@ -37,13 +37,13 @@ from fedunlearn.training.local import resolve_device
 from fedunlearn.training.model_state import State
 from server.method_runner import MethodRunner, diverged_methods
 from server.progress import Log, count
+from server.training.original import train_federated
 from server.training.rounds import (
     TrainingOutcome,
     fedavg_rounds,
     initial_model,
     participant_strategy,
     stack_seeds,
-    train_federated,
 )
 from server.unlearning.request import UnlearningContext, keep_training_last
 

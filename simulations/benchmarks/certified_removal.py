@@ -6,7 +6,7 @@ Setting: the MNIST training images of digits 3 and 8 (label 8 is the positive cl
 model with ``lambda = 1e-3``, Gaussian objective perturbation ``sigma = 10`` and
 ``(epsilon, delta) = (1, 1e-4)``: the removal budget is ``sigma epsilon / c = 2.28``. The engine is
 :class:`fedunlearn.certified.removal.CertifiedHead` on a
-:class:`fedunlearn.certified.statistics.CentralHeadData`. Every phase removes samples one at a time in
+:class:`fedunlearn.certified.head_data.CentralHeadData`. Every phase removes samples one at a time in
 one fixed random order drawn from ``--seed``. b comes from the operating system's randomness
 (there is no seed for it): one standard normal draw z per run, and every head of the run trains
 with ``b = sigma z`` (``fit(perturbation=...)``), so that modes, bounds and sigmas are compared on
@@ -51,10 +51,10 @@ import pandas as pd
 from scipy.special import expit
 
 from fedunlearn.certified.certificate import CertifiedRemovalParams, removal_budget
+from fedunlearn.certified.head_data import CentralHeadData
 from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets, predict_labels
 from fedunlearn.certified.perturbation import sample_perturbation
 from fedunlearn.certified.removal import CertifiedHead
-from fedunlearn.certified.statistics import CentralHeadData
 from fedunlearn.plots import plt, save_figure
 from simulations.benchmarks import default_data_root
 from simulations.benchmarks._args import common_args

@@ -15,13 +15,13 @@ from clients.client_state import ClientSetup
 from clients.head_queries import answer_head_query
 from fedunlearn.certified.certificate import CertifiedRemovalParams, read_ledger
 from fedunlearn.certified.features import head_features
+from fedunlearn.certified.head_data import CentralHeadData
 from fedunlearn.certified.losses import one_vs_rest_targets
 from fedunlearn.certified.removal import CertifiedHead
-from fedunlearn.certified.statistics import CentralHeadData
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.errors import ConfigError
-from server.certified.head import FederatedHeadData
+from server.certified.head_data import FederatedHeadData
 from server.certified.replies import BadReplyError, QueryFailedError
 from server.federation.members import FederationMembers
 

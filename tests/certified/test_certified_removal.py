@@ -17,6 +17,7 @@ from fedunlearn.certified.certificate import (
     worst_case_bound,
 )
 from fedunlearn.certified.fast_factor import FastFactor
+from fedunlearn.certified.head_data import CentralHeadData
 from fedunlearn.certified.losses import (
     LOGISTIC_GAMMA,
     FeatureNormError,
@@ -27,7 +28,7 @@ from fedunlearn.certified.losses import (
 from fedunlearn.certified.perturbation import sample_perturbation
 from fedunlearn.certified.removal import CertifiedHead
 from fedunlearn.certified.solvers import cholesky_solve
-from fedunlearn.certified.statistics import CentralHeadData, head_sums, removed_parts, step_sums
+from fedunlearn.certified.statistics import head_sums, removed_parts, step_sums
 from fedunlearn.errors import ConfigError
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedunlearn.certified.head_data import CentralHeadData
 from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
 from fedunlearn.certified.statistics import (
-    CentralHeadData,
     HeadSums,
     RemovedParts,
     StepSums,

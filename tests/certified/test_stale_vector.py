@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedunlearn.certified.certificate import CertifiedRemovalParams
+from fedunlearn.certified.head_data import CentralHeadData
 from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets, second_derivative
 from fedunlearn.certified.removal import CertifiedHead
 from fedunlearn.certified.staleness import rounding_gamma, stale_terms
-from fedunlearn.certified.statistics import CentralHeadData, weighted_grams
+from fedunlearn.certified.statistics import weighted_grams
 from fedunlearn.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
 from fedunlearn.store.durable_io import atomic_write_bytes
 from fedunlearn.store.run_directory import RunDirectory
-from server.training.rounds import train_federated
+from server.training.original import train_federated
 
 
 def _config(tmp_path, **values):

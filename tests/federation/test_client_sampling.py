@@ -16,7 +16,7 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.messages import CALIBRATE
 from fedunlearn.store.retention import PARTICIPANTS_KEY
 from fedunlearn.training.sampling import round_seed, sample_partitions
-from server.training.rounds import train_federated
+from server.training.original import train_federated
 from server.unlearning.request import run_unlearning
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")

@@ -17,7 +17,8 @@ from federation_grid import ClientAppGrid
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.unlearning.verdicts import AdoptionRefused, choose_adoption, flag_rows
 from server.method_runner import MethodRunner
-from server.training.rounds import DivergedRound, train_federated
+from server.training.original import train_federated
+from server.training.rounds import DivergedRound
 from server.unlearning.request import run_unlearning
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")

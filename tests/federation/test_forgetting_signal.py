@@ -21,7 +21,7 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.registry import UNLEARNING
 from fedunlearn.unlearning.forgetting import MIN_SIGNAL_POINTS
 from fedunlearn.unlearning.keep_training import round_plan
-from server.training.rounds import train_federated
+from server.training.original import train_federated
 from server.unlearning.request import LOG_NAME, run_unlearning
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")

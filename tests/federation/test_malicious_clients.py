@@ -17,7 +17,8 @@ from fedunlearn.data.poisoning import poisoning_success_rate
 from fedunlearn.seeding import derive_seed
 from fedunlearn.training.local import evaluate
 from fedunlearn.training.models import build_dataset_model
-from server.training.rounds import train_config_record, train_federated
+from server.training.original import train_federated
+from server.training.rounds import train_config_record
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 

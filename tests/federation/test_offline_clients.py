@@ -16,7 +16,7 @@ from federation_grid import ClientAppGrid, K
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.messages import CALIBRATE, TRAIN
-from server.training.rounds import train_federated
+from server.training.original import train_federated
 from server.unlearning.request import LOG_NAME, run_unlearning
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Error, Message
 
 import strategies.retaining as retaining
 from fedunlearn.config import ExperimentConfig
-from server.training.rounds import train_federated
+from server.training.original import train_federated
 from strategies.streaming import StreamingRound
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")

@@ -10,7 +10,8 @@ from flwr.serverapp import ServerApp
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.store.run_directory import RunDirectory
 from server.audit.judge import run_judge
-from server.training.rounds import stack_seeds, train_federated
+from server.training.original import train_federated
+from server.training.rounds import stack_seeds
 from server.unlearning.request import run_unlearning
 
 COMMON = {

@@ -28,8 +28,8 @@ from fedunlearn.errors import StoreCorruptionError
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.training.loading import load_trained_run
+from server.training.original import train_federated
 from server.training.resume import RECOVERY_LOG
-from server.training.rounds import train_federated
 from server.unlearning.adoption import adopt
 from server.unlearning.request import LOG_NAME, run_unlearning
 

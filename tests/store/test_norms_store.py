@@ -10,7 +10,8 @@ import torch
 
 from fedunlearn.errors import ConfigError, StoreCorruptionError
 from fedunlearn.store.blobs import squared_norms
-from fedunlearn.store.index import NORMS_VERSION, NormsRow
+from fedunlearn.store.index import NORMS_VERSION
+from fedunlearn.store.index_rows import NormsRow
 from fedunlearn.store.update_store import UpdateStore
 
 

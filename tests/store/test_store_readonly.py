@@ -17,9 +17,9 @@ import torch
 
 from fedunlearn import cli
 from fedunlearn.certified.certificate import CertifiedRemovalParams
+from fedunlearn.certified.head_data import CentralHeadData
 from fedunlearn.certified.losses import normalize_features, one_vs_rest_targets
 from fedunlearn.certified.removal import CertifiedHead
-from fedunlearn.certified.statistics import CentralHeadData
 from fedunlearn.store.update_store import UpdateStore
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]

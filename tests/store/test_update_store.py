@@ -646,7 +646,7 @@ def test_an_edited_index_field_is_detected_on_every_read_and_by_verify(tmp_path,
 
 
 def test_a_row_checksum_recomputed_for_a_foreign_path_is_still_refused(tmp_path):
-    from fedunlearn.store.index import BlobRow
+    from fedunlearn.store.index_rows import BlobRow
 
     store = UpdateStore(tmp_path)
     write_rounds(store, rounds=(1,))
@@ -691,7 +691,7 @@ def replace_blob(root: Path, round_number: int, client, tensors: dict) -> None:
 
     import safetensors.torch
 
-    from fedunlearn.store.index import BlobRow, blob_path
+    from fedunlearn.store.index_rows import BlobRow, blob_path
 
     data = safetensors.torch.save(tensors)
     (root / blob_path(round_number, client)).write_bytes(data)

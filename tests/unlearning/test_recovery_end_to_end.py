@@ -14,7 +14,7 @@ from fedunlearn.store.history import history
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import state_sha256
 from fedunlearn.unlearning.sensitivity import SensitivityAccumulator
-from server.training.rounds import train_federated
+from server.training.original import train_federated
 from server.unlearning.adoption import adopt
 from server.unlearning.request import run_unlearning
 

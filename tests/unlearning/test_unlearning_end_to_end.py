@@ -11,7 +11,7 @@ from flwr.serverapp import ServerApp
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.store.update_store import UpdateStore
-from server.training.rounds import train_federated
+from server.training.original import train_federated
 from server.unlearning import journal as request_journal
 from server.unlearning.adoption import adopt
 from server.unlearning.request import LOG_NAME, run_unlearning

@@ -1,0 +1,183 @@
+"""The Newton step of one removal request (Guo et al. Algorithm 2) in each mode, and the bounds
+of its gradient residual: :class:`RemovalStep`, the part of
+:class:`fedunlearn.certified.removal.CertifiedHead` that computes them.
+
+``"exact"`` solves with the Hessian at w (Cholesky); ``"fast"`` with the cached factor of the
+anchor w0, downdated by the removed rows and refreshed when stale, and, for a data that measures
+the anchor's stale vector (:mod:`fedunlearn.certified.staleness`), with that vector in the solve's
+residual. The modes, the refresh rules and ``||X'||_2`` are described in
+:mod:`fedunlearn.certified.removal`; the bounds themselves are in
+:mod:`fedunlearn.certified.certificate`. Nothing here changes the engine: the new factors,
+anchor and spectral norm go into the ``state`` a request commits (or drops) as a whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedunlearn.certified.certificate import (
+    CertifiedRemovalParams,
+    corollary_bound,
+    per_point_bound,
+)
+from fedunlearn.certified.fast_factor import FastFactor
+from fedunlearn.certified.head_data import HeadData
+from fedunlearn.certified.losses import lipschitz_gamma
+from fedunlearn.certified.solvers import (
+    blas_threads,
+    check_finite,
+    cholesky_solve,
+    fast_solve,
+    joint_norm,
+    top_eigenvalue,
+)
+
+#: ``||X'||_2`` is recomputed only when that could tighten it by more than this fraction.
+SPECTRAL_GAIN = 0.01
+
+
+class RemovalStep:
+    """The step and bounds of a removal request, from the engine's state (``params``, ``data``, the
+    cached factors, anchor and ``||X'||_2^2``); :class:`~fedunlearn.certified.removal.CertifiedHead`
+    is one, and provides ``_sums`` and ``_anchored``."""
+
+    params: CertifiedRemovalParams
+    data: HeadData
+    gamma: float
+    _gram: np.ndarray | None
+    _spectral_sq: float
+    _since_spectral: int
+    _anchor: np.ndarray
+    _factors: tuple[FastFactor, ...]
+    _stale_since: float
+    _bound_since: float
+
+    def _spectral_state(self, parts, m: int) -> dict[str, Any]:
+        """``X'^T X'`` (when the data ships the removed rows' grams) and ``||X'||_2^2``, recomputed
+        when ``spectral_every`` samples were removed since and could have lowered it by more than
+        :data:`SPECTRAL_GAIN` (:mod:`fedunlearn.certified.removal`'s docstring); in between the
+        last value bounds it from above (``K' <= K``). A data that ships no grams forms
+        ``X'^T X'`` itself when asked."""
+        gram = None
+        if self._gram is not None and parts.gram is not None:
+            gram = self._gram - parts.gram
+        state: dict[str, Any] = {"_gram": gram, "_since_spectral": self._since_spectral + m}
+        since = state["_since_spectral"]
+        # m rows of norm <= 1 lower lambda_max by at most m: recompute only if that can matter.
+        floor = max(self._spectral_sq - since, 0.0)
+        could_gain = floor < (1.0 - SPECTRAL_GAIN) ** 2 * self._spectral_sq
+        if since >= self.params.spectral_every and could_gain:
+            current = gram if gram is not None else self.data.gram()
+            check_finite("the Gram matrix X'^T X'", current)
+            state["_spectral_sq"] = top_eigenvalue(current)
+            state["_since_spectral"] = 0
+        return state
+
+    def _exact_step(self, weights: np.ndarray, delta: np.ndarray, mu: float):
+        """Newton step with the Hessian at w (Cholesky) and the step's per-sample terms."""
+        p = self.params
+        # The step's own error H'(w) v - Delta is measured in float64 below, so a float32
+        # Hessian (single_precision_hessian) is safe here; the fast mode's factor must be exact.
+        # Least squares keeps float64: its Newton step is exact and should stay so.
+        single = p.single_precision_hessian and p.loss == "logistic"
+        sums = self._sums(weights, hessian=True, single_precision=single)
+        step = np.stack(
+            [
+                cholesky_solve(sums.hessian[k] + mu * np.eye(self.data.dim), delta[k])
+                for k in range(len(delta))
+            ]
+        )
+        terms = self.data.step(weights, weights, step, hessian_vector=True)
+        check_finite("the step's sums", terms.point, terms.xv_squared, terms.hessian_vector)
+        solve = np.linalg.norm(terms.hessian_vector + mu * step - delta, axis=1)
+        return step, solve, np.zeros(len(delta)), terms
+
+    def _fast_step(self, weights, delta, mu: float, rows: np.ndarray, state: dict[str, Any]):
+        """Newton step with the cached factor, downdated by ``rows`` (the removed samples' factor
+        rows) and refreshed at w when stale; the new factors and anchor go into ``state``."""
+        p = self.params
+        anchor = self._anchor
+        try:
+            factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(self._factors))
+            step, solve = fast_solve(factors, delta, mu)
+            drift = np.linalg.norm(weights - anchor, axis=1)
+            too_stale = np.any(drift > p.refresh_ratio * np.linalg.norm(step, axis=1))
+            refreshed = bool(too_stale or factors[0].rank > p.max_rank)
+        except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
+            refreshed = True
+        if refreshed:
+            fresh = self._anchored(weights, self._sums(weights, hessian=True))
+            state.update(fresh)
+            factors, anchor = fresh["_factors"], fresh["_anchor"]
+            step, solve = fast_solve(factors, delta, mu)
+            drift = np.zeros(len(delta))
+        state["_factors"], state["_anchor"] = factors, anchor
+        terms = None
+        if p.bound == "per-point" or p.track_bounds or state["_gram"] is None:
+            terms = self.data.step(weights, anchor, step, hessian_vector=False)
+            check_finite("the step's sums", terms.point, terms.xv_squared)
+        return step, solve, drift, terms, refreshed
+
+    def _measured_step(self, weights, delta, mu: float, rows: np.ndarray, state: dict[str, Any]):
+        """Newton step with the cached factor, for a data that measures the anchor's stale vector
+        (:mod:`fedunlearn.certified.staleness`): the step's terms are taken at w (no drift), and
+        ``||S|| + its rounding bound`` joins the solve's residual. The factor is refreshed at w
+        *before* the step when the stale parts since the anchor exceed ``refresh_ratio`` times the
+        rest of those requests' bounds, or the downdate would pass ``max_rank``."""
+        p = self.params
+        factors, anchor = self._factors, self._anchor
+        refreshed = (
+            self._stale_since > p.refresh_ratio * (self._bound_since - self._stale_since)
+            or factors[0].rank + rows.shape[1] > p.max_rank
+        )
+        with blas_threads(p.step_threads):
+            if not refreshed:
+                try:
+                    factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(factors))
+                except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
+                    refreshed = True
+        if refreshed:  # O(n d^2 + d^3): the BLAS's own threads
+            fresh = self._anchored(weights, self._sums(weights, hessian=True))
+            state.update(fresh)
+            factors, anchor = fresh["_factors"], fresh["_anchor"]
+        state["_factors"], state["_anchor"] = factors, anchor
+        with blas_threads(p.step_threads):
+            step, solve = fast_solve(factors, delta, mu)
+            terms = self.data.step(weights, anchor, step, hessian_vector=False, stale=True)
+        check_finite("the step's sums", terms.point, terms.xv_squared, terms.stale_vector)
+        check_finite("the step's sums", terms.stale_error)
+        stale = np.linalg.norm(terms.stale_vector, axis=1) + terms.stale_error
+        return step, solve, stale, terms, refreshed
+
+    def _bounds(self, spectral, gram, step, drift, terms, solve) -> dict[Any, float]:
+        """Each bound of the step's residual (joint over heads, plus the solve's residual): the
+        chosen one under ``(bound, "chosen")``, and the tracked ones by name. ``gram`` is
+        ``X'^T X'`` on D' (for ``||X'v||`` when no per-sample terms were asked)."""
+        p = self.params
+        step_norms = np.linalg.norm(step, axis=1)
+        if terms is not None:
+            xv = np.sqrt(np.maximum(terms.xv_squared, 0.0))
+        else:
+            xv = np.sqrt(np.maximum(np.einsum("kd,de,ke->k", step, gram, step), 0.0))
+
+        def joint(bound: str, gamma: float) -> float:
+            if bound == "corollary":
+                per_head = [
+                    corollary_bound(gamma, spectral, step_norms[k], xv[k], drift[k])
+                    for k in range(len(step))
+                ]
+            else:
+                per_head = [
+                    per_point_bound(gamma, spectral, terms.point[k]) for k in range(len(step))
+                ]
+            return joint_norm(np.asarray(per_head) + solve)
+
+        out: dict[Any, float] = {(p.bound, "chosen"): joint(p.bound, self.gamma)}
+        if p.track_bounds:
+            paper, exact = (lipschitz_gamma(p.loss, g) for g in ("paper", "exact"))
+            out["corollary-1"] = joint("corollary", paper)
+            out["per-point-paper-gamma"] = joint("per-point", paper)
+            out["per-point-exact-gamma"] = joint("per-point", exact)
+        return out
