@@ -89,3 +89,67 @@ def simulate_in_process(
                 "init_args": {"num_cpus": 2},
             },
         )
+
+
+#: The shared finished run: digits, 4 clients, 2 rounds, client 1 forgotten by FedEraser, FedAccum
+#: and FedRetrain, a certified head with 3 removals; trained under the usual umask 0o022.
+FINISHED_RUN = {
+    "num-clients": 4,
+    "rounds": 2,
+    "local-epochs": 1,
+    "retain-interval": 1,
+    "run-name": "finished",
+    "node-wait-seconds": 60,
+    "unlearn-clients": "1",
+    "unlearn-methods": "federaser,fedaccum,fedretrain",
+    "certified-head": True,
+    "certified-removals": 3,
+    "certified-eval-every": 2,
+}
+
+
+def _tree_digest(root: Path) -> dict[str, tuple[int, str]]:
+    """Each path under ``root``: its mode and its bytes' SHA-256 (folders: their mode only)."""
+    import hashlib
+
+    return {
+        str(path.relative_to(root)): (
+            path.lstat().st_mode,
+            "" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest(),
+        )
+        for path in sorted(root.rglob("*"))
+    }
+
+
+@pytest.fixture(scope="session")
+def _finished_run_built(tmp_path_factory) -> tuple[Path, dict]:
+    """:data:`FINISHED_RUN`, trained once per test run: the first xdist worker (or the only
+    process) trains it under a lock in the workers' shared temporary folder, the others wait and
+    read it."""
+    import fcntl
+
+    from federation_grid import serve_in_process
+
+    base = tmp_path_factory.getbasetemp()  # under xdist: this session's folder / the worker's
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    runs = shared / "finished-run"
+    with open(shared / "finished-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (runs / "done").is_file():
+            previous = os.umask(0o022)
+            try:
+                serve_in_process({**FINISHED_RUN, "output-dir": str(runs)}, num_supernodes=4)
+            finally:
+                os.umask(previous)
+            (runs / "done").write_text("trained\n")
+    run = runs / FINISHED_RUN["run-name"]
+    return run, _tree_digest(run)
+
+
+@pytest.fixture
+def finished_run(_finished_run_built) -> Path:
+    """The shared finished run's folder, for tests that only read a run; a test that changed any
+    byte, mode or file of it fails at teardown (copy it to ``tmp_path`` to change it)."""
+    run, digest = _finished_run_built
+    yield run
+    assert _tree_digest(run) == digest, f"a test changed the shared finished run {run}"
