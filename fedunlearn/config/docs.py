@@ -25,7 +25,8 @@ In Python, `ExperimentConfig.from_run_config` reads them; each key is an attribu
 """
 
 
-def _toml(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """``value`` as TOML writes it (a run config's default)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -52,7 +53,7 @@ def _group_section(group: str, title: str) -> list[str]:
             cells = (
                 f"`{row.key}`",
                 row.kind.__name__,
-                f"`{_toml(row.default)}`",
+                f"`{toml_value(row.default)}`",
                 _cell(row.constraint.allowed),
                 _cell(row.description),
             )
