@@ -12,7 +12,9 @@ from fedunlearn.method_spec import Registry
 #: (:func:`fedunlearn.registry.audited_models`): the original, and the certified heads.
 AUDITED = Registry("audited model", "mia")
 
-AUDITED.register("original", model_file="model_final", description="the trained model")
+AUDITED.register(
+    "original", model_file="model_final", colour="#7f7f7f", description="the trained model"
+)
 # The trained certified head is never written: with the data it determines b (the certificate's
 # secret); server.certified.head.CertifiedHeadRun hands it over in memory. Its shadow is itself:
 # a linear head's normalised sigmoids are not the original network's softmax.
@@ -20,6 +22,7 @@ AUDITED.register(
     "certified-head-trained",
     certifies=True,
     options={"shadow": "certified-head-trained"},
+    colour="#aec7e8",
     description="the certified head before any removal (in memory only)",
 )
 AUDITED.register(
@@ -27,6 +30,7 @@ AUDITED.register(
     model_file="certified_head",
     certifies=True,
     options={"shadow": "certified-head-trained"},
+    colour="#393b79",
     description="the certified head after its removals",
 )
 

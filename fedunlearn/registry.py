@@ -84,6 +84,7 @@ UNLEARNING.register(
     sampling_note="eq. 2 over each retained round's remaining participants",
     offline=True,
     offline_note="calibrates each retained round with the remaining participants there",
+    colour="#1f77b4",
     description="calibrated reconstruction from retained updates (Algorithm 1)",
 )
 UNLEARNING.register(
@@ -93,6 +94,7 @@ UNLEARNING.register(
     aggregations=WEIGHTED_MEAN,  # eq. 5 sums the weighted mean's terms
     sampling=True,
     sampling_note="each retained round adds its remaining participants' updates",
+    colour="#ff7f0e",
     description="the remaining clients' retained updates, accumulated uncalibrated (eq. 5)",
 )
 UNLEARNING.register(
@@ -106,6 +108,7 @@ UNLEARNING.register(
     sampling_note="retrains sampling the same fraction from the remaining clients",
     offline=True,
     offline_note="retrains the remaining clients there",
+    colour="#000000",
     description="FedAvg from the same initial model without the targets (the reference)",
 )
 UNLEARNING.register(
@@ -170,6 +173,7 @@ UNLEARNING.register(
             "exact reply beyond the history's largest update norm",
         ),
     ),
+    colour="#2ca02c",
     description="retraining with L-BFGS-estimated client updates (Cao et al. 2023, Algorithm 2)",
 )
 UNLEARNING.register(
@@ -226,6 +230,7 @@ UNLEARNING.register(
             "share of a global step before the rollback round",
         ),
     ),
+    colour="#9467bd",
     description="selective storage, adaptive rollback, calibrated renewal (Jiang et al. 2025)",
 )
 UNLEARNING.register(
@@ -279,6 +284,7 @@ UNLEARNING.register(
             "(epsilon < 1)",
         ),
     ),
+    colour="#8c564b",
     description="rollback within a sensitivity budget, noise, retraining (Fraboni et al. 2024)",
 )
 
@@ -311,6 +317,7 @@ UNLEARNING.register(
             "98.0%)",
         ),
     ),
+    colour="#8c6d31",
     description="retraining with diagonal-Fisher quasi-Newton client steps (Liu et al. 2022)",
 )
 UNLEARNING.register(
@@ -375,6 +382,7 @@ UNLEARNING.register(
             "stops at 2.2 from a start of 0.45 (4.9x)",
         ),
     ),
+    colour="#e7298a",
     description="the leaving client's projected gradient ascent, then post-training (Halimi et al. 2022)",
 )
 UNLEARNING.register(
@@ -399,6 +407,7 @@ UNLEARNING.register(
             "multi-batch pseudo-gradients; on digits' exact gradients it moved the model 0.002)",
         ),
     ),
+    colour="#5254a3",
     description="unlearning descent orthogonal to the others' gradients, non-reverting post-training (Pan et al. 2025)",
 )
 UNLEARNING.register(
@@ -422,6 +431,7 @@ UNLEARNING.register(
             "six steps on a digits client and forgot nothing)",
         ),
     ),
+    colour="#1b9e77",
     description="the leaving client distils from a virtual teacher, then post-training (Mora et al. 2024)",
 )
 UNLEARNING.register(
@@ -438,6 +448,7 @@ UNLEARNING.register(
             "FedAU's alpha: the head becomes (1 - alpha) W + alpha W_a (the authors' code's 0.9)",
         ),
     ),
+    colour="#e6ab02",
     description="the head combined with the target's auxiliary head, no client work (Gu et al. 2024)",
 )
 
@@ -467,12 +478,18 @@ UNLEARNING.register(
             "keep-training-budget",
         ),
     ),
+    colour="#525252",
     description="no unlearning: the remaining clients go on training the original model for another method's client-epochs (Mora & Bellavista 2025)",
 )
 
-for _name, _gradient, _description in (
-    ("newton", "retained", "eq. 7 on the linear head with the exact Hessian of D_r"),
-    ("newton-forget-only", "forgotten", "Section 3.2: eq. 7 from D_f's gradient, cached H_D"),
+for _name, _colour, _gradient, _description in (
+    ("newton", "#17becf", "retained", "eq. 7 on the linear head with the exact Hessian of D_r"),
+    (
+        "newton-forget-only",
+        "#0b6e78",
+        "forgotten",
+        "Section 3.2: eq. 7 from D_f's gradient, cached H_D",
+    ),
 ):
     SCRUBBING.register(
         _name,
@@ -480,6 +497,7 @@ for _name, _gradient, _description in (
         needs=("trained-model", "head-statistics"),
         messages=_SCRUB_QUERY,
         options={"lambda": "scrub-newton-lambda", "gradient": _gradient},
+        colour=_colour,
         description=_description,
     )
 SCRUBBING.register(
@@ -488,12 +506,13 @@ SCRUBBING.register(
     needs=("trained-model", "head-statistics"),
     messages=_SCRUB_QUERY,
     options={"lambda": "scrub-newton-lambda"},
+    colour="#7fd3dc",
     description="eq. 6: the finite-time scrub of the head, plus eq. 7's noise",
 )
-for _name, _options, _description in (
-    ("fisher", {"power": -0.25}, "eq. 8: Fisher forgetting, std F^(-1/4)"),
-    ("fisher-sqrt", {"power": -0.5}, "the appendix's Fisher forgetting, std F^(-1/2)"),
-    ("fisher-reference", {"reference": True}, "the authors' released Fisher recipe"),
+for _name, _colour, _options, _description in (
+    ("fisher", "#e377c2", {"power": -0.25}, "eq. 8: Fisher forgetting, std F^(-1/4)"),
+    ("fisher-sqrt", "#9c2f7f", {"power": -0.5}, "the appendix's Fisher forgetting, std F^(-1/2)"),
+    ("fisher-reference", "#f2a9d7", {"reference": True}, "the authors' released Fisher recipe"),
 ):
     SCRUBBING.register(
         _name,
@@ -501,12 +520,13 @@ for _name, _options, _description in (
         needs=("trained-model", "fisher-statistics"),
         messages=_SCRUB_QUERY,
         options={"lambda": f"scrub-{_name}-lambda", **_options},
+        colour=_colour,
         description=_description,
     )
-for _name, _objective, _clients, _description in (
-    ("finetune", "train", "retained", "Section 5.2's baseline: fine-tune on D_r"),
-    ("negative-gradient", "negative-gradient", "forgotten", "gradient ascent on D_f"),
-    ("random-labels", "random-labels", "forgotten", "train D_f with random labels"),
+for _name, _colour, _objective, _clients, _description in (
+    ("finetune", "#bcbd22", "train", "retained", "Section 5.2's baseline: fine-tune on D_r"),
+    ("negative-gradient", "#d9a400", "negative-gradient", "forgotten", "gradient ascent on D_f"),
+    ("random-labels", "#6b6ecf", "random-labels", "forgotten", "train D_f with random labels"),
 ):
     SCRUBBING.register(
         _name,
@@ -514,12 +534,14 @@ for _name, _objective, _clients, _description in (
         needs=("trained-model",),
         messages=_TRAIN,
         options={"objective": _objective, "clients": _clients},
+        colour=_colour,
         description=_description,
     )
 SCRUBBING.register(
     "hiding",
     f"{_SCRUB}:hiding",
     needs=("trained-model",),
+    colour="#5fb85f",
     description="server only: the forgotten class's head row re-initialised (class cohorts)",
 )
 SCRUBBING.register(
@@ -527,6 +549,7 @@ SCRUBBING.register(
     "server.scrubbing.class_pruning:class_pruning",
     needs=("trained-model",),
     messages=(PRUNE_QUERY, TRAIN),
+    colour="#c49c94",
     description="Wang et al. 2022: prune the class's top TF-IDF channels, fine-tune on D_r",
 )
 
