@@ -8,7 +8,9 @@ The core never imports the server layer (nor Flower): an entry names its impleme
 the callable itself (a test's toy method). The run config's method lists and their validation,
 the unlearning/scrubbing runner and the membership audit all read these registries, so adding a
 method is one module plus one :meth:`Registry.register` line (``docs/adding-a-method.md``; a method
-that keeps its own history during training names its retention policy class, ``retention=``)::
+that keeps its own history during training names its retention policy class, ``retention=``, and
+one with settings of its own declares its run-config keys, ``keys=(MethodKey(...), ...)``, which
+the configuration then accepts, checks, documents and reads as ``config.<key>``)::
 
     from fedunlearn.registry import SCRUBBING
     SCRUBBING.register("zero-head", "my_methods:zero_head", needs=("trained-model",))
