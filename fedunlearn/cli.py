@@ -7,6 +7,7 @@
     fedunlearn data download NAME [--root DIR]  fetch a dataset into DIR, by default ~/data (the only
                                                 command that downloads)
     fedunlearn config-docs [PATH] [--check]     write docs/configuration.md from the constraints table
+    fedunlearn pyproject [PATH] [--check]       write the method keys of pyproject.toml's app config
 
 Training runs are launched with ``fedunlearn-run`` (or ``flwr run .``). ``store`` and
 ``certificates`` only read: they write, lock, clean up or migrate nothing, and work on a read-only
@@ -175,17 +176,33 @@ def _config_docs(args: argparse.Namespace) -> int:
     """Write the configuration page; with ``--check``, exit 1 if the file differs instead."""
     from fedunlearn.config import constraints_markdown
 
-    text = constraints_markdown()
+    return _generated(args, constraints_markdown(), "config-docs", "the table's page")
+
+
+def _pyproject(args: argparse.Namespace) -> int:
+    """Rewrite the registered methods' keys in ``pyproject.toml``'s ``[tool.flwr.app.config]``
+    (the block between its markers); with ``--check``, exit 1 if the block differs instead."""
+    from fedunlearn.config.pyproject import with_method_keys
+
+    if not args.path.is_file():
+        raise ConfigError("path", str(args.path), "a pyproject.toml with the method-keys block")
+    text = with_method_keys(args.path.read_text(encoding="utf-8"))
+    return _generated(args, text, "pyproject", "the registry's method keys")
+
+
+def _generated(args: argparse.Namespace, text: str, command: str, what: str) -> int:
+    """Write ``text`` to ``args.path`` whole (or leave the old file untouched); with
+    ``args.check``, write nothing and exit 1, naming ``fedunlearn <command>``, if it differs."""
     if args.check:
         current = args.path.read_text(encoding="utf-8") if args.path.is_file() else None
         if current != text:
-            print(f"{args.path} is not the table's page: run fedunlearn config-docs {args.path}")
+            print(f"{args.path} does not hold {what}: run fedunlearn {command} {args.path}")
             return 1
         return 0
     if args.path.exists() and not args.path.is_file():
-        raise ConfigError("path", str(args.path), "a regular file to write the page to")
+        raise ConfigError("path", str(args.path), f"a regular file to write {what} to")
     temporary = args.path.with_name(f".{args.path.name}.tmp")
-    try:  # whole, or the old page untouched
+    try:  # whole, or the old file untouched
         args.path.parent.mkdir(parents=True, exist_ok=True)
         temporary.write_text(text, encoding="utf-8")
         temporary.replace(args.path)
@@ -247,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     docs.add_argument("path", type=Path, nargs="?", default=Path("docs/configuration.md"))
     docs.add_argument("--check", action="store_true", help="exit 1 if PATH is out of date")
     docs.set_defaults(handler=_config_docs)
+    keys = groups.add_parser("pyproject", help="write the method keys' block of pyproject.toml")
+    keys.add_argument("path", type=Path, nargs="?", default=Path("pyproject.toml"))
+    keys.add_argument("--check", action="store_true", help="exit 1 if PATH's block is out of date")
+    keys.set_defaults(handler=_pyproject)
     return parser
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from fedunlearn.config.fields import MethodKey
 from fedunlearn.errors import ConfigError, did_you_mean
 from fedunlearn.store.retention import RetentionPolicy
 
@@ -35,6 +36,8 @@ AGGREGATIONS = ("fedavg", "fedprox", "fedmedian", "fedtrimmedavg", "krum")
 WEIGHTED_MEAN = ("fedavg", "fedprox")
 STATISTICS = ("head-statistics", "fisher-statistics")
 NEEDS = STORE_CONTENTS + STATISTICS
+#: A method's colour in every figure (``MethodSpec.colour``): ``#rrggbb``.
+COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,13 @@ class MethodSpec:
         ``model_scrub_<name>``): what the membership audit reads; None for a model never written.
     options : mapping
         Kind-specific settings read by its implementation (e.g. the config key of its lambda).
+    keys : tuple of MethodKey
+        The run-config keys that belong to this method alone (name, default, constraint,
+        description: :class:`fedunlearn.config.fields.MethodKey`): the configuration accepts,
+        validates and documents them in its registry's group, and ``config.<key>`` reads them.
+    colour : str or None
+        ``#rrggbb``, its colour in every figure; None: one picked from the name
+        (:func:`fedunlearn.plots.style.method_colour`).
     description : str
         One line for listings and docs.
     """
@@ -117,10 +127,16 @@ class MethodSpec:
     default: bool = True
     model_file: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    keys: tuple[MethodKey, ...] = ()
+    colour: str | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "needs", tuple(self.needs))
+        object.__setattr__(self, "keys", tuple(self.keys))
+        _check_keys(self.keys)
+        if self.colour is not None and not COLOUR.fullmatch(str(self.colour)):
+            raise ConfigError("colour", self.colour, "'#rrggbb' or None")
         object.__setattr__(self, "messages", tuple(self.messages))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         unknown = [need for need in self.needs if need not in NEEDS]
@@ -165,6 +181,25 @@ class MethodSpec:
             return None
         return f"{self.name}: {self.sampling_note}"
 
+    def norms_problem(self) -> str | None:
+        """Why it cannot run on a ``retain-mode = norms`` history (None when it can): the whole
+        updates its policy keeps after round t_1 are not kept."""
+        policy = self.policy()
+        if policy is None or not policy.keeps_updates or self.norms_suffice:
+            return None
+        return f"{self.name} needs {policy.name} as whole updates"
+
+
+def _check_keys(keys: tuple[MethodKey, ...]) -> None:
+    """Refuse a key that is not a :class:`MethodKey`, or one spelled twice."""
+    for item in keys:
+        if not isinstance(item, MethodKey):
+            raise ConfigError("keys", item, "a tuple of fedunlearn.config.fields.MethodKey")
+    spelled = [item.key for item in keys]
+    twice = sorted({key for key in spelled if spelled.count(key) > 1})
+    if twice:
+        raise ConfigError("keys", twice[0], "each key declared once")
+
 
 def _imported(value):
     """A callable or class, or ``"module:name"`` imported now."""
@@ -178,13 +213,23 @@ class Registry:
     """Name -> :class:`MethodSpec`, in registration order, for one kind of method.
 
     ``parameter`` is the run-config key that selects from it (errors name it); ``model_prefix``
-    gives a registered method its default ``model_file`` (``model_prefix + name``).
+    gives a registered method its default ``model_file`` (``model_prefix + name``); ``group`` is
+    the configuration group its methods' own keys join (``MethodSpec.keys``; None: its entries
+    declare none).
     """
 
-    def __init__(self, kind: str, parameter: str, *, model_prefix: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        parameter: str,
+        *,
+        model_prefix: str | None = None,
+        group: str | None = None,
+    ) -> None:
         self.kind = kind
         self.parameter = parameter
         self.model_prefix = model_prefix
+        self.group = group
         self._specs: dict[str, MethodSpec] = {}
 
     def register(
@@ -202,8 +247,22 @@ class Registry:
         if self.model_prefix is not None:
             fields.setdefault("model_file", f"{self.model_prefix}{name}")
         spec = MethodSpec(name, implementation, **fields)
+        self._check_keys_free(spec)
         self._specs[name] = spec
         return spec
+
+    def _check_keys_free(self, spec: MethodSpec) -> None:
+        """Refuse keys on a registry without a group, or a key another entry declares."""
+        if spec.keys and self.group is None:
+            raise ConfigError("keys", spec.keys[0].key, f"no keys: a {self.kind} has none")
+        taken = {item.key: name for name, item in self.keys()}
+        for item in spec.keys:
+            if item.key in taken:
+                raise ConfigError("keys", item.key, f"a key {taken[item.key]} does not declare")
+
+    def keys(self) -> tuple[tuple[str, MethodKey], ...]:
+        """``(method, key)`` for every key its entries declare, in registration order."""
+        return tuple((spec.name, item) for spec in self._specs.values() for item in spec.keys)
 
     def unregister(self, name: str) -> MethodSpec:
         """Remove a method (a test's toy); returns its spec."""
@@ -242,6 +301,45 @@ class Registry:
             )
         return list(dict.fromkeys(names))
 
+    # ------------------------------------------------------------------ retention (unlearning)
+    def retention_policies(
+        self, methods: Iterable[str] | None = None
+    ) -> dict[str, type[RetentionPolicy]]:
+        """The policy class of each retention need, by its name, in registration order: of
+        ``methods`` (registered names), or of every registered one. Two policy classes under one
+        name are refused (their selections would share one record)."""
+        wanted = None if methods is None else {self[name].name for name in methods}
+        found: dict[str, type[RetentionPolicy]] = {}
+        for spec in self:
+            policy = spec.policy() if wanted is None or spec.name in wanted else None
+            if policy is None:
+                continue
+            if found.setdefault(policy.name, policy) is not policy:
+                raise ConfigError(
+                    "retention", policy.__qualname__, f"a policy name other than {policy.name!r}"
+                )
+        return found
+
+    def trajectory_serves(self, spec: MethodSpec) -> tuple[str, ...]:
+        """The policies whose history ``spec``'s adopted trajectory keeps
+        (:attr:`MethodSpec.trajectory_keeps`): every registered one, its own, or none."""
+        if spec.trajectory_keeps == "every":
+            return tuple(self.retention_policies())
+        own = spec.policy()
+        return (own.name,) if spec.trajectory_keeps == "own" and own is not None else ()
+
+    def run_retention(self, config) -> list[RetentionPolicy]:
+        """The policies a training run keeps, each built from the config: those of its
+        ``unlearn-methods``; those of the default methods when none of its methods reads a
+        history (so that a later request can run them); none when ``retain`` is false."""
+        if not config.retain:
+            return []
+        policies = self.retention_policies(config.methods) or self.retention_policies(
+            self.names(default=True)
+        )
+        return [policy.from_config(config) for policy in policies.values()]
+
+    # ------------------------------------------------------------------ lookup
     def __getitem__(self, name: str) -> MethodSpec:
         try:
             return self._specs[name]

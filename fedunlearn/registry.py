@@ -8,7 +8,9 @@ The core never imports the server layer (nor Flower): an entry names its impleme
 the callable itself (a test's toy method). The run config's method lists and their validation,
 the unlearning/scrubbing runner and the membership audit all read these registries, so adding a
 method is one module plus one :meth:`Registry.register` line (``docs/adding-a-method.md``; a method
-that keeps its own history during training names its retention policy class, ``retention=``)::
+that keeps its own history during training names its retention policy class, ``retention=``, and
+one with settings of its own declares its run-config keys, ``keys=(MethodKey(...), ...)``, which
+the configuration then accepts, checks, documents and reads as ``config.<key>``)::
 
     from fedunlearn.registry import SCRUBBING
     SCRUBBING.register("zero-head", "my_methods:zero_head", needs=("trained-model",))
@@ -21,9 +23,17 @@ dict that the phase's log records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from fedunlearn.errors import ConfigError
+from fedunlearn.audit_registry import AUDITED, JUDGE_METRICS  # noqa: F401 (re-exported)
+from fedunlearn.config.constraints import Flag, Interval, Options
+from fedunlearn.config.fields import (
+    AT_LEAST_1,
+    NON_NEGATIVE,
+    NUMBER,
+    POSITIVE,
+    WHOLE,
+    MethodKey,
+    lazy_names,
+)
 from fedunlearn.messages import PRUNE_QUERY, SCRUB_QUERY, TRAIN
 from fedunlearn.method_spec import (  # noqa: F401 (re-exported: what a registry entry is)
     AGGREGATIONS,
@@ -36,66 +46,26 @@ from fedunlearn.method_spec import (  # noqa: F401 (re-exported: what a registry
     MethodSpec,
     Registry,
 )
-from fedunlearn.store.retention import RetentionPolicy
 
 #: Unlearning methods (Liu et al., FedEraser, Section V), run by ``server.unlearning.request``; their
 #: models are saved as ``model_<name>`` (``-<request>`` after the first request).
-UNLEARNING = Registry("unlearning method", "unlearn-methods", model_prefix="model_")
+UNLEARNING = Registry(
+    "unlearning method", "unlearn-methods", model_prefix="model_", group="unlearning"
+)
 #: Scrubbing methods (Golatkar et al.) and their baselines, run by ``server.scrubbing.phase``; saved as
 #: ``model_scrub_<name>``. ``original`` and ``retrain`` always run and are not registered.
-SCRUBBING = Registry("scrubbing method", "scrub-methods", model_prefix="model_scrub_")
+SCRUBBING = Registry(
+    "scrubbing method", "scrub-methods", model_prefix="model_scrub_", group="scrubbing"
+)
 
 
-def retention_policies(methods: Iterable[str] | None = None) -> dict[str, type[RetentionPolicy]]:
-    """The policy class of each retention need, by its name, in registration order: of
-    ``methods`` (registered unlearning methods), or of every registered one. Two policy classes
-    under one name are refused (their selections would share one record)."""
-    wanted = None if methods is None else {UNLEARNING[name].name for name in methods}
-    found: dict[str, type[RetentionPolicy]] = {}
-    for spec in UNLEARNING:
-        policy = spec.policy() if wanted is None or spec.name in wanted else None
-        if policy is None:
-            continue
-        if found.setdefault(policy.name, policy) is not policy:
-            raise ConfigError(
-                "retention", policy.__qualname__, f"a policy name other than {policy.name!r}"
-            )
-    return found
+#: What the run's unlearning methods keep during training (:class:`Registry`'s and
+#: :class:`MethodSpec`'s methods, over :data:`UNLEARNING`).
+retention_policies = UNLEARNING.retention_policies
+trajectory_serves = UNLEARNING.trajectory_serves
+run_retention = UNLEARNING.run_retention
+norms_problem = MethodSpec.norms_problem
 
-
-def trajectory_serves(spec: MethodSpec) -> tuple[str, ...]:
-    """The policies whose history ``spec``'s adopted trajectory keeps
-    (:attr:`MethodSpec.trajectory_keeps`): every registered one, its own, or none."""
-    if spec.trajectory_keeps == "every":
-        return tuple(retention_policies())
-    own = spec.policy()
-    return (own.name,) if spec.trajectory_keeps == "own" and own is not None else ()
-
-
-def run_retention(config) -> list[RetentionPolicy]:
-    """The policies a training run keeps, each built from the config: those of its
-    ``unlearn-methods``; those of the default methods when none of its methods reads a history
-    (so that a later request can run them); none when ``retain`` is false."""
-    if not config.retain:
-        return []
-    policies = retention_policies(config.methods) or retention_policies(
-        UNLEARNING.names(default=True)
-    )
-    return [policy.from_config(config) for policy in policies.values()]
-
-
-def norms_problem(spec: MethodSpec) -> str | None:
-    """Why ``spec`` cannot run on a ``retain-mode = norms`` history (None when it can): the whole
-    updates its policy keeps after round t_1 are not kept."""
-    policy = spec.policy()
-    if policy is None or not policy.keeps_updates or spec.norms_suffice:
-        return None
-    return f"{spec.name} needs {policy.name} as whole updates"
-
-
-#: Models the membership audit attacks beside every unlearning and scrubbing method
-#: (:func:`audited_models`): the original, and the certified heads.
-AUDITED = Registry("audited model", "mia")
 
 _TRAIN = (TRAIN,)
 _SCRUB_QUERY = (SCRUB_QUERY,)
@@ -116,6 +86,7 @@ UNLEARNING.register(
     sampling_note="eq. 2 over each retained round's remaining participants",
     offline=True,
     offline_note="calibrates each retained round with the remaining participants there",
+    colour="#1f77b4",
     description="calibrated reconstruction from retained updates (Algorithm 1)",
 )
 UNLEARNING.register(
@@ -125,6 +96,7 @@ UNLEARNING.register(
     aggregations=WEIGHTED_MEAN,  # eq. 5 sums the weighted mean's terms
     sampling=True,
     sampling_note="each retained round adds its remaining participants' updates",
+    colour="#ff7f0e",
     description="the remaining clients' retained updates, accumulated uncalibrated (eq. 5)",
 )
 UNLEARNING.register(
@@ -138,6 +110,7 @@ UNLEARNING.register(
     sampling_note="retrains sampling the same fraction from the remaining clients",
     offline=True,
     offline_note="retrains the remaining clients there",
+    colour="#000000",
     description="FedAvg from the same initial model without the targets (the reference)",
 )
 UNLEARNING.register(
@@ -149,6 +122,60 @@ UNLEARNING.register(
     aggregations=WEIGHTED_MEAN,  # Algorithm 2 aggregates estimated updates by their mean
     sampling=True,
     sampling_note="estimates each round's remaining participants; one without an L-BFGS pair yet computes exactly",
+    keys=(
+        MethodKey(
+            "fedrecover-warmup",
+            3,
+            AT_LEAST_1,
+            "FedRecover's T_w: the first rounds computed exactly (more than the buffer)",
+        ),
+        MethodKey(
+            "fedrecover-correction-period",
+            10,
+            AT_LEAST_1,
+            "FedRecover's T_c: after warm-up, every T_c-th round is exact",
+        ),
+        MethodKey(
+            "fedrecover-final-tuning",
+            2,
+            Interval(WHOLE, 0),
+            "FedRecover's T_f: the last rounds computed exactly",
+        ),
+        MethodKey(
+            "fedrecover-buffer",
+            2,
+            AT_LEAST_1,
+            "FedRecover's s: L-BFGS pairs per client",
+        ),
+        MethodKey(
+            "fedrecover-threshold",
+            0.0,
+            NON_NEGATIVE,
+            "FedRecover's abnormality threshold tau; 0: from the history (alpha)",
+        ),
+        MethodKey(
+            "fedrecover-tolerance",
+            1e-3,
+            Interval(NUMBER, 0.0, 1.0, closed="left"),
+            "FedRecover's alpha: share of each round's update coordinates allowed above tau_t",
+        ),
+        MethodKey(
+            "fedrecover-guard",
+            True,
+            Flag(),
+            "ours, not the paper's: redo with exact updates an estimated round whose step or "
+            "server-side loss leaves the exact rounds' range; refuse exact replies far above the "
+            "history's norms (false: the paper's FedRecover)",
+        ),
+        MethodKey(
+            "fedrecover-guard-slack",
+            0.5,
+            NON_NEGATIVE,
+            "how far (relative) an estimated round may go beyond the exact rounds' range, and an "
+            "exact reply beyond the history's largest update norm",
+        ),
+    ),
+    colour="#2ca02c",
     description="retraining with L-BFGS-estimated client updates (Cao et al. 2023, Algorithm 2)",
 )
 UNLEARNING.register(
@@ -160,6 +187,52 @@ UNLEARNING.register(
     aggregations=WEIGHTED_MEAN,  # renewal calibrates to the weighted mean's step sizes
     sampling=True,
     sampling_note="selects, bounds and renews over each round's participants",
+    keys=(
+        MethodKey(
+            "crab-round-ratio",
+            0.6,
+            Interval(NUMBER, 0.0, 1.0, closed="right"),
+            "Crab's P (the authors' select_round_ratio): share of each window's rounds kept, "
+            "those whose global step has the largest KL divergence (at least one)",
+        ),
+        MethodKey(
+            "crab-client-ratio",
+            0.7,
+            Interval(NUMBER, 0.0, 1.0, closed="right"),
+            "Crab's X (select_client_ratio): share of a kept round's clients kept, those whose "
+            "model is most cosine-aligned with the global model (at least one)",
+        ),
+        MethodKey(
+            "crab-loss-drop",
+            0.1,
+            Interval(NUMBER, 0.0, 1.0, closed="neither"),
+            "Crab's alpha: a window closes at the first round whose global model's training loss "
+            "is below (1 - alpha) times the loss at the window's start",
+        ),
+        MethodKey(
+            "crab-window",
+            0,
+            Interval(WHOLE, 0),
+            "Crab: a window closes anyway once it spans this many rounds (ours: a bound on the "
+            "rounds kept whole until their window closes); 0: no bound, as the authors'",
+        ),
+        MethodKey(
+            "crab-rollback",
+            "first-kept",
+            Options(lazy_names("fedunlearn.unlearning.crab_recovery", "ROLLBACK_RULES")),
+            "first-kept: the authors' recovery, every kept round re-run from the first; "
+            "sensitivity: ours, roll back to the latest kept round before the removed clients' "
+            "share of a global step exceeded crab-sensitivity-bound (round 1 is then always kept)",
+        ),
+        MethodKey(
+            "crab-sensitivity-bound",
+            0.1,
+            NON_NEGATIVE,
+            "Crab's beta, with crab-rollback = sensitivity only: the removed clients' largest "
+            "share of a global step before the rollback round",
+        ),
+    ),
+    colour="#9467bd",
     description="selective storage, adaptive rollback, calibrated renewal (Jiang et al. 2025)",
 )
 UNLEARNING.register(
@@ -172,6 +245,48 @@ UNLEARNING.register(
     aggregations=WEIGHTED_MEAN,  # the sensitivity bound is a client's share of the mean
     sampling=True,
     sampling_note="bounds over each round's participants S_n; retrains sampling the remaining",
+    keys=(
+        MethodKey(
+            "sifu-epsilon",
+            1.0,
+            POSITIVE,
+            "SIFU's epsilon of (epsilon, delta)-unlearning",
+        ),
+        MethodKey(
+            "sifu-delta",
+            1e-4,
+            Interval(NUMBER, 0.0, 1.0, closed="neither"),
+            "SIFU's delta",
+        ),
+        MethodKey(
+            "sifu-sigma",
+            0.01,
+            POSITIVE,
+            "SIFU's noise std sigma; the budget is Psi* = epsilon sigma / c(delta)",
+        ),
+        MethodKey(
+            "sifu-smoothness",
+            1.0,
+            NON_NEGATIVE,
+            "L, the smoothness the certificate assumes of every mini-batch loss (exact for linear "
+            "models, an assumption for networks)",
+        ),
+        MethodKey(
+            "sifu-expansion",
+            "smoothness",
+            Options(lazy_names("fedunlearn.unlearning.sensitivity", "EXPANSIONS")),
+            "SIFU's per-round factor rho: from sifu-smoothness (a bound), or non-expansive "
+            "(assumed, as the authors' code does: |1 - lr weight-decay|^K)",
+        ),
+        MethodKey(
+            "sifu-mechanism",
+            "analytic",
+            Options(lazy_names("fedunlearn.unlearning.gaussian_mechanism", "MECHANISMS")),
+            "Gaussian mechanism: analytic (Balle and Wang 2018, any epsilon) or classical "
+            "(epsilon < 1)",
+        ),
+    ),
+    colour="#8c564b",
     description="rollback within a sensitivity budget, noise, retraining (Fraboni et al. 2024)",
 )
 
@@ -182,6 +297,29 @@ UNLEARNING.register(
     needs=("initial-model",),
     messages=_TRAIN,
     default=False,
+    keys=(
+        MethodKey(
+            "rapid-rounds",
+            0,
+            Interval(WHOLE, 0),
+            "rapid retraining's rounds (Liu et al. 2022); 0: the run's rounds",
+        ),
+        MethodKey(
+            "rapid-lr",
+            1e-3,
+            POSITIVE,
+            "rapid retraining's step size eta",
+        ),
+        MethodKey(
+            "rapid-damping",
+            1e-3,
+            NON_NEGATIVE,
+            "rapid retraining's lambda, added to the Fisher term's square root (ours: the "
+            "authors' 1e-8 oscillated on digits, 78.7% after 20 rounds against FedRetrain's "
+            "98.0%)",
+        ),
+    ),
+    colour="#8c6d31",
     description="retraining with diagonal-Fisher quasi-Newton client steps (Liu et al. 2022)",
 )
 UNLEARNING.register(
@@ -192,6 +330,61 @@ UNLEARNING.register(
     target_participates=True,
     default=False,
     sampling_note="a sampled target may lack the last round's anchor",
+    keys=(
+        MethodKey(
+            "pga-epochs",
+            5,
+            AT_LEAST_1,
+            "PGA: the leaving client's ascent epochs",
+        ),
+        MethodKey(
+            "pga-lr",
+            0.01,
+            POSITIVE,
+            "PGA: the leaving client's SGD step size",
+        ),
+        MethodKey(
+            "pga-stop",
+            "validation",
+            Options(lazy_names("fedunlearn.unlearning.pga", "STOP_RULES")),
+            "PGA's stop: validation, the paper's (the ascent stops at the first step whose "
+            "accuracy on the server's validation samples is below tau = acc(w_ref) - "
+            "pga-stop-margin); distance, the authors' code's (squared distance to the leaving "
+            "client's own last model above pga-stop-distance); ratio, ours (that distance above "
+            "pga-stop-ratio times its start)",
+        ),
+        MethodKey(
+            "pga-stop-margin",
+            10.0,
+            Interval(NUMBER, 0.0, 100.0),
+            "PGA, pga-stop = validation: m, in points of accuracy; tau = w_ref's validation "
+            "accuracy - m",
+        ),
+        MethodKey(
+            "pga-validation-samples",
+            500,
+            Interval(WHOLE, 1, 100_000),
+            "PGA, pga-stop = validation: the server's validation samples, sent with the ascent "
+            "request: training samples no client holds (train-samples < the set), else test "
+            "samples",
+        ),
+        MethodKey(
+            "pga-stop-distance",
+            2.2,
+            POSITIVE,
+            "PGA, pga-stop = distance: the squared distance to the leaving client's own last "
+            "model at which the ascent stops (the authors' code, for their MNIST network)",
+        ),
+        MethodKey(
+            "pga-stop-ratio",
+            4.9,
+            POSITIVE,
+            "PGA, pga-stop = ratio (ours): each target stops once its squared distance to its own "
+            "model exceeds this multiple of where it started (w_ref's); the authors' stored run "
+            "stops at 2.2 from a start of 0.45 (4.9x)",
+        ),
+    ),
+    colour="#e7298a",
     description="the leaving client's projected gradient ascent, then post-training (Halimi et al. 2022)",
 )
 UNLEARNING.register(
@@ -201,6 +394,22 @@ UNLEARNING.register(
     target_participates=True,
     aggregations=WEIGHTED_MEAN,  # its post-training averages the projected gradients itself
     default=False,
+    keys=(
+        MethodKey(
+            "fedosd-rounds",
+            100,
+            AT_LEAST_1,
+            "FedOSD: unlearning rounds (the code's UR)",
+        ),
+        MethodKey(
+            "fedosd-lr",
+            0.1,
+            POSITIVE,
+            "FedOSD: unlearning step size, x0.999 a round (ours: the code's 4e-4 scales its "
+            "multi-batch pseudo-gradients; on digits' exact gradients it moved the model 0.002)",
+        ),
+    ),
+    colour="#5254a3",
     description="unlearning descent orthogonal to the others' gradients, non-reverting post-training (Pan et al. 2025)",
 )
 UNLEARNING.register(
@@ -209,6 +418,22 @@ UNLEARNING.register(
     messages=_TRAIN,
     target_participates=True,
     default=False,
+    keys=(
+        MethodKey(
+            "fedquit-epochs",
+            5,
+            AT_LEAST_1,
+            "FedQUIT: the leaving client's epochs (ours; the authors' 1)",
+        ),
+        MethodKey(
+            "fedquit-lr",
+            1e-3,
+            POSITIVE,
+            "FedQUIT: the leaving client's Adam step size (ours: the authors' 1 epoch at 1e-4 is "
+            "six steps on a digits client and forgot nothing)",
+        ),
+    ),
+    colour="#1b9e77",
     description="the leaving client distils from a virtual teacher, then post-training (Mora et al. 2024)",
 )
 UNLEARNING.register(
@@ -217,6 +442,15 @@ UNLEARNING.register(
     retention="fedunlearn.unlearning.fedau:AuxiliaryHeads",
     default=False,
     sampling_note="a sampled target may lack the last round's auxiliary head",
+    keys=(
+        MethodKey(
+            "fedau-alpha",
+            0.9,
+            Interval(NUMBER, 0.0, 1.0),
+            "FedAU's alpha: the head becomes (1 - alpha) W + alpha W_a (the authors' code's 0.9)",
+        ),
+    ),
+    colour="#e6ab02",
     description="the head combined with the target's auxiliary head, no client work (Gu et al. 2024)",
 )
 
@@ -229,12 +463,35 @@ UNLEARNING.register(
     sampling_note="its budget is spent over every remaining client each round",
     offline=True,
     offline_note="trains the remaining clients there",
+    keys=(
+        MethodKey(
+            "keep-training-budget",
+            "fedretrain",
+            Options(lambda: tuple(m for m in UNLEARNING.names() if m != "keep-training")),
+            "keep-training (no unlearning: the remaining clients go on training the original "
+            "model): its budget is this method's client-epochs in the same request (a method of "
+            "unlearn-methods; keep-training runs after it)",
+        ),
+        MethodKey(
+            "keep-training-rounds",
+            0,
+            Interval(WHOLE, 0),
+            "keep-training: this many rounds of the run's training instead; 0: "
+            "keep-training-budget",
+        ),
+    ),
+    colour="#525252",
     description="no unlearning: the remaining clients go on training the original model for another method's client-epochs (Mora & Bellavista 2025)",
 )
 
-for _name, _gradient, _description in (
-    ("newton", "retained", "eq. 7 on the linear head with the exact Hessian of D_r"),
-    ("newton-forget-only", "forgotten", "Section 3.2: eq. 7 from D_f's gradient, cached H_D"),
+for _name, _colour, _gradient, _description in (
+    ("newton", "#17becf", "retained", "eq. 7 on the linear head with the exact Hessian of D_r"),
+    (
+        "newton-forget-only",
+        "#0b6e78",
+        "forgotten",
+        "Section 3.2: eq. 7 from D_f's gradient, cached H_D",
+    ),
 ):
     SCRUBBING.register(
         _name,
@@ -242,6 +499,7 @@ for _name, _gradient, _description in (
         needs=("trained-model", "head-statistics"),
         messages=_SCRUB_QUERY,
         options={"lambda": "scrub-newton-lambda", "gradient": _gradient},
+        colour=_colour,
         description=_description,
     )
 SCRUBBING.register(
@@ -250,12 +508,13 @@ SCRUBBING.register(
     needs=("trained-model", "head-statistics"),
     messages=_SCRUB_QUERY,
     options={"lambda": "scrub-newton-lambda"},
+    colour="#7fd3dc",
     description="eq. 6: the finite-time scrub of the head, plus eq. 7's noise",
 )
-for _name, _options, _description in (
-    ("fisher", {"power": -0.25}, "eq. 8: Fisher forgetting, std F^(-1/4)"),
-    ("fisher-sqrt", {"power": -0.5}, "the appendix's Fisher forgetting, std F^(-1/2)"),
-    ("fisher-reference", {"reference": True}, "the authors' released Fisher recipe"),
+for _name, _colour, _options, _description in (
+    ("fisher", "#e377c2", {"power": -0.25}, "eq. 8: Fisher forgetting, std F^(-1/4)"),
+    ("fisher-sqrt", "#9c2f7f", {"power": -0.5}, "the appendix's Fisher forgetting, std F^(-1/2)"),
+    ("fisher-reference", "#f2a9d7", {"reference": True}, "the authors' released Fisher recipe"),
 ):
     SCRUBBING.register(
         _name,
@@ -263,12 +522,13 @@ for _name, _options, _description in (
         needs=("trained-model", "fisher-statistics"),
         messages=_SCRUB_QUERY,
         options={"lambda": f"scrub-{_name}-lambda", **_options},
+        colour=_colour,
         description=_description,
     )
-for _name, _objective, _clients, _description in (
-    ("finetune", "train", "retained", "Section 5.2's baseline: fine-tune on D_r"),
-    ("negative-gradient", "negative-gradient", "forgotten", "gradient ascent on D_f"),
-    ("random-labels", "random-labels", "forgotten", "train D_f with random labels"),
+for _name, _colour, _objective, _clients, _description in (
+    ("finetune", "#bcbd22", "train", "retained", "Section 5.2's baseline: fine-tune on D_r"),
+    ("negative-gradient", "#d9a400", "negative-gradient", "forgotten", "gradient ascent on D_f"),
+    ("random-labels", "#6b6ecf", "random-labels", "forgotten", "train D_f with random labels"),
 ):
     SCRUBBING.register(
         _name,
@@ -276,12 +536,14 @@ for _name, _objective, _clients, _description in (
         needs=("trained-model",),
         messages=_TRAIN,
         options={"objective": _objective, "clients": _clients},
+        colour=_colour,
         description=_description,
     )
 SCRUBBING.register(
     "hiding",
     f"{_SCRUB}:hiding",
     needs=("trained-model",),
+    colour="#5fb85f",
     description="server only: the forgotten class's head row re-initialised (class cohorts)",
 )
 SCRUBBING.register(
@@ -289,72 +551,9 @@ SCRUBBING.register(
     "server.scrubbing.class_pruning:class_pruning",
     needs=("trained-model",),
     messages=(PRUNE_QUERY, TRAIN),
+    colour="#c49c94",
     description="Wang et al. 2022: prune the class's top TF-IDF channels, fine-tune on D_r",
 )
-
-AUDITED.register("original", model_file="model_final", description="the trained model")
-# The trained certified head is never written: with the data it determines b (the certificate's
-# secret); server.certified.head.CertifiedHeadRun hands it over in memory. Its shadow is itself:
-# a linear head's normalised sigmoids are not the original network's softmax.
-AUDITED.register(
-    "certified-head-trained",
-    certifies=True,
-    options={"shadow": "certified-head-trained"},
-    description="the certified head before any removal (in memory only)",
-)
-AUDITED.register(
-    "certified-head",
-    model_file="certified_head",
-    certifies=True,
-    options={"shadow": "certified-head-trained"},
-    description="the certified head after its removals",
-)
-
-#: The judge's metrics (:mod:`fedunlearn.judge.metrics`): each is called as
-#: ``implementation(data, population, rng)`` on a :class:`fedunlearn.judge.JudgeData` and returns
-#: ``{column: Estimate}``; ``options["columns"]`` lists its columns, in the table's order.
-JUDGE_METRICS = Registry("judge metric", "judge-metrics")
-
-for _name, _function, _columns, _description in (
-    (
-        "forgetting-score",
-        "forgetting_score_metric",
-        ("f", "final-score"),
-        "the NeurIPS 2023 unlearning challenge's F and final score",
-    ),
-    (
-        "ulira",
-        "ulira_metric",
-        ("ulira-accuracy", "ulira-tpr-1pct", "ulira-tpr-0.1pct"),
-        "U-LiRA, Hayes et al. 2025: per-example Gaussians, leave one model out",
-    ),
-    (
-        "rmia",
-        "rmia_metric",
-        ("rmia-auc", "rmia-tpr-0.1pct"),
-        "offline RMIA, Zarifzadeh et al. 2024, retrained models as reference",
-    ),
-    ("lira", "lira_metric", ("lira-auc",), "offline LiRA, Carlini et al. 2022, same setting"),
-    ("backdoor", "backdoor_metric", ("backdoor-success",), "planted trigger's attack success"),
-    (
-        "exposure",
-        "exposure_metric",
-        ("exposure-f", "exposure-ulira-accuracy"),
-        "a retained client's exposure: F and U-LiRA on its samples",
-    ),
-    (
-        "utility",
-        "utility_metric",
-        ("test-accuracy", "retain-accuracy", "seconds"),
-        "accuracy on test and retained data, seconds per model",
-    ),
-):
-    JUDGE_METRICS.register(
-        _name,
-        f"fedunlearn.judge.metrics:{_function}",
-        options={"columns": _columns},
-        description=_description,
-    )
 
 #: The method every other is judged against (the audit, the comparison tables).
 REFERENCE = "fedretrain"

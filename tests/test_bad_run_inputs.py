@@ -15,14 +15,14 @@ import shlex
 import subprocess
 import tempfile
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from flwr.common.config import parse_config_args
 
-from fedunlearn.config import ExperimentConfig
+from fedunlearn.config import ExperimentConfig, parameter_table
 from fedunlearn.store.update_store import UpdateStore
 from simulations import run as runner
 
@@ -199,16 +199,17 @@ K10 = "num-clients=10"
 
 
 def _generic_cases():
-    """Every key gets values of the wrong type, and numbers that are not finite or not whole."""
+    """Every key of the table (a registered method's own too) gets values of the wrong type, and
+    numbers that are not finite or not whole."""
     bad = {
         bool: ["1", "0", "'yes'", "0.5"],
         int: ["5.0", "1e9", "true", "'many'", "[1]", str(2**63), str(-(2**63) - 1)],
         float: ["nan", "inf", "-inf", "true", "'fast'", "'nan'", "[1.0]"],
         str: ["[1]", "true", "{a=1}"],
     }
-    for field in fields(ExperimentConfig):
-        key = field.name.replace("_", "-")
-        for value in bad[type(field.default)]:
+    for row in parameter_table():
+        key = row.key
+        for value in bad[row.kind]:
             yield pytest.param(_set(f"{key}={value}"), key, None, id=f"{key}={value}")
     for key in ENUM_KEYS:  # empty, and a near miss in case and spacing
         for value in ("''", "' '", "'AUTO'", "'x,y'"):

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from fedunlearn.config import ExperimentConfig
+from fedunlearn import cli
+from fedunlearn.config import ExperimentConfig, MethodKey
+from fedunlearn.config.fields import AT_LEAST_1
+from fedunlearn.config.pyproject import BEGIN, END, method_keys_block, with_method_keys
 from fedunlearn.errors import ConfigError
+from fedunlearn.registry import UNLEARNING
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
@@ -18,6 +22,32 @@ def test_defaults_match_the_flower_app_config():
     assert set(app_config) == set(ExperimentConfig.keys())
     parsed = ExperimentConfig.from_run_config(app_config)
     assert parsed == ExperimentConfig()
+
+
+def test_the_method_keys_of_pyproject_are_the_registrys():
+    """flwr run refuses a key the app config does not list: the built-in methods' keys stand
+    there as the registry declares them, in the block `fedunlearn pyproject` writes."""
+    text = PYPROJECT.read_text(encoding="utf-8")
+    assert text == with_method_keys(text), (
+        "pyproject.toml's method keys are stale: run python -m fedunlearn.cli pyproject"
+    )
+    assert "crab-window = 0  # Crab: " in method_keys_block()
+
+
+def test_the_pyproject_command_writes_the_block_and_check_finds_a_stale_one(tmp_path, capsys):
+    copy = tmp_path / "pyproject.toml"
+    copy.write_text(PYPROJECT.read_text(encoding="utf-8"), encoding="utf-8")
+    assert cli.main(["pyproject", str(copy), "--check"]) == 0
+    toy = MethodKey("toy-every", 2, AT_LEAST_1, "rounds between the toy's snapshots")
+    with UNLEARNING.registered("toy", lambda context, name: None, default=False, keys=(toy,)):
+        assert cli.main(["pyproject", str(copy), "--check"]) == 1
+        assert "run fedunlearn pyproject" in capsys.readouterr().out
+        assert cli.main(["pyproject", str(copy)]) == 0
+        block = copy.read_text(encoding="utf-8").split(BEGIN)[1].split(END)[0]
+        assert "toy-every = 2  # rounds between the toy's snapshots" in block
+    copy.write_text("[tool.flwr.app.config]\nrounds = 2\n", encoding="utf-8")
+    assert cli.main(["pyproject", str(copy)]) == 2
+    assert "BEGIN method keys" in capsys.readouterr().err
 
 
 def test_the_main_job_is_the_app_defaults_with_ten_clients():

@@ -24,6 +24,7 @@ from fedunlearn.plots import (  # noqa: E402
     forgetting_title,
     labelled_bars,
     method_colour,
+    method_colours,
     neuron_angles_figure,
     roc_figure,
     tradeoff_figure,
@@ -174,8 +175,14 @@ def every_text(fig) -> list[str]:
 
 
 def test_every_method_name_has_one_fixed_colour_and_unknown_names_a_stable_one():
-    registered = [spec.name for registry in (UNLEARNING, SCRUBBING, AUDITED) for spec in registry]
-    assert set(registered) <= set(METHOD_COLOURS)
+    """The colours are the registry entries' own: a built-in entry declares one, a method
+    registered without one gets a stable colour from its name, never an error."""
+    specs = [spec for registry in (UNLEARNING, SCRUBBING, AUDITED) for spec in registry]
+    for spec in specs:
+        fallback = FALLBACK_COLOURS[zlib.crc32(spec.name.encode()) % len(FALLBACK_COLOURS)]
+        assert method_colour(spec.name) == (spec.colour or fallback)
+    assert {spec.name for spec in specs if spec.colour} <= set(method_colours())
+    assert METHOD_COLOURS["crab"] == UNLEARNING["crab"].colour  # the built-ins declare theirs
     # Distinct colours but for the two retrained references (black in every figure).
     colours = [c for name, c in METHOD_COLOURS.items() if name != "retrain"]
     assert len(set(colours)) == len(colours)
@@ -184,6 +191,10 @@ def test_every_method_name_has_one_fixed_colour_and_unknown_names_a_stable_one()
     unknown = method_colour("my-new-method")
     assert unknown == method_colour("my-new-method")
     assert unknown == FALLBACK_COLOURS[zlib.crc32(b"my-new-method") % len(FALLBACK_COLOURS)]
+    with SCRUBBING.registered("my-new-method", lambda context, name: None):
+        assert method_colour("my-new-method") == unknown
+    with SCRUBBING.registered("my-new-method", lambda context, name: None, colour="#123456"):
+        assert method_colour("my-new-method") == "#123456"
 
 
 def test_the_same_method_has_the_same_colour_in_every_figure():

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from fedunlearn import config as config_module
-from fedunlearn.config import ExperimentConfig
+from fedunlearn.config import ExperimentConfig, MethodKey, parameter_table
+from fedunlearn.config.fields import AT_LEAST_1
 from fedunlearn.errors import ConfigError
 from fedunlearn.registry import (
     AUDITED,
@@ -90,6 +91,39 @@ def test_the_registry_refuses_duplicates_bad_names_and_unknown_needs():
     assert set(NEEDS) >= {n for spec in [*UNLEARNING, *SCRUBBING, *AUDITED] for n in spec.needs}
     with pytest.raises(ConfigError):
         MethodSpec("x", None).resolve()
+
+
+def test_a_method_declares_its_own_keys_on_its_entry():
+    """Crab's keys are on Crab's entry: the table lists them in the unlearning group, as Crab's."""
+    crab = {item.key for item in UNLEARNING["crab"].keys}
+    assert crab == {row.key for row in parameter_table() if row.method == "crab"}
+    assert {"crab-window", "crab-round-ratio", "crab-rollback"} <= crab
+    assert {row.group for row in parameter_table() if row.method} == {"unlearning"}
+    config = ExperimentConfig.from_run_config({"crab-window": 4})
+    assert config.crab_window == config.unlearning.crab_window == 4
+    assert config.replace(crab_window=2).crab_window == 2
+    with pytest.raises(ConfigError) as info:
+        ExperimentConfig.from_run_config({"crab-window": -1})
+    assert info.value.parameter == "crab-window" and ">= 0" in str(info.value)
+
+
+def test_a_method_registered_at_run_time_brings_its_keys():
+    every = MethodKey("toy-every", 2, AT_LEAST_1, "rounds between the toy's snapshots")
+    with UNLEARNING.registered("toy", keep_trained, default=False, keys=(every,)):
+        config = ExperimentConfig.from_run_config({"toy-every": 3, "unlearn-methods": "fedretrain,toy"})
+        assert config.toy_every == 3 and ExperimentConfig().toy_every == 2
+        assert "toy-every" in ExperimentConfig.keys()
+        with pytest.raises(ConfigError) as info:
+            ExperimentConfig.from_run_config({"toy-every": 0})
+        assert (info.value.parameter, info.value.value) == ("toy-every", 0)
+        assert ">= 1" in str(info.value)
+        with pytest.raises(ConfigError, match="crab does not declare"):
+            UNLEARNING.register("copycat", keep_trained, keys=(UNLEARNING["crab"].keys[0],))
+    assert "toy-every" not in ExperimentConfig.keys()
+    with pytest.raises(ConfigError, match="unknown key"):
+        ExperimentConfig.from_run_config({"toy-every": 3})
+    with pytest.raises(ConfigError, match="no keys"):
+        Registry("thing", "things").register("x", keys=(every,))
 
 
 def test_every_built_in_entry_resolves_to_a_server_function():

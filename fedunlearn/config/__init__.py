@@ -1,7 +1,9 @@
 """The run configuration: a constraints table, one validator, rules across keys, group views.
 
-* :mod:`~fedunlearn.config.parameters`: the table, every key's group, type, default, constraint
-  and description (:class:`RunParameters`, :func:`parameter_table`).
+* :mod:`~fedunlearn.config.parameters`: the keys every run reads, each with its group, type,
+  default, constraint and description (:class:`RunParameters`); a single method's keys are
+  declared on its registry entry (:class:`MethodKey`, ``MethodSpec.keys``).
+* :mod:`~fedunlearn.config.table`: both read row by row (:func:`parameter_table`).
 * :mod:`~fedunlearn.config.constraints`: what one key allows, and the validator
   (:func:`validate_parameter_constraints`).
 * :mod:`~fedunlearn.config.rules`: rules across keys (:data:`RULES`) and group views.
@@ -9,48 +11,58 @@
 * :mod:`~fedunlearn.config.docs`: ``docs/configuration.md`` from the table.
 """
 
-from fedunlearn.config import choices as _choices
-from fedunlearn.config.choices import (
-    ADOPT_FEDERATION_SIZE,
-    CALIBRATION_ORDERS,
-    DATASETS,
-    DEVICES,
-    INT64,
-    MAX_ALPHA,
-    MAX_CLIENTS,
-    MAX_REPLY_TIMEOUT,
-    MAX_SEED,
-    MODELS,
-    PARTITIONINGS,
-    SAMPLE_SHAPES,
-    STORE_DTYPES,
-)
-from fedunlearn.config.constraints import (
-    ByRule,
-    Constraint,
-    Flag,
-    FolderPath,
-    Interval,
-    NameList,
-    Options,
-    PositiveNumbers,
-    RunName,
-    coerce,
-    validate_parameter_constraints,
-)
-from fedunlearn.config.docs import constraints_markdown
-from fedunlearn.config.experiment import ExperimentConfig
-from fedunlearn.config.parameters import GROUPS, RunParameters
-from fedunlearn.config.paths import MAX_PATH_BYTES, RUN_NAME, RUN_NAME_ALLOWED, check_path_text
-from fedunlearn.config.rules import (
-    RULES,
-    ConfigGroup,
-    model_problem,
-    partition_ids,
-    validate_config,
-    validate_group,
-)
-from fedunlearn.config.table import Parameter, parameter_constraints, parameter_table
+import importlib
+
+#: Where each public name lives. The package imports nothing until a name is asked for (PEP 562):
+#: the registry declares its methods' keys with :mod:`.constraints` and :mod:`.fields`, and must
+#: reach them without running the table, the rules and the validated configuration, which read
+#: the registry.
+_HOMES = {
+    "choices": (
+        "ADOPT_FEDERATION_SIZE",
+        "CALIBRATION_ORDERS",
+        "DATASETS",
+        "DEVICES",
+        "INT64",
+        "MAX_ALPHA",
+        "MAX_CLIENTS",
+        "MAX_REPLY_TIMEOUT",
+        "MAX_SEED",
+        "MODELS",
+        "MethodKey",
+        "PARTITIONINGS",
+        "SAMPLE_SHAPES",
+        "STORE_DTYPES",
+    ),
+    "constraints": (
+        "ByRule",
+        "Constraint",
+        "Flag",
+        "FolderPath",
+        "Interval",
+        "NameList",
+        "Options",
+        "PositiveNumbers",
+        "RunName",
+        "coerce",
+        "validate_parameter_constraints",
+    ),
+    "docs": ("constraints_markdown",),
+    "experiment": ("ExperimentConfig",),
+    "fields": ("MethodKey",),
+    "parameters": ("GROUPS", "RunParameters"),
+    "paths": ("MAX_PATH_BYTES", "RUN_NAME", "RUN_NAME_ALLOWED", "check_path_text"),
+    "rules": (
+        "RULES",
+        "ConfigGroup",
+        "model_problem",
+        "partition_ids",
+        "validate_config",
+        "validate_group",
+    ),
+    "table": ("Parameter", "parameter_constraints", "parameter_table"),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "ADOPT_FEDERATION_SIZE",
@@ -102,7 +114,11 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """The method lists, read from the registries on every access (:mod:`.choices`)."""
-    if name in _choices.METHOD_LISTS:
-        return getattr(_choices, name)
+    """A public name, imported from its module when first asked for; the method lists are read
+    from the registries on every access (:mod:`.choices`)."""
+    if name in _HOME:
+        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    choices = importlib.import_module(f"{__name__}.choices")
+    if name in choices.METHOD_LISTS:
+        return getattr(choices, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

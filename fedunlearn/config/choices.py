@@ -7,6 +7,7 @@ may be derived from elsewhere, e.g. method registries, without touching the tabl
 
 from __future__ import annotations
 
+from fedunlearn.config.constraints import INT64
 from fedunlearn.registry import AGGREGATIONS, SCRUBBING, UNLEARNING
 from fedunlearn.registry import JUDGE_METRICS as _JUDGE_REGISTRY
 from fedunlearn.store.retention import RETAIN_MODES
@@ -68,8 +69,7 @@ MAX_DERIVED_SEED = 2**63 - 1
 MAX_ALPHA = 1e6
 #: Longest wait for one request's replies: a day; a longer one would hide a dead federation.
 MAX_REPLY_TIMEOUT = 86_400
-#: Flower's run config holds 64-bit integers; a larger one fails when the run is submitted.
-INT64 = (-(2**63), 2**63 - 1)
+INT64 = INT64  # Flower's run config holds 64-bit integers (fedunlearn.config.constraints)
 #: The input shape of one sample of each dataset, to check a model fits before any data is loaded
 #: (Adult's width depends on its categories; only its rank matters to the model).
 #: Classes of each dataset (the backdoor's target class is one of them).

@@ -13,11 +13,12 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fedunlearn.config.choices import INT64
 from fedunlearn.config.paths import RUN_NAME_ALLOWED, check_path_text, check_run_name
 from fedunlearn.errors import ConfigError, did_you_mean
 
 Choices = Sequence[str] | Callable[[], Sequence[str]]
+#: Flower's run config holds 64-bit integers; a larger one fails when the run is submitted.
+INT64 = (-(2**63), 2**63 - 1)
 
 
 class Constraint:

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from fedunlearn.config.constraints import coerce
 from fedunlearn.config.parameters import GROUPS, RunParameters
 from fedunlearn.config.paths import expand_path
 from fedunlearn.config.rules import ConfigGroup, partition_ids, validate_config
-from fedunlearn.config.table import parameter_constraints, parameter_table
+from fedunlearn.config.table import method_parameters, parameter_constraints, parameter_table
 from fedunlearn.errors import ConfigError, did_you_mean
 
 #: Keys a later version took out: key -> (the value that meant "off", what replaced it). A run
@@ -43,14 +43,51 @@ def _without_retired(run_config: Mapping[str, Any]) -> Mapping[str, Any]:
     return {k: v for k, v in run_config.items() if k not in RETIRED_KEYS}
 
 
+def _by_home(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for :class:`ExperimentConfig`: the fields' values as they are, the
+    registered methods' keys gathered under ``method_values``."""
+    own = {row.attribute for row in method_parameters()}
+    out: dict[str, Any] = {k: v for k, v in values.items() if k not in own}
+    methods = {k: v for k, v in values.items() if k in own}
+    return {**out, "method_values": methods} if methods else out
+
+
 @dataclass(frozen=True)
 class ExperimentConfig(RunParameters):
-    """A validated run configuration: the keys of the table
-    (:class:`~fedunlearn.config.parameters.RunParameters`) as flat attributes
-    (``config.num_clients``) and as group views (``config.certified.lam``).
+    """A validated run configuration: the keys of the table as flat attributes
+    (``config.num_clients``, ``config.crab_window``) and as group views (``config.certified.lam``).
+
+    The keys every run reads are the fields of
+    :class:`~fedunlearn.config.parameters.RunParameters`; the registered methods' own keys
+    (``MethodSpec.keys``) are held in ``method_values`` (attribute -> value, every such key of the
+    registered methods, defaults filled in) and read as attributes all the same.
 
     Build it with :meth:`from_run_config`; the constructor does not validate.
     """
+
+    method_values: Mapping[str, Any] = field(default_factory=dict, repr=False, hash=False)
+
+    def __post_init__(self) -> None:
+        """Fill in the default of every registered method's key not given; refuse one no
+        registered method declares."""
+        rows = {row.attribute: row for row in method_parameters()}
+        unknown = sorted(set(self.method_values) - set(rows))
+        if unknown:
+            raise ConfigError(
+                "run-config",
+                unknown[0].replace("_", "-"),
+                f"a key of a registered method{did_you_mean(unknown[0], rows)}",
+            )
+        values = {name: row.default for name, row in rows.items()} | dict(self.method_values)
+        object.__setattr__(self, "method_values", values)
+
+    def __getattr__(self, name: str) -> Any:
+        """A registered method's key (``config.crab_window``); called only when no field or
+        property has ``name``."""
+        values = self.__dict__.get("method_values")
+        if values is None or name not in values:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return values[name]
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -87,7 +124,7 @@ class ExperimentConfig(RunParameters):
             for row in parameter_table()
             if row.key in run_config
         }
-        config = cls(**values)
+        config = cls(**_by_home(values))
         config.validate()
         return config
 
@@ -96,8 +133,11 @@ class ExperimentConfig(RunParameters):
         return {row.key: getattr(self, row.attribute) for row in parameter_table()}
 
     def replace(self, **changes: Any) -> ExperimentConfig:
-        """A validated copy with some fields changed (Python names, underscores)."""
-        config = dataclasses.replace(self, **changes)
+        """A validated copy with some keys changed (Python names, underscores), a registered
+        method's too."""
+        fields = _by_home(changes)
+        fields["method_values"] = {**self.method_values, **fields.get("method_values", {})}
+        config = dataclasses.replace(self, **fields)
         config.validate()
         return config
 

@@ -1,8 +1,10 @@
-"""The constraints table: every run-config key with its group, type, default, what it allows and
-what it means, declared once as the fields of :class:`RunParameters`.
+"""The keys every run reads, each with its group, type, default, what it allows and what it
+means, declared once as the fields of :class:`RunParameters`; and the groups.
 
-Keys are spelled as in ``[tool.flwr.app.config]`` of ``pyproject.toml`` (the attribute with ``-``
-for ``_``). ``docs/configuration.md`` is generated from this table
+A key that belongs to one method is declared on its registry entry instead (``MethodSpec.keys``,
+:class:`fedunlearn.config.fields.MethodKey`); :mod:`fedunlearn.config.table` reads both as one
+table. Keys are spelled as in ``[tool.flwr.app.config]`` of ``pyproject.toml`` (the attribute with
+``-`` for ``_``). ``docs/configuration.md`` is generated from the table
 (:func:`fedunlearn.config.constraints_markdown`). To add a key: one field here, in its group, and
 its default in ``pyproject.toml``; a rule across keys goes in :mod:`fedunlearn.config.rules`.
 """
@@ -49,7 +51,6 @@ from fedunlearn.config.fields import (
     key_in,
     lazy_names,
 )
-from fedunlearn.config.method_parameters import MethodParameters
 
 #: The groups, one per phase of a run, in the order the table and the page list them.
 GROUPS = {
@@ -91,9 +92,9 @@ unlearning, certified, scrubbing, audit, judge = (
 
 
 @dataclass(frozen=True)
-class CoreParameters:
-    """Every key but the single unlearning methods' own (:class:`MethodParameters`), grouped by
-    phase below."""
+class RunParameters:
+    """The keys every run reads, flat (``config.num_clients``), grouped by phase below; the
+    registered methods' own keys are ``MethodSpec.keys``."""
 
     # ------------------------------------------------------------------ data
     dataset: str = data("digits", Options(DATASETS), "the dataset; only digits is embedded")
@@ -287,6 +288,12 @@ class CoreParameters:
         "original's), and every method where the signal cannot measure (forgetting not "
         "measurable); without a signal, one that stayed by the original (forgot nothing)",
     )
+    post_training_rounds: int = unlearning(
+        2,
+        Interval(WHOLE, 0),
+        "PGA, FedQUIT, FedOSD: rounds of the run's aggregation by the remaining clients after "
+        "the unlearning step (ours for FedQUIT, whose code stops at a retrained model's accuracy)",
+    )
     keep_original: bool = unlearning(
         False, Flag(), "keep the pre-request model and history under original-<request>/"
     )
@@ -438,10 +445,3 @@ class CoreParameters:
         NameList(lambda: choices.JUDGE_METRICS, required=True),
         "the judge's tests (registered metrics), each a group of columns of judge.csv",
     )
-
-
-@dataclass(frozen=True)
-class RunParameters(MethodParameters, CoreParameters):
-    """The run configuration's values, flat (``config.num_clients``): :class:`CoreParameters`'
-    keys, then :class:`MethodParameters`'; :func:`fedunlearn.config.table.parameter_table` lists
-    them group by group in the order of :data:`GROUPS`."""

@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
+from fedunlearn.registry import AUDITED, SCRUBBING, UNLEARNING
 from fedunlearn.store.durable_io import atomic_write_bytes
 
 
@@ -46,48 +47,29 @@ def save_figure(fig, path: Path) -> Path:
 
 
 # -------------------------------------------------------------------- method colours, names
-#: The colour of every registered method, the same in every figure (``fedunlearn.registry``'s
-#: names, the scrubbing and judge baselines, the audited models). The references are black (the
-#: retrained model) and grey (the original, trained model); tab:red is kept for FLAGGED marks.
-METHOD_COLOURS: dict[str, str] = {
-    # references
-    "original": "#7f7f7f",
-    "fedretrain": "#000000",
-    "retrain": "#000000",
-    "retrain-independent": "#b8b8b8",
-    # client removal (fedunlearn.registry.UNLEARNING)
-    "federaser": "#1f77b4",
-    "fedaccum": "#ff7f0e",
-    "fedrecover": "#2ca02c",
-    "crab": "#9467bd",
-    "sifu": "#8c564b",
-    "rapid-retraining": "#8c6d31",
-    "pga": "#e7298a",
-    "fedquit": "#1b9e77",
-    "fedosd": "#5254a3",
-    "fedau": "#e6ab02",
-    "keep-training": "#525252",  # the original, trained on: a darker grey
-    # scrubbing (fedunlearn.registry.SCRUBBING)
-    "newton": "#17becf",
-    "newton-forget-only": "#0b6e78",
-    "newton-finite": "#7fd3dc",
-    "fisher": "#e377c2",
-    "fisher-sqrt": "#9c2f7f",
-    "fisher-reference": "#f2a9d7",
-    "finetune": "#bcbd22",
-    "negative-gradient": "#d9a400",
-    "random-labels": "#6b6ecf",
-    "hiding": "#5fb85f",
-    "class-pruning": "#c49c94",
-    # audited certified heads (fedunlearn.registry.AUDITED)
-    "certified-head-trained": "#aec7e8",
-    "certified-head": "#393b79",
-}
+#: Colours of names that are no registry entry: the retrained references of the scrubbing phase and
+#: of the judge. Every registered method, scrubbing method and audited model has its colour on its
+#: entry (``MethodSpec.colour``, :mod:`fedunlearn.registry`): FedRetrain and ``retrain`` black, the
+#: original grey; tab:red is kept for FLAGGED marks.
+OTHER_COLOURS: dict[str, str] = {"retrain": "#000000", "retrain-independent": "#b8b8b8"}
+
+
+def method_colours() -> dict[str, str]:
+    """Name -> colour of every name a figure may draw with a fixed colour: the registries'
+    entries that declare one (read now: a method registered later is included), then
+    :data:`OTHER_COLOURS`."""
+    entries = (spec for registry in (UNLEARNING, SCRUBBING, AUDITED) for spec in registry)
+    return {spec.name: spec.colour for spec in entries if spec.colour} | OTHER_COLOURS
+
+
+#: The fixed colours at import (:func:`method_colours` reads the registries again).
+METHOD_COLOURS: dict[str, str] = method_colours()
 
 #: Names shown instead of a method's internal name: the run's trained model is "original".
 DISPLAY_NAMES: dict[str, str] = {"fedavg": "original"}
 
-#: Colours for names the map does not know (a method registered later), picked by a stable hash.
+#: Colours for names without a fixed one (a method registered without ``colour``), picked by a
+#: stable hash.
 FALLBACK_COLOURS = (
     "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1",
     "#636363", "#969696", "#bd9e39", "#ad494a", "#a55194", "#6baed6", "#fd8d3c", "#74c476",
@@ -100,12 +82,14 @@ def display_name(method: str) -> str:
 
 
 def method_colour(method: str) -> str:
-    """The fixed colour of ``method`` (``fedavg`` and "original" share one). A name the map does
-    not know gets one of :data:`FALLBACK_COLOURS` chosen by a CRC-32 of the name: the same in every
-    figure and every process."""
+    """The fixed colour of ``method`` (``fedavg`` and "original" share one): its registry entry's
+    (:func:`method_colours`). A name without one (a method registered without ``colour``) gets
+    one of :data:`FALLBACK_COLOURS` chosen by a CRC-32 of the name: the same in every figure and
+    every process."""
     name = display_name(method)
-    if name in METHOD_COLOURS:
-        return METHOD_COLOURS[name]
+    colours = method_colours()
+    if name in colours:
+        return colours[name]
     return FALLBACK_COLOURS[zlib.crc32(name.encode()) % len(FALLBACK_COLOURS)]
 
 
