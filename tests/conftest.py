@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,10 @@ PROCESS_GROUP = "ray-and-deployment"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # xdist's workers must collect the same ids: one holding an object's address differs per process
+    unstable = [item.nodeid for item in items if re.search(r" at 0x[0-9a-f]+", item.nodeid)]
+    if unstable:
+        raise pytest.UsageError(f"test ids hold an object's address (give ids=): {unstable[:3]}")
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
