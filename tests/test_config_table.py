@@ -16,7 +16,8 @@ from fedunlearn.config import (
     Interval,
     constraints_markdown,
     parameter_table,
-    rules,
+    request_rules,
+    training_rules,
 )
 from fedunlearn.config import choices as choices_module
 from fedunlearn.errors import ConfigError
@@ -139,11 +140,12 @@ def test_method_names_are_read_when_a_value_is_checked(monkeypatch):
         ExperimentConfig.from_run_config({"unlearn-methods": "federaser"})
 
 
-def test_every_rule_in_the_rules_module_is_listed_and_runs_after_the_keys():
+def test_every_rule_in_the_rules_modules_is_listed_and_runs_after_the_keys():
     defined = {
         name
-        for name, function in inspect.getmembers(rules, inspect.isfunction)
-        if name.startswith("check_") and function.__module__ == rules.__name__
+        for module in (training_rules, request_rules)
+        for name, function in inspect.getmembers(module, inspect.isfunction)
+        if name.startswith("check_") and function.__module__ == module.__name__
     }
     assert defined == {rule.__name__ for _, rule in RULES}
     # A value bad alone is reported before a rule across keys that it would also break.

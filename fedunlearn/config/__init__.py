@@ -6,7 +6,11 @@
 * :mod:`~fedunlearn.config.table`: both read row by row (:func:`parameter_table`).
 * :mod:`~fedunlearn.config.constraints`: what one key allows, and the validator
   (:func:`validate_parameter_constraints`).
-* :mod:`~fedunlearn.config.rules`: rules across keys (:data:`RULES`) and group views.
+* :mod:`~fedunlearn.config.rules`: rules across keys (:data:`RULES`), run in their order; the
+  rules themselves in :mod:`~fedunlearn.config.training_rules` (data, model, retention,
+  aggregation, sampling) and :mod:`~fedunlearn.config.request_rules` (unlearning, certified head,
+  scrubbing, audit, judge, poisoning).
+* :mod:`~fedunlearn.config.group`: group views (:class:`ConfigGroup`).
 * :mod:`~fedunlearn.config.experiment`: :class:`ExperimentConfig`, the validated configuration.
 * :mod:`~fedunlearn.config.docs`: ``docs/configuration.md`` from the table.
 """
@@ -50,17 +54,17 @@ _HOMES = {
     "docs": ("constraints_markdown",),
     "experiment": ("ExperimentConfig",),
     "fields": ("MethodKey",),
+    "group": ("ConfigGroup",),
     "parameters": ("GROUPS", "RunParameters"),
     "paths": ("MAX_PATH_BYTES", "RUN_NAME", "RUN_NAME_ALLOWED", "check_path_text"),
     "rules": (
         "RULES",
-        "ConfigGroup",
-        "model_problem",
         "partition_ids",
         "validate_config",
         "validate_group",
     ),
     "table": ("Parameter", "parameter_constraints", "parameter_table"),
+    "training_rules": ("model_problem",),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -2,7 +2,9 @@
 
 Each constraint checks a value already converted to its key's type (:func:`coerce`) and raises
 :class:`~fedunlearn.errors.ConfigError` naming the key, the value and :attr:`Constraint.allowed`,
-the same text the configuration page shows. Rules across keys are in :mod:`fedunlearn.config.rules`.
+the same text the configuration page shows. Rules across keys are run by
+:mod:`fedunlearn.config.rules` (the rules themselves in :mod:`fedunlearn.config.training_rules` and
+:mod:`fedunlearn.config.request_rules`).
 """
 
 from __future__ import annotations

@@ -71,7 +71,9 @@ def _rules_section() -> list[str]:
     lines = [
         "## Rules across keys",
         "",
-        "Checked in this order, after every key's own check (`fedunlearn/config/rules.py`):",
+        "Checked in this order, after every key's own check (`fedunlearn/config/rules.py`; the",
+        "rules themselves in `fedunlearn/config/training_rules.py` and",
+        "`fedunlearn/config/request_rules.py`):",
         "",
     ]
     for group, rule in RULES:

@@ -17,9 +17,10 @@ from typing import Any
 
 from fedunlearn.config import choices
 from fedunlearn.config.constraints import coerce
+from fedunlearn.config.group import ConfigGroup
 from fedunlearn.config.parameters import GROUPS, RunParameters
 from fedunlearn.config.paths import expand_path
-from fedunlearn.config.rules import ConfigGroup, partition_ids, validate_config
+from fedunlearn.config.rules import partition_ids, validate_config
 from fedunlearn.config.table import method_parameters, parameter_constraints, parameter_table
 from fedunlearn.errors import ConfigError, did_you_mean
 

@@ -6,7 +6,9 @@ A key that belongs to one method is declared on its registry entry instead (``Me
 table. Keys are spelled as in ``[tool.flwr.app.config]`` of ``pyproject.toml`` (the attribute with
 ``-`` for ``_``). ``docs/configuration.md`` is generated from the table
 (:func:`fedunlearn.config.constraints_markdown`). To add a key: one field here, in its group, and
-its default in ``pyproject.toml``; a rule across keys goes in :mod:`fedunlearn.config.rules`.
+its default in ``pyproject.toml``; a rule across keys goes in
+:mod:`fedunlearn.config.training_rules` or :mod:`fedunlearn.config.request_rules` (by the phase it
+checks) and in the order of :data:`fedunlearn.config.rules.RULES`.
 """
 
 from __future__ import annotations
