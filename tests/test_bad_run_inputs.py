@@ -54,6 +54,10 @@ class Sandbox:
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
     """HOME, the working directory and output-dir under ``tmp_path``; Flower cannot be started."""
+    # Matplotlib lists the system's fonts once per process (it runs fc-list) into HOME's cache: let
+    # it do so before HOME moves and Popen is refused, whichever test of a worker comes first.
+    import matplotlib.font_manager  # noqa: F401
+
     box = Sandbox(tmp_path, tmp_path / "home", tmp_path / "work", tmp_path / "out", [], [])
     box.home.mkdir()
     box.work.mkdir()
