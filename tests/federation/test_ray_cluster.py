@@ -2,7 +2,8 @@
 running (its backend calls ``ray.init`` only when Ray is not initialised), so the main job runs on
 every node of the cluster. Two Ray nodes of one CPU each on this machine
 (``ray.cluster_utils.Cluster``, each node its own raylet and resources): the clients' training runs
-on both, and every model equals the single-node run's, bit for bit (docs/scale.md)."""
+on both, and every model equals, bit for bit, the same job's run in this process without Ray (the
+suite's federation, ``tests/federation_grid.py``; docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from federation_grid import serve_in_process
 from ray.cluster_utils import Cluster
 from safetensors.torch import load_file
 
@@ -67,7 +69,9 @@ def test_the_main_job_runs_on_both_nodes_of_a_ray_cluster_and_equals_one_node(
         cluster.shutdown()
     placed = nodes.read_text().split()
     assert len(placed) >= 4 * 2 and len(set(placed)) == 2  # training ran on both Ray nodes
-    simulate_ray({**overrides, "run-name": "one-node"}, num_supernodes=4)  # Ray started by Flower
+    # the same job in this process, without Ray (the suite's federation): the placement of the
+    # clients' training changes no bit of any model
+    serve_in_process({**overrides, "run-name": "one-node"}, num_supernodes=4)
     two, one = _models(tmp_path / "two-nodes"), _models(tmp_path / "one-node")
     assert set(two) == set(one) and "model_final.safetensors" in two
     for name, state in two.items():
