@@ -1,7 +1,9 @@
 """End to end, in process: a few virtual clients train on digits and the retained rounds land on disk.
 
-``run_simulation`` is deprecated in Flower but still the in-process way to run a federation inside a
-test; product code runs under ``flwr run``.
+Through the suite's Ray-free federation (``simulate``: the real ServerApp and ClientApp in this
+process), and once through Flower's Simulation Engine on Ray (``simulate_ray``, marked ``ray``:
+``run_simulation`` is deprecated in Flower but still the in-process way to run a Ray simulation
+inside a test; product code runs under ``flwr run``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from fedunlearn.errors import ConfigError
 from fedunlearn.store.update_store import UpdateStore
 
 
-@pytest.mark.ray
-def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path, simulate_ray):
+def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path, simulate):
     overrides = {
         "num-clients": 4,
         "rounds": 2,
@@ -29,7 +30,7 @@ def test_digits_four_clients_two_rounds_learns_and_retains(tmp_path, simulate_ra
         "node-wait-seconds": 60,
         "unlearn-clients": "",  # training and retention only; unlearning has its own test
     }
-    simulate_ray(overrides, num_supernodes=4)
+    simulate(overrides, num_supernodes=4)
 
     run_dir = tmp_path / "e2e"
     metrics = pd.read_csv(run_dir / "metrics.csv")
