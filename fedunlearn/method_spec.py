@@ -1,7 +1,8 @@
 """What a registry entry is and what a registry does: :class:`MethodSpec`, one registered method
 (its implementation, what it needs from the run, the settings and promises it keeps), and
-:class:`Registry`, name -> spec for one kind of method. The entries themselves, and the registries
-the rest of the code reads, are :mod:`fedunlearn.registry`.
+:class:`Registry`, name -> spec for one kind of method. The registries the rest of the code reads
+are :mod:`fedunlearn.registry`; their built-in entries, :mod:`fedunlearn.unlearning_registry`,
+:mod:`fedunlearn.scrubbing_registry` and :mod:`fedunlearn.audit_registry`.
 """
 
 from __future__ import annotations

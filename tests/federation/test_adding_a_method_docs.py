@@ -23,7 +23,7 @@ from fedunlearn.config.pyproject import method_keys_block, with_method_keys
 from fedunlearn.errors import ConfigError
 from fedunlearn.plots import method_colour
 from fedunlearn.registry import SCRUBBING, UNLEARNING, run_retention
-from server.training.rounds import train_federated
+from server.training.original import train_federated
 from server.unlearning.request import run_unlearning
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +156,6 @@ def test_registering_from_a_test_is_as_the_page_shows():
     assert seen == [True] and "zero-head" not in SCRUBBING
 
 
-@pytest.mark.slow
 def test_the_retention_toy_forgets_a_client_through_the_real_client_app(toys, tmp_path):
     values = {
         "num-clients": 4,
