@@ -26,9 +26,9 @@ dict that the phase's log records.
 
 from __future__ import annotations
 
+# The noqa: F401 names are for the entries appended at the end, as the built-in entries use them
+# (docs/adding-a-method.md).
 from fedunlearn.audit_registry import AUDITED, JUDGE_METRICS  # noqa: F401 (re-exported)
-
-# What an entry appended below may use, as the built-in entries do (docs/adding-a-method.md).
 from fedunlearn.config.constraints import Flag, Interval, Options  # noqa: F401
 from fedunlearn.config.fields import (  # noqa: F401
     AT_LEAST_1,
@@ -39,9 +39,11 @@ from fedunlearn.config.fields import (  # noqa: F401
     MethodKey,
     lazy_names,
 )
+from fedunlearn.errors import ConfigError
 from fedunlearn.messages import PRUNE_QUERY, SCRUB_QUERY, TRAIN  # noqa: F401
 from fedunlearn.method_spec import (  # noqa: F401 (re-exported: what a registry entry is)
     AGGREGATIONS,
+    DEFAULT_OBJECTIVE,
     METHOD_NAME,
     NEEDS,
     STATISTICS,
@@ -72,6 +74,18 @@ def audited_models() -> list[tuple[str, MethodSpec]]:
     unlearning = sorted(UNLEARNING, key=lambda spec: spec.name != REFERENCE)
     rest = [spec for spec in AUDITED if spec.name != "original"]
     return [(spec.name, spec) for spec in [AUDITED["original"], *unlearning, *SCRUBBING, *rest]]
+
+
+def client_objectives() -> dict[str, MethodSpec]:
+    """Every client objective a registered method declares -> its entry
+    (:attr:`MethodSpec.objectives`): the unlearning methods', then the scrubbing methods'. Read
+    on each call, so that an entry registered at run time counts; an objective that entries of
+    both registries declare is refused (a message could not say whose it is)."""
+    unlearning, scrubbing = UNLEARNING.objectives(), SCRUBBING.objectives()
+    for name in unlearning.keys() & scrubbing.keys():
+        owners = f"{unlearning[name].name} or {scrubbing[name].name}"
+        raise ConfigError("objectives", name, f"an objective of one entry, not of {owners}")
+    return {**unlearning, **scrubbing}
 
 
 # ---------------------------------------------------------------------- entries a user adds

@@ -16,6 +16,7 @@ SCRUBBING = Registry(
 _TRAIN = (TRAIN,)
 _SCRUB_QUERY = (SCRUB_QUERY,)
 _SCRUB = "server.scrubbing.methods"
+_CLIENT_STEPS = "clients.objectives"  # the client objectives, imported on the client when asked
 
 for _name, _colour, _gradient, _description in (
     ("newton", "#17becf", "retained", "eq. 7 on the linear head with the exact Hessian of D_r"),
@@ -58,17 +59,31 @@ for _name, _colour, _options, _description in (
         colour=_colour,
         description=_description,
     )
-for _name, _colour, _objective, _clients, _description in (
-    ("finetune", "#bcbd22", "train", "retained", "Section 5.2's baseline: fine-tune on D_r"),
-    ("negative-gradient", "#d9a400", "negative-gradient", "forgotten", "gradient ascent on D_f"),
-    ("random-labels", "#6b6ecf", "random-labels", "forgotten", "train D_f with random labels"),
+# Each baseline's clients run its objective (finetune: plain training) on the data ``clients`` says.
+for _name, _colour, _objectives, _clients, _description in (
+    ("finetune", "#bcbd22", {}, "retained", "Section 5.2's baseline: fine-tune on D_r"),
+    (
+        "negative-gradient",
+        "#d9a400",
+        {"negative-gradient": f"{_CLIENT_STEPS}:negative_gradient_step"},
+        "forgotten",
+        "gradient ascent on D_f",
+    ),
+    (
+        "random-labels",
+        "#6b6ecf",
+        {"random-labels": f"{_CLIENT_STEPS}:random_labels_step"},
+        "forgotten",
+        "train D_f with random labels",
+    ),
 ):
     SCRUBBING.register(
         _name,
         f"{_SCRUB}:baseline_rounds",
         needs=("trained-model",),
         messages=_TRAIN,
-        options={"objective": _objective, "clients": _clients},
+        objectives=_objectives,
+        options={"clients": _clients},
         colour=_colour,
         description=_description,
     )

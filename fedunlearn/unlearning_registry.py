@@ -27,6 +27,7 @@ UNLEARNING = Registry(
 _TRAIN = (TRAIN,)
 _UNLEARNING = "server.unlearning.request"
 _INTERVAL = "fedunlearn.unlearning.federaser:IntervalRetention"
+_CLIENT_STEPS = "clients.objectives"  # the client objectives, imported on the client when asked
 
 UNLEARNING.register(
     "federaser",
@@ -251,6 +252,7 @@ UNLEARNING.register(
     f"{_BASELINES}:rapid_retraining",
     needs=("initial-model",),
     messages=_TRAIN,
+    objectives={"rapid-retraining": f"{_CLIENT_STEPS}:rapid_retraining_step"},
     default=False,
     keys=(
         MethodKey(
@@ -282,6 +284,7 @@ UNLEARNING.register(
     f"{_BASELINES}:pga",
     retention="fedunlearn.unlearning.pga:LastRoundRetention",
     messages=_TRAIN,
+    objectives={"pga": f"{_CLIENT_STEPS}:pga_step"},
     target_participates=True,
     default=False,
     sampling_note="a sampled target may lack the last round's anchor",
@@ -346,6 +349,10 @@ UNLEARNING.register(
     "fedosd",
     "server.unlearning.fedosd:fedosd",
     messages=_TRAIN,
+    objectives={  # the leaving clients' gradient of the UCE loss; the remaining clients' of CE
+        "fedosd-unlearning": f"{_CLIENT_STEPS}:fedosd_unlearning_step",
+        "fedosd-gradient": f"{_CLIENT_STEPS}:fedosd_gradient_step",
+    },
     target_participates=True,
     aggregations=WEIGHTED_MEAN,  # its post-training averages the projected gradients itself
     default=False,
@@ -371,6 +378,7 @@ UNLEARNING.register(
     "fedquit",
     f"{_BASELINES}:fedquit",
     messages=_TRAIN,
+    objectives={"fedquit": f"{_CLIENT_STEPS}:fedquit_step"},
     target_participates=True,
     default=False,
     keys=(
