@@ -18,11 +18,11 @@ from flwr.clientapp.typing import Mod
 from clients.client_state import ClientSetup, client_config, client_setup, node_partition
 from clients.head_queries import answer_head_query
 from clients.objectives import (
-    OBJECTIVES,
-    ON_FORGOTTEN,
     auxiliary_head,
+    client_step,
     member_states,
     objective_of,
+    on_forgotten,
 )
 from clients.prune_queries import answer_prune_query
 from clients.scrub_queries import answer_scrub_query, forget_mask
@@ -30,6 +30,7 @@ from fedunlearn.data.federated_data import settings_in
 from fedunlearn.data.poisoning import scaled_update
 from fedunlearn.errors import ConfigError
 from fedunlearn.messages import CALIBRATE, DESCRIBE, HEAD_QUERY, PRUNE_QUERY, SCRUB_QUERY, action
+from fedunlearn.registry import DEFAULT_OBJECTIVE
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.retention import AUXILIARY_KEY, AUXILIARY_REQUEST
 from fedunlearn.training.local import evaluate as evaluate_model
@@ -105,7 +106,7 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
     x, y = setup.data.x, setup.data.y
     if "forget" in config:
         forgotten = torch.as_tensor(forget_mask(setup, str(config["forget"])))
-        keep = forgotten if objective in ON_FORGOTTEN else ~forgotten
+        keep = forgotten if on_forgotten(objective) else ~forgotten
         x, y = x[keep], y[keep]
     settings = dict(
         epochs=int(config.get("local-epochs", setup.config.local_epochs)),
@@ -124,7 +125,7 @@ def _local_training(msg: Message, setup: ClientSetup, action: str) -> Message:
     else:
         model_seed = int(config.get("model-seed", setup.config.training_seed))
         settings["seed"] = derive_seed(model_seed, "train", server_round, setup.partition_id)
-        loss = OBJECTIVES[objective](model, x, y, config, setup, settings, attached)
+        loss = client_step(objective)(model, x, y, config, setup, settings, attached)
     if int(config.get(AUXILIARY_REQUEST, 0)):  # FedAU's W_a, after training (its retention)
         reported[AUXILIARY_KEY] = auxiliary_head(model, x, y, config, setup, settings)
     metrics = MetricRecord(
@@ -182,9 +183,10 @@ def _train_stack(
         raise ConfigError("stack-seeds", seeds, f"{model.num_members} seeds, one per model")
     server_round = int(config.get("server-round", 0))
     batch_seeds = [derive_seed(s, "train", server_round, setup.partition_id) for s in seeds]
-    if objective != "train":
+    if objective != DEFAULT_OBJECTIVE:
+        step = client_step(objective)
         losses = [
-            OBJECTIVES[objective](
+            step(
                 member, x, y, config, setup, {**settings, "seed": seed}, member_states(attached, i)
             )
             for i, (member, seed) in enumerate(zip(model.members, batch_seeds))

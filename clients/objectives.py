@@ -4,11 +4,18 @@ network with the message's SGD ``settings`` (``epochs``, ``lr``, ``batch_size``,
 ``seed``, ``device``) and the states the message carries beside the model (``attached``, by name:
 PGA's anchor); each trains ``model`` in place and returns its loss.
 
-* ``train``: ordinary SGD (FedProx's proximal term when the message carries ``proximal-mu``);
-* ``negative-gradient``, ``random-labels``: Golatkar et al.'s forgetting baselines on D_f;
+* ``train`` (:data:`fedunlearn.registry.DEFAULT_OBJECTIVE`): ordinary SGD (FedProx's proximal
+  term when the message carries ``proximal-mu``);
+* Golatkar et al.'s forgetting baselines on D_f (:func:`negative_gradient_step`,
+  :func:`random_labels_step`);
 * the unlearning methods' client steps, each reading its settings from the config: PGA's projected
-  ascent, FedQUIT's distillation, FedOSD's gradients, rapid retraining's Fisher steps
-  (:data:`OBJECTIVES`, added beside their cores in :mod:`fedunlearn.unlearning`).
+  ascent, FedQUIT's distillation, FedOSD's gradients, rapid retraining's Fisher steps (their math
+  beside their cores in :mod:`fedunlearn.unlearning`).
+
+Every objective but ``train`` is named on the registry entry of the method that asks for it
+(:attr:`fedunlearn.method_spec.MethodSpec.objectives`, ``"clients.objectives:pga_step"``): the
+message's ``objective`` is checked against the registered ones (:func:`objective_of`), one
+registered at run time included, and the server reads the same name from the entry.
 
 A value the method's server side sends is still checked here: the core functions refuse a bad
 one with a :class:`~fedunlearn.errors.ConfigError` that names it.
@@ -21,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.registry import DEFAULT_OBJECTIVE, client_objectives
 from fedunlearn.scrubbing.baselines import negative_gradient_epochs, random_label_epochs
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.retention import AUXILIARY_REQUEST
@@ -48,15 +56,15 @@ def _train(model, x, y, config, setup, settings, attached=None) -> float:
     return train_epochs(model, x, y, weight_decay=weight_decay, proximal_mu=mu, **settings)
 
 
-def _negative_gradient(model, x, y, config, setup, settings, attached=None) -> float:
+def negative_gradient_step(model, x, y, config, setup, settings, attached=None) -> float:
     return negative_gradient_epochs(model, x, y, num_classes=setup.num_classes, **settings)
 
 
-def _random_labels(model, x, y, config, setup, settings, attached=None) -> float:
+def random_labels_step(model, x, y, config, setup, settings, attached=None) -> float:
     return random_label_epochs(model, x, y, num_classes=setup.num_classes, **settings)
 
 
-def _rapid_retraining(model, x, y, config, setup, settings, attached=None) -> float:
+def rapid_retraining_step(model, x, y, config, setup, settings, attached=None) -> float:
     """Liu et al. 2022's client step: local epochs with the diagonal-Fisher quasi-Newton optimiser."""
     settings = {k: v for k, v in settings.items() if k not in ("lr", "momentum")}
     return rapid_retraining_epochs(
@@ -69,14 +77,14 @@ def _rapid_retraining(model, x, y, config, setup, settings, attached=None) -> fl
     )
 
 
-def _fedquit(model, x, y, config, setup, settings, attached=None) -> float:
+def fedquit_step(model, x, y, config, setup, settings, attached=None) -> float:
     """Mora et al. 2024's step on the leaving client: distillation from the virtual teacher (the
     received model with each sample's true-class logit set to its minimum), Adam."""
     settings = {k: v for k, v in settings.items() if k not in ("lr", "momentum")}
     return fedquit_epochs(model, x, y, lr=float(config["fedquit-lr"]), **settings)
 
 
-def _pga(model, x, y, config, setup, settings, attached=None) -> float:
+def pga_step(model, x, y, config, setup, settings, attached=None) -> float:
     """Halimi et al. 2022's step on the leaving client: projected gradient ascent on its data
     within the L2 ball of radius delta (the authors' rule, from seeded random models) around the
     reference model it received (w_ref, the mean of the other clients' models), stopping by the
@@ -132,18 +140,25 @@ def _stop(attached, config, model, reference, keys, device) -> dict:
     return {"validation": validation, "stop_accuracy": tau}
 
 
-def _gradient_step(loss: str) -> Callable[..., float]:
+def _sent_gradient(model, x, y, loss: str, device) -> float:
     """FedOSD's client: the exact gradient g of the mean ``loss`` (``uce``: the leaving client's
-    Unlearning Cross-Entropy; ``ce``) over its data at the received model, sent as M - g."""
+    Unlearning Cross-Entropy; ``ce``) over its data at the received model, sent as M - g; returns
+    |g|."""
+    gradient = client_gradient(model, x, y, loss=loss, device=device)
+    with torch.no_grad():
+        for key, parameter in model.named_parameters():
+            parameter -= gradient[key].to(parameter.device, parameter.dtype)
+    return float(sum(g.pow(2).sum() for g in gradient.values()) ** 0.5)
 
-    def step(model, x, y, config, setup, settings, attached=None) -> float:
-        gradient = client_gradient(model, x, y, loss=loss, device=settings["device"])
-        with torch.no_grad():
-            for key, parameter in model.named_parameters():
-                parameter -= gradient[key].to(parameter.device, parameter.dtype)
-        return float(sum(g.pow(2).sum() for g in gradient.values()) ** 0.5)
 
-    return step
+def fedosd_unlearning_step(model, x, y, config, setup, settings, attached=None) -> float:
+    """FedOSD's step on a leaving client: the gradient of its UCE loss (:func:`_sent_gradient`)."""
+    return _sent_gradient(model, x, y, "uce", settings["device"])
+
+
+def fedosd_gradient_step(model, x, y, config, setup, settings, attached=None) -> float:
+    """FedOSD's step on a remaining client: the gradient of its CE loss (:func:`_sent_gradient`)."""
+    return _sent_gradient(model, x, y, "ce", settings["device"])
 
 
 def _anchor(attached, config, reference, keys) -> dict:
@@ -172,28 +187,28 @@ def member_states(attached, member: int) -> dict:
     }
 
 
-#: objective -> its client function. The first is the default; all but it train on D_f when the
-#: message names a ``forget`` cohort (the Golatkar baselines).
-OBJECTIVES: dict[str, Callable[..., float]] = {
-    "train": _train,
-    "negative-gradient": _negative_gradient,
-    "random-labels": _random_labels,
-    "rapid-retraining": _rapid_retraining,
-    "fedquit": _fedquit,
-    "pga": _pga,
-    "fedosd-unlearning": _gradient_step("uce"),
-    "fedosd-gradient": _gradient_step("ce"),
-}
-#: Objectives that run on the forgotten cohort D_f when the message names one.
-ON_FORGOTTEN = ("negative-gradient", "random-labels")
-
-
 def objective_of(config) -> str:
-    """The message's ``objective`` (default ``train``), one of :data:`OBJECTIVES`."""
-    objective = str(config.get("objective", "train"))
-    if objective not in OBJECTIVES:
-        raise ConfigError("objective", objective, f"one of {', '.join(OBJECTIVES)}")
+    """The message's ``objective`` (default ``train``): ``train`` or one that a registered method
+    declares (:func:`fedunlearn.registry.client_objectives`)."""
+    objective = str(config.get("objective", DEFAULT_OBJECTIVE))
+    allowed = (DEFAULT_OBJECTIVE, *client_objectives())
+    if objective not in allowed:
+        raise ConfigError("objective", objective, f"one of {', '.join(allowed)}")
     return objective
+
+
+def client_step(objective: str) -> Callable[..., float]:
+    """The function that runs ``objective`` (checked by :func:`objective_of`)."""
+    if objective == DEFAULT_OBJECTIVE:
+        return _train
+    return client_objectives()[objective].client_step(objective)
+
+
+def on_forgotten(objective: str) -> bool:
+    """Whether ``objective`` trains on the forgotten cohort D_f when the message names one (its
+    method's clients hold the forgotten data: the Golatkar baselines); else on the rest."""
+    spec = client_objectives().get(objective)
+    return spec is not None and spec.on_forgotten()
 
 
 def auxiliary_head(model, x, y, config, setup, settings) -> list[float]:

@@ -1,7 +1,8 @@
 """What a registry entry is and what a registry does: :class:`MethodSpec`, one registered method
 (its implementation, what it needs from the run, the settings and promises it keeps), and
-:class:`Registry`, name -> spec for one kind of method. The entries themselves, and the registries
-the rest of the code reads, are :mod:`fedunlearn.registry`.
+:class:`Registry`, name -> spec for one kind of method. The registries the rest of the code reads
+are :mod:`fedunlearn.registry`; their built-in entries, :mod:`fedunlearn.unlearning_registry`,
+:mod:`fedunlearn.scrubbing_registry` and :mod:`fedunlearn.audit_registry`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ AGGREGATIONS = ("fedavg", "fedprox", "fedmedian", "fedtrimmedavg", "krum")
 WEIGHTED_MEAN = ("fedavg", "fedprox")
 STATISTICS = ("head-statistics", "fisher-statistics")
 NEEDS = STORE_CONTENTS + STATISTICS
+#: The objective a client's training message runs when it names none (:mod:`clients.objectives`):
+#: plain SGD. Every other objective is declared by the registry entry whose method asks for it
+#: (``MethodSpec.objectives``), so no entry declares this one.
+DEFAULT_OBJECTIVE = "train"
 #: A method's colour in every figure (``MethodSpec.colour``): ``#rrggbb``.
 COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
 
@@ -61,6 +66,14 @@ class MethodSpec:
     messages : tuple of str
         Flower message types it sends to clients (``"train"``, ``"query.scrub_stats"``, ...);
         empty for a server-only method.
+    objectives : mapping
+        The client objectives it asks clients to run, by the name its ``train`` messages send as
+        ``objective``: name -> ``"module:function"`` (imported on use, on the client) or the
+        function, called as ``function(model, x, y, config, setup, settings, attached)``
+        (:mod:`clients.objectives`); the ClientApp runs every objective a registered entry
+        declares, and the server reads the name here (:meth:`objective`), so it is written once.
+        Empty: its clients run :data:`DEFAULT_OBJECTIVE`. With ``options["clients"] =
+        "forgotten"`` they run on the forgotten data D_f of a message that names a cohort.
     certifies : bool
         Whether its removal comes with a certificate (a provable bound), not only a measurement.
     adoptable : bool
@@ -114,6 +127,7 @@ class MethodSpec:
     needs: tuple[str, ...] = ()
     retention: type | str | None = None
     messages: tuple[str, ...] = ()
+    objectives: Mapping[str, str | Callable[..., Any]] = field(default_factory=dict)
     certifies: bool = False
     adoptable: bool = False
     trajectory_keeps: str | None = None
@@ -139,6 +153,8 @@ class MethodSpec:
             raise ConfigError("colour", self.colour, "'#rrggbb' or None")
         object.__setattr__(self, "messages", tuple(self.messages))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+        object.__setattr__(self, "objectives", MappingProxyType(dict(self.objectives)))
+        _check_objectives(self.objectives)
         unknown = [need for need in self.needs if need not in NEEDS]
         if unknown:
             raise ConfigError("needs", unknown, f"entries of {', '.join(NEEDS)}")
@@ -168,6 +184,33 @@ class MethodSpec:
         if not (isinstance(policy, type) and issubclass(policy, RetentionPolicy)):
             raise ConfigError("retention", self.retention, "a RetentionPolicy subclass")
         return policy
+
+    def objective(self, which: str | None = None) -> str:
+        """The name of the client objective it asks for (:attr:`objectives`), what its messages
+        send as ``objective``: its only one (:data:`DEFAULT_OBJECTIVE` when it declares none),
+        or, with ``which``, the one named ``which`` or ending in ``-<which>`` (FedOSD's
+        ``"unlearning"`` and ``"gradient"``)."""
+        names = list(self.objectives)
+        if which is not None:
+            names = [n for n in names if n == which or n.endswith(f"-{which}")]
+        elif not names:
+            return DEFAULT_OBJECTIVE
+        if len(names) != 1:
+            declared = ", ".join(self.objectives) or "none"
+            raise ConfigError("objective", which, f"one objective of {self.name} ({declared})")
+        return names[0]
+
+    def client_step(self, objective: str) -> Callable[..., Any]:
+        """The client function of one of its :attr:`objectives` (imported on first use)."""
+        if objective not in self.objectives:
+            declared = ", ".join(self.objectives) or "none"
+            raise ConfigError("objective", objective, f"one of {self.name}'s: {declared}")
+        return _imported(self.objectives[objective])
+
+    def on_forgotten(self) -> bool:
+        """Whether its clients' objectives run on the forgotten data D_f when a message names a
+        cohort (``options["clients"] = "forgotten"``; else on the data they keep)."""
+        return self.options.get("clients") == "forgotten"
 
     def aggregation_problem(self, strategy: str) -> str | None:
         """Why it cannot run on a run aggregated by ``strategy`` (None when it can)."""
@@ -199,6 +242,18 @@ def _check_keys(keys: tuple[MethodKey, ...]) -> None:
     twice = sorted({key for key in spelled if spelled.count(key) > 1})
     if twice:
         raise ConfigError("keys", twice[0], "each key declared once")
+
+
+def _check_objectives(objectives: Mapping[str, Any]) -> None:
+    """Refuse an objective named as no method may be (or :data:`DEFAULT_OBJECTIVE`, which the
+    client always has), or one that is neither ``"module:function"`` nor a callable."""
+    for name, function in objectives.items():
+        if not isinstance(name, str) or not METHOD_NAME.fullmatch(name):
+            raise ConfigError("objectives", name, "names of lower-case letters, digits and '-'")
+        if name == DEFAULT_OBJECTIVE:
+            raise ConfigError("objectives", name, f"a name other than {DEFAULT_OBJECTIVE!r}")
+        if not (callable(function) or (isinstance(function, str) and ":" in function)):
+            raise ConfigError(f"objectives[{name!r}]", function, "'module:function' or a callable")
 
 
 def _imported(value):
@@ -248,6 +303,7 @@ class Registry:
             fields.setdefault("model_file", f"{self.model_prefix}{name}")
         spec = MethodSpec(name, implementation, **fields)
         self._check_keys_free(spec)
+        self._check_objectives_free(spec)
         self._specs[name] = spec
         return spec
 
@@ -259,6 +315,22 @@ class Registry:
         for item in spec.keys:
             if item.key in taken:
                 raise ConfigError("keys", item.key, f"a key {taken[item.key]} does not declare")
+
+    def _check_objectives_free(self, spec: MethodSpec) -> None:
+        """Refuse an objective another entry declares (a message could not say whose it is)."""
+        taken = self.objectives()
+        for objective in spec.objectives:
+            if objective in taken:
+                raise ConfigError(
+                    "objectives",
+                    objective,
+                    f"an objective {taken[objective].name} does not declare",
+                )
+
+    def objectives(self) -> dict[str, MethodSpec]:
+        """Client objective -> the entry declaring it (:attr:`MethodSpec.objectives`), in
+        registration order."""
+        return {name: spec for spec in self._specs.values() for name in spec.objectives}
 
     def keys(self) -> tuple[tuple[str, MethodKey], ...]:
         """``(method, key)`` for every key its entries declare, in registration order."""

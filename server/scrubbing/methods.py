@@ -268,13 +268,14 @@ def fisher(context: ScrubContext, name: str) -> State:
 # ---------------------------------------------------------------------- baselines (Section 5.2)
 def baseline_rounds(context: ScrubContext, name: str):
     """``scrub-baseline-rounds`` federated rounds from the trained model with
-    ``options["objective"]`` on the clients holding ``options["clients"]`` data."""
+    the client objective its entry declares (``train`` for none: finetune) on the clients holding
+    ``options["clients"]`` data."""
     config = context.config
-    options = SCRUBBING[name].options
-    clients = context.keepers if options["clients"] == "retained" else context.holders
+    spec = SCRUBBING[name]
+    clients = context.holders if spec.on_forgotten() else context.keepers
     extra = {
         "forget": str(context.forget),
-        "objective": options["objective"],
+        "objective": spec.objective(),
         "local-epochs": config.scrub_baseline_epochs,
     }
     state = participant_rounds(

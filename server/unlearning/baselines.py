@@ -18,6 +18,7 @@ import torch
 
 from fedunlearn.data.federated_data import validation_samples
 from fedunlearn.data.poisoning import poisoning_success_rate
+from fedunlearn.registry import UNLEARNING
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.history import load_policy
 from fedunlearn.training.local import resolve_device
@@ -95,7 +96,7 @@ def rapid_retraining(context, name: str):
     config = context.outcome.config
     rounds = config.rapid_rounds or config.rounds
     extra = {
-        "objective": "rapid-retraining",
+        "objective": UNLEARNING[name].objective(),
         "rapid-lr": config.rapid_lr,
         "rapid-damping": config.rapid_damping,
     }
@@ -147,7 +148,7 @@ def fedquit(context, name: str):
     several targets: the mean of their models, ours), then ``post-training-rounds`` rounds of the
     run's aggregation by the remaining clients. The target receives nothing after its step."""
     config = context.outcome.config
-    extra = {"objective": "fedquit", "fedquit-lr": config.fedquit_lr}
+    extra = {"objective": UNLEARNING[name].objective(), "fedquit-lr": config.fedquit_lr}
     requests = target_requests(context, name, epochs=config.fedquit_epochs, extra=extra)
     unlearned, replied = targets_model(context, requests, context.outcome.final_state)
     did = f"client(s) {replied} distilled {config.fedquit_epochs} epoch(s) from the virtual teacher"
@@ -223,7 +224,7 @@ def pga(context, name: str):
     updates = {k: history.read_update(last, k) for k in history.clients(last)}
     reference = reference_model(start, updates, history.num_examples(last), context.excluded)
     extra = {
-        "objective": "pga",
+        "objective": UNLEARNING[name].objective(),
         "pga-lr": config.pga_lr,
         "pga-stop": config.pga_stop,
         "pga-stop-margin": config.pga_stop_margin,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from fedunlearn.registry import UNLEARNING
 from fedunlearn.training.stacked import member_groups
 from fedunlearn.unlearning.fedosd import learning_rate, post_training_step, unlearning_step
 from server.unlearning.participation import client_requests, target_requests
@@ -35,8 +36,13 @@ def fedosd(context, name: str):
     outcome, config = context.outcome, context.outcome.config
     original = dict(outcome.final_state)
     parameters = [key for key, _ in outcome.new_model().named_parameters()]
-    leaving = target_requests(context, name, epochs=1, extra={"objective": "fedosd-unlearning"})
-    remaining = client_requests(context, name, epochs=1, extra={"objective": "fedosd-gradient"})
+    spec = UNLEARNING[name]  # its entry names the two client objectives
+    leaving = target_requests(
+        context, name, epochs=1, extra={"objective": spec.objective("unlearning")}
+    )
+    remaining = client_requests(
+        context, name, epochs=1, extra={"objective": spec.objective("gradient")}
+    )
     clients = [k for k in outcome.members.partition_ids if k not in context.excluded]
     state = dict(original)
     for t in range(config.fedosd_rounds):
