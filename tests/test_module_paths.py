@@ -52,7 +52,9 @@ def test_a_registered_policy_path_resolves_to_a_retention_policy(spec):
 
 
 @pytest.mark.parametrize(
-    "spec", [spec for registry in REGISTRIES.values() for spec in registry], ids=lambda spec: spec.name
+    "spec",
+    [spec for registry in REGISTRIES.values() for spec in registry],
+    ids=lambda spec: spec.name,
 )
 def test_a_registered_method_sends_only_known_message_types(spec):
     assert set(spec.messages) <= set(MESSAGE_TYPES), spec.messages
