@@ -4,8 +4,8 @@ of the project alone (no work-item numbers) and results that say when they were 
 
 from __future__ import annotations
 
-import importlib
 import datetime
+import importlib
 import json
 import os
 import re
