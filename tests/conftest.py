@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
 import torch
 
-#: The tiers' guard (a test that starts Ray or a deployment carries its marker) and Pytester,
-#: with which the guard's own test runs planted tests.
+#: The tiers' guard (a test that starts Ray or a deployment carries its marker, and those tests run
+#: on one xdist worker) and Pytester, with which the guard's own test runs planted tests.
 pytest_plugins = ("tier_guard", "pytester")
 
 #: A local copy of the benchmark datasets (MNIST, Fashion-MNIST, Adult); `.ci/run` sets it.
@@ -20,22 +19,6 @@ DATA_ROOT = Path(os.environ.get("FEDUNLEARN_DATA_ROOT", "")).expanduser()
 # gets one thread (the workers are the parallelism), else up to two.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(1 if _WORKERS > 1 else max(1, min(2, os.cpu_count() or 1)))
-
-#: The xdist group of the tests that start Ray or processes of a deployment: they run one after
-#: another on one worker (fixed ports, Ray's start on a busy machine), beside the parallel rest.
-PROCESS_GROUP = "ray-and-deployment"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # xdist's workers must collect the same ids: one holding an object's address differs per process
-    unstable = [item.nodeid for item in items if re.search(r" at 0x[0-9a-f]+", item.nodeid)]
-    if unstable:
-        raise pytest.UsageError(f"test ids hold an object's address (give ids=): {unstable[:3]}")
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("ray") or item.get_closest_marker("deployment"):
-            item.add_marker(pytest.mark.xdist_group(PROCESS_GROUP))
 
 
 @pytest.fixture

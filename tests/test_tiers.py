@@ -99,3 +99,51 @@ def test_markers_are_strict(pytestconfig):
     )
     declared = {line.split(":")[0] for line in pytestconfig.getini("markers")}
     assert {"ray", "deployment"} <= declared
+
+
+def test_under_xdist_the_marked_tests_run_on_one_worker_beside_the_rest(pytester, monkeypatch):
+    """``-n 2 --dist loadgroup`` on planted tests (their calls stubbed): every test marked ``ray``
+    or ``deployment`` runs on the same worker, and the unmarked ones are shared out (on this
+    pytest and pytest-xdist: a version where the group stopped grouping fails here)."""
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    record = pytester.path / "workers.txt"
+    pytester.makepyfile(
+        test_planted=f"""
+import os, time
+import pytest
+
+
+def _record(kind):
+    time.sleep(0.2)
+    with open({str(record)!r}, "a") as out:
+        out.write(f"{{kind}} {{os.environ['PYTEST_XDIST_WORKER']}}\\n")
+
+
+@pytest.mark.parametrize("i", range(4))
+@pytest.mark.ray
+def test_ray(i):
+    _record("marked")
+
+
+@pytest.mark.parametrize("i", range(4))
+@pytest.mark.deployment
+def test_deployment(i):
+    _record("marked")
+
+
+@pytest.mark.parametrize("i", range(16))
+def test_plain(i):
+    _record("plain")
+"""
+    )
+    pytester.makeini("[pytest]\nmarkers =\n    ray: r\n    deployment: d\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "tier_guard", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"
+    )
+    result.assert_outcomes(passed=24)
+    seen = [line.split() for line in record.read_text().splitlines()]
+    marked = {worker for kind, worker in seen if kind == "marked"}
+    plain = {worker for kind, worker in seen if kind == "plain"}
+    assert len([1 for kind, _ in seen if kind == "marked"]) == 8
+    assert len(marked) == 1, seen
+    assert plain - marked, seen  # the other worker ran the rest meanwhile

@@ -1,6 +1,8 @@
 """The suite's tiers, held: a test that starts Ray carries ``@pytest.mark.ray``, and one that starts a
 SuperLink, a SuperNode, ``flwr`` or ``fedunlearn-run`` as a process carries
-``@pytest.mark.deployment``; an unmarked one fails at the call, before anything starts.
+``@pytest.mark.deployment``; an unmarked one fails at the call, before anything starts. Under
+``pytest -n auto`` (pytest-xdist, ``--dist loadgroup``) the marked tests run one after another on
+one worker (:data:`PROCESS_GROUP`), beside the parallel rest.
 
 The fast tier (``pytest -m "not ray and not deployment"``) is then exactly the tests that start
 neither, and the markers cannot drift from what the tests do. Loaded by ``tests/conftest.py``
@@ -11,6 +13,7 @@ neither, and the markers cannot drift from what the tests do. Loaded by ``tests/
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -113,6 +116,39 @@ def install() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     install()
+
+
+#: The xdist group of the tests that start Ray or processes of a deployment: they run one after
+#: another on one worker (fixed ports, Ray's start on a busy machine), beside the parallel rest.
+PROCESS_GROUP = "ray-and-deployment"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # xdist's workers must collect the same ids: one holding an object's address differs per process
+    unstable = [item.nodeid for item in items if re.search(r" at 0x[0-9a-f]+", item.nodeid)]
+    if unstable:
+        raise pytest.UsageError(f"test ids hold an object's address (give ids=): {unstable[:3]}")
+    if not getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        return
+    for item in items:
+        if item.get_closest_marker("ray") or item.get_closest_marker("deployment"):
+            join_group(item, PROCESS_GROUP)
+
+
+def join_group(item: pytest.Item, group: str) -> None:
+    """Put ``item`` in xdist's ``group``: ``--dist loadgroup`` sends the tests whose id ends in
+    ``@group`` to one worker. xdist's own ``xdist_group`` marker writes that suffix into
+    ``item._nodeid``, which pytest 9 no longer reads (it keeps the id as ``item._id``), so the
+    marker alone groups nothing there; this writes it where the running pytest reads it
+    (``tests/test_tiers.py`` checks that a group lands on one worker)."""
+    grouped = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):  # pytest >= 9
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(grouped)
+    else:
+        item._nodeid = grouped
 
 
 @pytest.hookimpl(wrapper=True)
