@@ -59,9 +59,29 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     key, raw = (part.strip() for part in text.split("=", 1))
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # a text; the key's own check judges it
         value = raw
     return key, value
+
+
+#: The largest run-config file read: a run config is a few hundred ``key = value`` lines.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at ``path``, or one :class:`ConfigError` naming it: larger than
+    :data:`MAX_CONFIG_BYTES`, not UTF-8, not TOML, or nested deeper than Python's parser goes."""
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        allowed = f"a run-config file of at most {MAX_CONFIG_BYTES} bytes (this one: {size})"
+        raise ConfigError("config", str(path), allowed)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError("config", str(path), f"valid UTF-8 TOML ({error})") from None
+    except RecursionError:
+        flat = "flat key = value pairs (this file nests deeper than the TOML parser can follow)"
+        raise ConfigError("config", str(path), flat) from None
 
 
 def load_run_config(path: Path | None, assignments: Sequence[str] = ()) -> dict[str, Any]:
@@ -78,10 +98,7 @@ def load_run_config(path: Path | None, assignments: Sequence[str] = ()) -> dict[
                 str(path),
                 f"an existing TOML run-config file (the bundled ones: {bundled}/*.toml){guess}",
             )
-        try:
-            values = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-            raise ConfigError("config", str(path), f"valid UTF-8 TOML ({error})") from None
+        values = _read_toml(path)
         nested = [k for k, v in values.items() if isinstance(v, dict)]
         if nested:
             raise ConfigError(

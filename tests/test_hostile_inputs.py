@@ -40,12 +40,27 @@ def _loop(root: Path) -> str:
     return str(root / "a")
 
 
+def _deep_config(root: Path) -> str:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "deep.toml").write_text("rounds = " + "[" * 5000 + "]" * 5000 + "\n")
+    return str(root / "deep.toml")
+
+
+def _huge_config(root: Path) -> str:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "huge.toml").write_text("# padding\n" * 200_000 + "rounds = 2\n")
+    return str(root / "huge.toml")
+
+
 #: (command, its arguments with {tmp} and {target}, how to prepare {target}, exit, the path named)
 CASES = [
     ("fedunlearn-run", ["--output-dir", "~nosuchuser-fu/x"], None, 2, "~nosuchuser-fu"),
     ("fedunlearn-run", ["--set", "output-dir=~nosuchuser-fu/x"], None, 2, "~nosuchuser-fu"),
     ("fedunlearn-run", ["--data-root", "~nosuchuser-fu/d"], None, 2, "~nosuchuser-fu"),
     ("fedunlearn-run", ["--output-dir", "{target}"], _loop, 2, "{target}"),
+    ("fedunlearn-run", ["{target}"], _deep_config, 2, "{target}"),
+    ("fedunlearn-run", ["{target}"], _huge_config, 2, "{target}"),
+    ("fedunlearn-run", ["--set", "rounds=" + "[" * 5000 + "]" * 5000], None, 2, "rounds"),
     ("fedunlearn", ["store", "info", "{tmp}/run"], _deep_header, 1, "{target}"),
     ("fedunlearn", ["store", "verify", "{tmp}/run"], _deep_header, 1, "{target}"),
     ("fedunlearn", ["store", "verify", "{tmp}/run"], _index_a_directory, 1, "{target}"),
@@ -58,7 +73,7 @@ CASES = [
 @pytest.mark.parametrize(
     ("command", "argv", "prepare", "status", "named"),
     CASES,
-    ids=[f"{c} {' '.join(a)} {p.__name__ if p else ''}" for c, a, p, _, _ in CASES],
+    ids=[f"{c} {' '.join(a)[:60]} {p.__name__ if p else ''}" for c, a, p, _, _ in CASES],
 )
 def test_a_hostile_input_is_one_line_naming_the_path(
     command, argv, prepare, status, named, tmp_path, capsys, monkeypatch

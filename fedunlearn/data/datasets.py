@@ -207,6 +207,13 @@ def _is_download_failure(error: Exception) -> bool:
     ).startswith("Error downloading")
 
 
+def _one_line(error: Exception, limit: int = 400) -> str:
+    """``error``'s message on one line, every line of it (torchvision's first line, "Error
+    downloading FILE:", holds no reason: each mirror's follows), cut at ``limit`` characters."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _data_root_of(name: str, path: Path) -> Path:
     """The data root a file of dataset ``name``'s layout lies under (``path`` itself when it is
     not under the layout's top folder)."""
@@ -306,7 +313,7 @@ def _load_idx_dataset(name: str, root: Path, download: bool) -> DatasetSplits:
                 name,
                 raw_folder,
                 hint="the download failed: the network is unreachable or every mirror refused "
-                f"({str(error).splitlines()[0]}); copy {_EXPECTED_LAYOUT[name]} there from a "
+                f"({_one_line(error)}); copy {_EXPECTED_LAYOUT[name]} there from a "
                 "machine that has them",
             ) from error
         raise _unreadable(
