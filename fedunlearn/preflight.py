@@ -33,7 +33,7 @@ from fedunlearn.data.federated_data import (
     training_pool,
 )
 from fedunlearn.data.forget_sets import ForgetSet
-from fedunlearn.errors import ConfigError, DatasetNotFoundError
+from fedunlearn.errors import ConfigError, DatasetNotFoundError, did_you_mean
 from fedunlearn.store.durable_io import json_loads
 from fedunlearn.store.history import check_retained
 from fedunlearn.store.run_directory import (
@@ -134,10 +134,27 @@ def check_run_directory(config: ExperimentConfig) -> ExperimentConfig:
     return config
 
 
+def _never_created(config: ExperimentConfig, path: Path) -> ConfigError:
+    """The error for a request on a run directory that does not exist: the run was never created
+    (its launch failed before training, or it ran under another output-dir or run-name), with the
+    closest run name of the output-dir's."""
+    parent = config.output_path
+    names = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+    return ConfigError(
+        "run-name",
+        config.run_name,
+        f"a finished run under {parent}; there is no {path}: that run was never created (its "
+        "launch failed before training began, or it ran under another output-dir or run-name)"
+        + did_you_mean(config.run_name, names),
+    )
+
+
 def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig:
     """``unlearn-only``: ``path`` holds a run whose training finished and which has not forgotten
     any target yet. Returns the configuration the server will unlearn with (the trained one with
     this request's keys)."""
+    if not path.exists():
+        raise _never_created(config, path)
     swapping = (path / HISTORY_JOURNAL).is_file()  # the server rolls the swap forward first
     for name in FINISHED_RUN_FILES:
         if not (path / name).is_file() and not (swapping and name == "model_final.safetensors"):

@@ -41,7 +41,7 @@ MISTAKES = [
     (["--set", "run-name=taken"], ["choose another run-name", "resume=true"]),
     (
         ["--set", "run-name=never-ran", "--set", "unlearn-only=true", "--set", "unlearn-clients=1"],
-        ["run-name", "a finished run under", "config.json is missing"],
+        ["run-name", "a finished run under", "was never created"],
     ),
     (["--set", "run-name=a/b"], ["run-name", "without path separators"]),
 ]

@@ -157,6 +157,18 @@ def test_unlearn_only_needs_every_file_of_a_finished_run(tmp_path, missing):
     assert info.value.parameter == "run-name" and missing in str(info.value)
 
 
+def test_a_request_on_a_run_never_created_says_so_and_names_the_closest_run(tmp_path):
+    trained = _finished(tmp_path, name="digits-main")
+    for name, closest in (("digits-mian", "; did you mean digits-main?"), ("other", "")):
+        request = _request(trained, "1", run_name=name)
+        with pytest.raises(ConfigError) as info:
+            pf.check_run_directory(request)
+        said = str(info.value)
+        assert info.value.parameter == "run-name" and "was never created" in said, said
+        assert said.endswith(closest) and "is missing" not in said, said
+        assert not request.run_directory().exists()  # nothing made on the way
+
+
 def test_unlearn_only_reads_the_log_and_writes_nothing(tmp_path):
     trained = _finished(tmp_path, targets=[(0,), (3,)])
     before = {p: p.stat().st_mtime_ns for p in trained.run_directory().iterdir()}
