@@ -78,6 +78,9 @@ def test_an_unmarked_test_that_starts_a_tier_fails_and_a_marked_one_runs(pyteste
         ([sys.executable, "-m", "simulations.run", "x.toml"], "deployment"),
         ([sys.executable, "-c", "from tests.conftest import simulate_in_process"], "ray"),
         ("fedunlearn-run --dry-run", "deployment"),
+        (b"flwr run . --stream", "deployment"),
+        (Path("/venv/bin/flower-superlink"), "deployment"),
+        (b"ls -l", None),
         (
             [b"bash", b"/repo/simulations/deploy/start_supernode.sh", b"127.0.0.2:9092"],
             "deployment",

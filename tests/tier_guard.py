@@ -48,13 +48,19 @@ class TierError(RuntimeError):
     """A test started Ray or a deployment without the marker that puts it in its tier."""
 
 
-def needed_marker(argv: Sequence[str] | str) -> str | None:
+def needed_marker(
+    argv: Sequence[str | bytes | os.PathLike] | str | bytes | os.PathLike,
+) -> str | None:
     """The marker a process started with ``argv`` needs: ``deployment`` for Flower's programs and
     our launcher, ``ray`` for a Python script that runs a Ray simulation, else None."""
-    args = [argv] if isinstance(argv, str | os.PathLike) else [os.fsdecode(a) for a in argv]
-    if not args:
+    if isinstance(argv, str | bytes):  # a shell line (shell=True) or one program's name
+        words = os.fsdecode(argv).split()
+    elif isinstance(argv, os.PathLike):
+        words = [os.fspath(argv)]
+    else:
+        words = [os.fsdecode(a) for a in argv]
+    if not words:
         return None
-    words = str(args[0]).split() if isinstance(argv, str) else args
     if Path(words[0]).name == "ray":  # ray start, ray stop: a Ray cluster's node
         return "ray"
     if Path(words[0]).name in DEPLOYMENT_PROGRAMS:

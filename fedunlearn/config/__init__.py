@@ -33,7 +33,6 @@ _HOMES = {
         "MAX_REPLY_TIMEOUT",
         "MAX_SEED",
         "MODELS",
-        "MethodKey",
         "PARTITIONINGS",
         "SAMPLE_SHAPES",
         "STORE_DTYPES",
