@@ -1,7 +1,8 @@
 """``fedunlearn``: look after run directories, retained-update stores and datasets (no Flower needed).
 
     fedunlearn store info RUN_OR_STORE_DIR      rounds, clients, dtype, bytes per round, index table
-    fedunlearn store verify RUN_OR_STORE_DIR    check the index and every blob (exit 1 if any is bad)
+    fedunlearn store verify RUN_OR_STORE_DIR    check the index and every blob, and of a run its
+                                                identity, logs and model files (exit 1 if any is bad)
     fedunlearn certificates RUN_DIR_OR_LEDGER   the certified-removal ledger, one line per request
     fedunlearn data check NAME [--root DIR]     load a dataset and print its sizes
     fedunlearn data download NAME [--root DIR]  fetch a dataset into DIR, by default ~/data (the only
@@ -68,26 +69,41 @@ def _store_info(args: argparse.Namespace) -> int:
 
 
 def _store_verify(args: argparse.Namespace) -> int:
-    """Exit 0 when the store is sound, 1 when problems were found (an index that cannot be
-    opened is one), 2 when ``path`` holds no store."""
+    """Exit 0 when the store (and, for a run directory, every record of the run: its identity,
+    logs and model files) is sound, 1 when problems were found (an index that cannot be opened is
+    one), 2 when ``path`` holds no store."""
+    if (args.path / "config.json").is_file() or (args.path / "identity.json").is_file():
+        return _run_verify(args.path)
     try:
         store = _open_store(args.path)
     except StoreCorruptionError as error:
         print(error)
         print("0 blob(s) checked, 1 problem(s): the store cannot be opened")
         return 1
-    problems = store.verify()
-    if not problems:  # the header's history, read as the methods read it
-        from fedunlearn.registry import retention_policies
-        from fedunlearn.store.history import policy_state_problems, record_problems
+    store.close()
+    from fedunlearn.store.run_check import store_problems
 
-        problems = record_problems(store)
-        problems += policy_state_problems(store.metadata, retention_policies())
+    checked = {"blobs": 0}
+    problems = store_problems(store.root, checked)
     for problem in problems:
         print(problem)
     if not store.rows_checksummed:
         print(_UNCHECKSUMMED)
-    print(f"{store.blob_count()} blob(s) checked, {len(problems)} problem(s)")
+    print(f"{checked['blobs']} blob(s) checked, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def _run_verify(path: Path) -> int:
+    """``store verify`` of a run directory: every record a request reads."""
+    from fedunlearn.store.run_check import run_problems
+
+    problems, checked = run_problems(path)
+    for problem in problems:
+        print(problem)
+    print(
+        f"{checked['blobs']} blob(s) checked, {len(problems)} problem(s) ({checked['logs']} "
+        f"log(s) and {checked['models']} model file(s) checked too)"
+    )
     return 1 if problems else 0
 
 

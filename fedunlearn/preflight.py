@@ -168,6 +168,9 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
                 config.run_name,
                 f"a finished run under {config.output_path}; {path / name} is missing{hint}",
             )
+    from fedunlearn.store.run_check import refuse_unsound_run
+
+    refuse_unsound_run(path, "run-name", config.run_name)
     trained = trained_config(config, path)
     effective = request_config(trained, config)
     forgotten = forgotten_clients(config, path)

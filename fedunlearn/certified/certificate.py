@@ -44,7 +44,7 @@ import numpy as np
 from fedunlearn.certified.losses import LOGISTIC_GAMMA
 from fedunlearn.config import ConfigGroup, Interval, validate_group, validate_parameter_constraints
 from fedunlearn.errors import FedUnlearnError
-from fedunlearn.store.durable_io import append_jsonl, read_jsonl
+from fedunlearn.store.json_lines import append_jsonl, read_jsonl
 
 MODES = ("exact", "fast")
 BOUNDS = ("per-point", "corollary")

@@ -10,19 +10,18 @@ from fedunlearn.store.durable_io import (
     PRIVATE_FILE_MODE,
     LogCorruptionError,
     TornLineWarning,
-    append_jsonl,
     atomic_write_bytes,
     atomic_write_json,
     fsync_directory,
     log_size,
     open_private_file,
     private_directory,
-    read_jsonl,
     truncate_log,
 )
 from fedunlearn.store.header import FORMAT_VERSION, HeaderAndLock
 from fedunlearn.store.index import INDEX_VERSION, StoreBusyError, StoreIndex, StoreReadOnlyError
 from fedunlearn.store.index_rows import COLUMNS, BlobRow, blob_path, describe
+from fedunlearn.store.json_lines import append_jsonl, read_jsonl
 from fedunlearn.store.round_writer import RoundWriter
 from fedunlearn.store.run_directory import (
     CHECKPOINT,

@@ -7,11 +7,14 @@ Three invariants, kept here once so that no writer needs its own copy:
   :func:`atomic_write_json` is the same for a JSON document.
 * **Append-only logs that survive a crash mid-append.** :func:`append_jsonl` writes one JSON record
   per line with a single ``write`` and fsyncs it; a record exists once its newline is on disk. A crash
-  can leave at most one torn last line; :func:`read_jsonl` skips it (with a :class:`TornLineWarning`
-  naming the file) and the next :func:`append_jsonl` cuts it off first, so a new record never merges
-  into it. A damaged line anywhere else is not a crash's doing: :class:`LogCorruptionError` names the
-  file and the line. A writer that must undo its own append (a transaction that failed after it)
-  takes :func:`log_size` before and hands it to :func:`truncate_log`.
+  can leave at most one torn last line, one without its newline; :func:`read_jsonl` skips it (with a
+  :class:`TornLineWarning` naming the file) and the next :func:`append_jsonl` cuts it off first, so a
+  new record never merges into it. Each log is a hash chain from a genesis seal that names the run
+  and the file (:class:`_Chain`, sealed by :mod:`fedunlearn.store.sealing`): any complete line that
+  is not the next record of the chain (damaged, edited, removed, reordered, copied from another log
+  or run, or a whole line of garbage) is not a crash's doing, and :class:`LogCorruptionError` names
+  the file and the line. A writer that must undo its own append (a transaction that failed after
+  it) takes :func:`log_size` before and hands it to :func:`truncate_log`.
 * **Least privilege.** Files are created ``0600`` and folders ``0700`` whatever the process umask
   (``fchmod``/``chmod`` after creation, since a umask can only take bits away, and a umask like
   ``0o277`` would otherwise leave a folder its owner cannot write to).
@@ -23,8 +26,6 @@ import hashlib
 import json
 import os
 import tempfile
-import warnings
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +38,17 @@ except ImportError:  # no advisory locks on Windows: concurrent appends are then
 
 PRIVATE_FILE_MODE = 0o600
 PRIVATE_DIRECTORY_MODE = 0o700
-_CHUNK = 1 << 16
 
 
 class LogCorruptionError(FedUnlearnError, ValueError):
-    """A line of an append-only JSON-lines log, other than a torn last line, is not a JSON record."""
+    """A complete line of an append-only JSON-lines log is not the record its place demands (not
+    JSON, or edited, removed, reordered or copied from elsewhere: it breaks the log's chain)."""
 
     def __init__(self, path: Path, line: int, reason: str) -> None:
         self.path, self.line = Path(path), line
         super().__init__(
-            f"{path}, line {line}: not a JSON record ({reason}); only the last line of an "
-            "append-only log can be torn by a crash, so this line was damaged or edited - restore "
-            "the file from a backup, or remove that line by hand if its record can be lost"
+            f"{path}, line {line}: {reason}; only a last line without its newline can be torn by "
+            "a crash, so this line was damaged or edited - restore the file from a backup"
         )
 
 
@@ -151,144 +151,12 @@ def json_loads(text: str | bytes) -> Any:
         raise ValueError("JSON nested too deeply to read") from None
 
 
-# ---------------------------------------------------------------------- JSON lines
-#: The key of a log record's own digest (sha256 of its other fields' canonical JSON).
-RECORD_DIGEST = "record_sha256"
-
-
-class _EditedRecord(ValueError):
-    """A complete log line whose fields no longer match its digest: edited, not torn."""
-
-
+# ---------------------------------------------------------------------- digests
 def json_sha256(value: Any) -> str:
-    """sha256 of ``value``'s canonical JSON (sorted keys, no spaces): the digest of a log record
-    and of each field of a store header's metadata."""
+    """sha256 of ``value``'s canonical JSON (sorted keys, no spaces): the digest of a record of a
+    log written before chains, and of the request journal."""
     canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def _parse_record(raw: bytes, *, digested: bool = False) -> dict[str, Any]:
-    """One log line as a JSON object (its digest checked and removed, when it has one);
-    ``ValueError`` (with the reason) for anything else, :class:`_EditedRecord` for an edit, and for
-    a record without a digest where one is due (``digested``: an earlier record had one, and every
-    append since writes one)."""
-    record = json_loads(raw.decode("utf-8"))  # UnicodeDecodeError and JSONDecodeError: ValueError
-    if not isinstance(record, dict):
-        raise ValueError(f"a JSON {type(record).__name__}, expected an object")
-    if digested and RECORD_DIGEST not in record:
-        raise _EditedRecord(
-            f"a record without {RECORD_DIGEST} after records with one: its digest was removed"
-        )
-    if RECORD_DIGEST in record:
-        recorded = record.pop(RECORD_DIGEST)
-        if recorded != json_sha256(record):
-            raise _EditedRecord(
-                f"a record whose fields do not match its {RECORD_DIGEST}: edited or damaged"
-            )
-    return record
-
-
-def _last_newline(descriptor: int, end: int) -> int:
-    """Offset of the last ``\\n`` before offset ``end`` of an open file, or -1; reads backwards."""
-    while end > 0:
-        start = max(0, end - _CHUNK)
-        found = os.pread(descriptor, end - start, start).rfind(b"\n")
-        if found >= 0:
-            return start + found
-        end = start
-    return -1
-
-
-def _torn_tail_start(descriptor: int) -> int:
-    """Length of the log prefix that :func:`read_jsonl` keeps: everything up to a torn last line
-    (one without its newline, or newline-terminated but unparsable); the file size if none."""
-    size = os.fstat(descriptor).st_size
-    if size == 0:
-        return 0
-    newline = _last_newline(descriptor, size)
-    if newline != size - 1:  # the last line has no newline: a crash cut the append short
-        return newline + 1
-    start = _last_newline(descriptor, size - 1) + 1
-    raw = os.pread(descriptor, size - 1 - start, start)
-    if raw.strip():
-        try:
-            _parse_record(raw)
-        except _EditedRecord:
-            return size  # a whole line, edited: never cut off (reading it raises)
-        except ValueError:
-            return start
-    return size
-
-
-def _warn_torn(path: Path, size: int, action: str) -> None:
-    warnings.warn(
-        f"{path}: {action} a torn last line ({size} byte(s), not a complete JSON record: "
-        "what a crash in the middle of an append leaves behind)",
-        TornLineWarning,
-        stacklevel=3,
-    )
-
-
-def append_jsonl(path: str | os.PathLike, record: Mapping[str, Any]) -> Path:
-    """Append ``record`` as one JSON line to ``path`` (created 0600) and fsync it.
-
-    A torn last line left by an earlier crash is cut off first (with a :class:`TornLineWarning`),
-    so the new record starts on a line of its own. Values JSON cannot encode are written as ``str``.
-    """
-    path = Path(path)
-    fields = json.loads(json.dumps(dict(record), default=str))  # as a reader will see them
-    fields.pop(RECORD_DIGEST, None)
-    fields[RECORD_DIGEST] = json_sha256(fields)
-    line = (json.dumps(fields, sort_keys=True) + "\n").encode("utf-8")
-    private_directory(path.parent)
-    created = not path.exists()
-    descriptor = open_private_file(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
-    try:
-        if fcntl is not None:  # one appender at a time: cutting a tail must not race a write
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        keep, size = _torn_tail_start(descriptor), os.fstat(descriptor).st_size
-        if keep < size:
-            os.ftruncate(descriptor, keep)
-            _warn_torn(path, size - keep, "cut off")
-        written = 0
-        while written < len(line):  # O_APPEND: every chunk lands at the end
-            written += os.write(descriptor, line[written:])
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)  # also releases the flock
-    if created:
-        fsync_directory(path.parent)
-    return path
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a JSON-lines log, in order (``[]`` if the file does not exist).
-
-    Blank lines are ignored. A torn last line is skipped with a :class:`TornLineWarning` naming
-    the file; any other line that is not a JSON object raises :class:`LogCorruptionError`.
-    """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline, else a line cut short
-    records, digested = [], False
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            records.append(_parse_record(raw, digested=digested))
-            digested = digested or f'"{RECORD_DIGEST}":'.encode() in raw  # the key, not a value
-        except ValueError as error:
-            if number == len(lines) and not tail and not isinstance(error, _EditedRecord):
-                _warn_torn(path, len(raw) + 1, "skipped")
-                continue
-            raise LogCorruptionError(path, number, str(error)) from None
-    if tail:
-        _warn_torn(path, len(tail), "skipped")
-    return records
 
 
 def log_size(path: str | os.PathLike) -> int:

@@ -1,7 +1,9 @@
-"""The update store's header (``store.json``: format, dtype, the metadata with a checksum per
-field) and its write lock (an advisory ``flock`` on ``.lock``, re-entrant within one store object):
-:class:`HeaderAndLock`, the part of :class:`fedunlearn.store.update_store.UpdateStore` that opens,
-reads and writes them."""
+"""The update store's header (``store.json``: format, dtype, the store's and the run's identity, the
+metadata with a seal per field) and its write lock (an advisory ``flock`` on ``.lock``, re-entrant
+within one store object): :class:`HeaderAndLock`, the part of
+:class:`fedunlearn.store.update_store.UpdateStore` that opens, reads and writes them. The header is
+bound to its index (:mod:`fedunlearn.store.store_identity`) and to its run
+(:mod:`fedunlearn.store.sealing`)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import contextlib
 import datetime
 import errno
 import os
+import secrets
 from collections.abc import Iterator, Mapping
 
 from fedunlearn.errors import ConfigError, StoreCorruptionError
+from fedunlearn.store import store_identity
 from fedunlearn.store.blobs import BLOBS, FORMAT_NAME, HEADER, INDEX, LOCK, STORE_DTYPES
 from fedunlearn.store.durable_io import (
     atomic_write_json,
@@ -21,6 +25,7 @@ from fedunlearn.store.durable_io import (
     private_directory,
 )
 from fedunlearn.store.index import StoreBusyError, StoreReadOnlyError
+from fedunlearn.store.sealing import Sealer, run_folder_of, sealer_of
 
 try:
     import fcntl
@@ -28,15 +33,25 @@ except ImportError:  # no advisory locks on Windows: the single-writer rule is t
     fcntl = None
 
 #: 2: index rows carry checksums; 3: so does every field of the header's metadata (the retention
-#: record and the policies' states, which decide what a method reads and where it rolls back).
-FORMAT_VERSION = 3
-#: The header's per-field checksums of its metadata (format 3).
+#: record and the policies' states, which decide what a method reads and where it rolls back); 4:
+#: the header names its store and run, its checksums are sealed with them, and the index holds the
+#: seal of the header it goes with.
+FORMAT_VERSION = 4
+#: The first format whose header is bound to its store, index and run.
+BOUND_VERSION = 4
+#: The header's per-field checksums of its metadata (format 3; sealed from format 4).
 METADATA_DIGESTS = "metadata_sha256"
 
 
-def metadata_digests(metadata: Mapping[str, object]) -> dict[str, str]:
-    """sha256 of each metadata field's canonical JSON (sorted keys, no spaces)."""
-    return {key: json_sha256(value) for key, value in metadata.items()}
+def metadata_digests(
+    metadata: Mapping[str, object], sealer: Sealer | None = None, store_id: str | None = None
+) -> dict[str, str]:
+    """A checksum of each metadata field: the sha256 of its canonical JSON (format 3), or its seal
+    at its place (the store, the field) in its run (``sealer``, format 4)."""
+    if sealer is None:
+        return {key: json_sha256(value) for key, value in metadata.items()}
+    place = {"store": store_id, "file": HEADER}
+    return {key: sealer.seal({**place, "field": key}, value) for key, value in metadata.items()}
 
 
 class HeaderAndLock:
@@ -45,6 +60,14 @@ class HeaderAndLock:
 
     root: os.PathLike
     readonly: bool
+    _index: object = None
+
+    @property
+    def sealer(self) -> Sealer:
+        """The sealer of the run this store belongs to (the run of its parent folder)."""
+        if getattr(self, "_sealer", None) is None:
+            self._sealer = sealer_of(run_folder_of(self.root))
+        return self._sealer
 
     def _open_header(self, dtype: str | None) -> dict:
         """The validated header; a new store's, written, when there is none (writable only)."""
@@ -82,9 +105,9 @@ class HeaderAndLock:
                 "a store folder holding store.json (readonly=True creates none)",
             )
         private_directory(self.root)
-        header = {
+        header = {  # written unbound; the writable open binds it to its index and run (_prepare)
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": BOUND_VERSION - 1,
             "dtype": dtype or "float32",
             "metadata": {},
             "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
@@ -117,9 +140,42 @@ class HeaderAndLock:
                 f"{self.root / HEADER} lacks a valid format_version, dtype or metadata "
                 f"(found {version!r}, {header.get('dtype')!r}); restore it from a backup"
             )
+        if version >= BOUND_VERSION:
+            self._check_bound(header)
         if version >= 3:
             self._check_metadata(header)
         return header
+
+    def _header_seal(self, header: dict) -> str:
+        return self.sealer.seal({"store": header["store_id"], "file": HEADER}, header)
+
+    def _check_bound(self, header: dict) -> None:
+        """A format-4 header names this run and this store, and is the header its index goes with
+        (checked once the index is open)."""
+        path = self.root / HEADER
+        if header.get("run_id") != self.sealer.run_id:
+            raise StoreCorruptionError(
+                f"{path} belongs to run {header.get('run_id')}, but {run_folder_of(self.root)} is run "
+                f"{self.sealer.run_id}: the store or its header was copied from another run; "
+                "restore it from this run's backup"
+            )
+        if self._index is None:
+            return
+        identity = store_identity.read(self._index)
+        if identity is None or identity.store_id != header.get("store_id"):
+            found = identity.store_id if identity else "none (no identity)"
+            raise StoreCorruptionError(
+                f"{path} names store {header.get('store_id')}, but its index belongs to store "
+                f"{found}: the header (or the index) was copied from another store; restore the "
+                f"store from a backup (then run `fedunlearn store verify {self.root}`)"
+            )
+        if not identity.accepts(self._header_seal(header)):
+            raise StoreCorruptionError(
+                f"{path} is not the header its index goes with (its seal is neither the one the "
+                "index committed nor the one being written): a copy of this store's header from "
+                "another moment (before or after a round or a request), or an edit; restore "
+                f"store.json from a backup (then run `fedunlearn store verify {self.root}`)"
+            )
 
     def _check_metadata(self, header: dict) -> None:
         """Every metadata field matches its checksum (format 3): an edited retention record or
@@ -130,7 +186,7 @@ class HeaderAndLock:
                 f"{self.root / HEADER} lacks its metadata checksums ({METADATA_DIGESTS}); "
                 "restore it from a backup"
             )
-        actual = metadata_digests(header["metadata"])
+        actual = self._metadata_digests(header)
         edited = sorted(k for k in set(recorded) | set(actual) if recorded.get(k) != actual.get(k))
         if edited:
             raise StoreCorruptionError(
@@ -139,9 +195,43 @@ class HeaderAndLock:
                 f"store verify {self.root}`)"
             )
 
+    def _metadata_digests(self, header: dict) -> dict[str, str]:
+        if header["format_version"] < BOUND_VERSION:
+            return metadata_digests(header["metadata"])
+        return metadata_digests(header["metadata"], self.sealer, header["store_id"])
+
     def _write_header(self, header: dict) -> None:
-        header = {**header, METADATA_DIGESTS: metadata_digests(header["metadata"])}
+        """Write ``header`` atomically; a format-4 one in two steps around the rename (its seal
+        pending in the index, then committed), so a crash leaves a header the index accepts."""
+        header = {**header, METADATA_DIGESTS: self._metadata_digests(header)}
+        if header["format_version"] < BOUND_VERSION:
+            atomic_write_json(self.root / HEADER, header)
+            return
+        seal = self._header_seal(header)
+        store_identity.begin_header(self._index, header["store_id"], seal)
         atomic_write_json(self.root / HEADER, header)
+        store_identity.commit_header(self._index, seal)
+
+    def _bind_header(self, header: dict) -> dict:
+        """Give a store of format 3 or older (or a new one) its identity: a random store id, this
+        run's id, and the header's seal in the index (writable open, under the lock). A header of
+        an older format beside an index with a committed identity is a downgrade, refused."""
+        identity = store_identity.read(self._index)
+        if identity is not None and identity.header_seal is not None:
+            raise StoreCorruptionError(
+                f"{self.root / HEADER} is of format {header['format_version']}, but its index "
+                f"belongs to store {identity.store_id} of format {BOUND_VERSION}: the header was "
+                "replaced by an older one; restore store.json from a backup"
+            )
+        store_id = identity.store_id if identity is not None else secrets.token_hex(16)
+        bound = {
+            **header,
+            "format_version": FORMAT_VERSION,
+            "store_id": store_id,
+            "run_id": self.sealer.run_id,
+        }
+        self._write_header(bound)
+        return bound
 
     def _require_writable_file_system(self) -> None:
         existing = self.root

@@ -23,14 +23,15 @@ from safetensors.torch import load_file, save
 from fedunlearn.errors import ConfigError, StoreCorruptionError
 from fedunlearn.store.durable_io import (
     PRIVATE_DIRECTORY_MODE,
-    append_jsonl,
     atomic_write_bytes,
     atomic_write_json,
     private_directory,
-    read_jsonl,
 )
+from fedunlearn.store.json_lines import append_jsonl, read_jsonl
+from fedunlearn.store.sealing import IDENTITY, Sealer, create_identity, sealer_of
 
 __all__ = [
+    "IDENTITY",
     "CERTIFIED_LEDGER",
     "CHECKPOINT",
     "HISTORY_JOURNAL",
@@ -88,8 +89,12 @@ def request_stop(path: Path) -> bool:
     return True
 
 
-#: The safetensors metadata key of a saved model's digest (:func:`tensors_digest`).
+#: The safetensors metadata key of a saved model's seal: :func:`tensors_digest` sealed with the run
+#: and the file's role (:meth:`RunDirectory.save_model`).
 MODEL_DIGEST = "fedunlearn.sha256"
+#: The safetensors metadata key of the role a model file was written in (its name, e.g.
+#: ``model_final``), shown when a file is found in another role's place.
+MODEL_ROLE = "fedunlearn.role"
 
 
 def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
@@ -105,7 +110,9 @@ def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
 class RunDirectory:
     """Files of one training run under ``path``.
 
-    Layout: ``config.json``, ``metrics.csv`` (one row per round), ``model_initial.safetensors``,
+    Layout: ``identity.json`` (the run's random id and integrity mode:
+    :mod:`fedunlearn.store.sealing`), ``config.json``, ``metrics.csv`` (one row per round),
+    ``model_initial.safetensors``,
     ``checkpoint.safetensors`` (the global model after the last completed round, while training),
     ``model_final.safetensors``, ``summary.json``, figures (``*.png``), tables (``*.csv`` + ``*.md``)
     and ``store/`` (the retained updates, see :class:`fedunlearn.store.update_store.UpdateStore`).
@@ -114,6 +121,14 @@ class RunDirectory:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._metrics: list[dict[str, Any]] = []
+        self._sealer: Sealer | None = None
+
+    @property
+    def sealer(self) -> Sealer:
+        """The run's sealer (its identity's; a run written before identities: the run ``None``)."""
+        if self._sealer is None:
+            self._sealer = sealer_of(self.path)
+        return self._sealer
 
     @classmethod
     def create(cls, path: Path, config: Mapping[str, Any]) -> RunDirectory:
@@ -129,6 +144,7 @@ class RunDirectory:
         private_directory(path)
         os.chmod(path, PRIVATE_DIRECTORY_MODE)  # also when it existed, empty
         run = cls(path)
+        run._sealer = create_identity(path)
         run.write_json("config.json", dict(config))
         return run
 
@@ -149,44 +165,21 @@ class RunDirectory:
         return atomic_write_json(self.path / name, obj)
 
     def save_model(self, name: str, state: Mapping[str, torch.Tensor]) -> Path:
-        """Save a state dict as ``<name>.safetensors``, its tensors' digest in the metadata."""
-        target = self.path / f"{name}.safetensors"
-        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-        atomic_write_bytes(target, save(tensors, metadata={MODEL_DIGEST: tensors_digest(tensors)}))
-        return target
+        """Save a state dict as ``<name>.safetensors``, sealed with the run and its role ``name``
+        (:func:`tensors_digest` sealed: a file copied into another role's place is refused)."""
+        return self._save(name, state, {})
 
     def load_model(self, name: str) -> dict[str, torch.Tensor]:
-        """The state dict of ``<name>.safetensors``; a file whose tensors no longer match the
-        digest recorded when it was written is a :class:`StoreCorruptionError`, and so is a file
-        without a digest in a run whose other model files have one (it was removed). A run written
-        before digests, none of whose files has one, is read as it is."""
-        target = self.path / f"{name}.safetensors"
-        recorded = _model_digest(target)
-        state = load_file(str(target))
-        if recorded is None and any(
-            _model_digest(other) is not None
-            for other in self.path.glob("*.safetensors")
-            if other != target
-        ):
-            raise StoreCorruptionError(
-                f"{target} carries no sha256 while the run's other model files do: its digest "
-                "was removed; restore it from a backup"
-            )
-        if recorded is not None and recorded != tensors_digest(state):
-            raise StoreCorruptionError(
-                f"{target} was edited or damaged: its tensors do not match the sha256 recorded "
-                "when it was written; restore it from a backup"
-            )
-        return state
+        """The state dict of ``<name>.safetensors``, refused (:class:`StoreCorruptionError`) when
+        its tensors no longer match its seal, when it was sealed for another role or run (a file
+        copied into this place), or when it carries no seal in a run whose other model files do.
+        A run written before seals, none of whose files has one, is read as it is."""
+        return self._load(name, {})
 
     def save_checkpoint(self, round_number: int, state: Mapping[str, torch.Tensor]) -> Path:
         """Record ``state`` as the global model after round ``round_number``, in one atomic file
-        (the round is in the file's metadata, so model and round can never disagree)."""
-        target = self.path / f"{CHECKPOINT}.safetensors"
-        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-        metadata = {"round": str(int(round_number)), MODEL_DIGEST: tensors_digest(tensors)}
-        atomic_write_bytes(target, save(tensors, metadata=metadata))
-        return target
+        (the round is in the file's metadata and its seal, so model and round can never disagree)."""
+        return self._save(CHECKPOINT, state, {"round": str(int(round_number))})
 
     def load_checkpoint(self) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(round, global model) of the last checkpoint, or ``None`` when there is none."""
@@ -199,7 +192,56 @@ class RunDirectory:
             raise ConfigError(
                 "resume", True, f"a run whose {target} records its round; it does not (remove it)"
             )
-        return round_number, self.load_model(CHECKPOINT)
+        return round_number, self._load(CHECKPOINT, {"round": str(round_number)})
+
+    def _save(self, name: str, state: Mapping[str, torch.Tensor], extra: dict[str, str]) -> Path:
+        target = self.path / f"{name}.safetensors"
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        seal = self.sealer.seal({"role": name, **extra}, tensors_digest(tensors))
+        metadata = {**extra, MODEL_ROLE: name, MODEL_DIGEST: seal}
+        atomic_write_bytes(target, save(tensors, metadata=metadata))
+        return target
+
+    def _load(self, name: str, extra: dict[str, str]) -> dict[str, torch.Tensor]:
+        target = self.path / f"{name}.safetensors"
+        metadata = _model_metadata(target)
+        recorded = metadata.get(MODEL_DIGEST)
+        state = load_file(str(target))
+        if recorded is None and (
+            self.sealer.run_id is not None
+            or any(_model_metadata(f).get(MODEL_DIGEST) for f in self._models() if f != target)
+        ):
+            raise StoreCorruptionError(
+                f"{target} carries no seal ({MODEL_DIGEST}) while the run's model files do: "
+                "its digest was removed; restore the file from a backup"
+            )
+        if recorded is not None:
+            self._check_seal(target, name, extra, metadata, state)
+        return state
+
+    def _check_seal(self, target: Path, name, extra, metadata, state) -> None:
+        digest = tensors_digest(state)
+        if self.sealer.matches({"role": name, **extra}, digest, metadata[MODEL_DIGEST]):
+            return
+        legacy = self.sealer.run_id is None and metadata[MODEL_DIGEST] == digest
+        if legacy:  # written before seals: the tensors' own digest
+            return
+        role = metadata.get(MODEL_ROLE)
+        if role not in (None, name) and self.sealer.matches(
+            {"role": role, **extra}, digest, metadata[MODEL_DIGEST]
+        ):
+            raise StoreCorruptionError(
+                f"{target} is this run's {role}.safetensors, copied into the place of {name}; "
+                "restore the file from a backup"
+            )
+        raise StoreCorruptionError(
+            f"{target} was edited or damaged (or copied from another run or role): its tensors "
+            f"do not match the seal recorded when it was written as {name}; restore it from a "
+            "backup"
+        )
+
+    def _models(self) -> list[Path]:
+        return sorted(self.path.glob("*.safetensors"))
 
     def take_stop_request(self) -> bool:
         """Whether a stop was requested (:func:`request_stop`); the request is consumed."""
@@ -237,12 +279,12 @@ class RunDirectory:
         cut off first (:func:`fedunlearn.store.durable_io.append_jsonl`)."""
         if "time" in record:
             raise ValueError(f"a record for {name} holds its own time: append_log stamps it")
-        return append_jsonl(self.path / name, {"time": log_time(), **record})
+        return append_jsonl(self.path / name, {"time": log_time(), **record}, sealer=self.sealer)
 
     def read_log(self, name: str) -> list[dict[str, Any]]:
         """The records of log ``name`` ([] if absent); a torn last line is skipped with a warning,
         a damaged earlier line raises :class:`fedunlearn.store.durable_io.LogCorruptionError`."""
-        return read_jsonl(self.path / name)
+        return read_jsonl(self.path / name, sealer=self.sealer)
 
     def write_table(
         self, name: str, table: pd.DataFrame, *, markdown: bool = True, floatfmt: str = ".4f"
@@ -259,7 +301,7 @@ class RunDirectory:
         return target
 
 
-def _model_digest(path: Path) -> str | None:
-    """The tensors' sha256 a model file's metadata records (None: written before digests)."""
+def _model_metadata(path: Path) -> dict[str, str]:
+    """A model file's safetensors metadata ({} when it has none)."""
     with safe_open(str(path), framework="pt") as handle:
-        return (handle.metadata() or {}).get(MODEL_DIGEST)
+        return dict(handle.metadata() or {})

@@ -65,7 +65,7 @@ from fedunlearn.store.durable_io import (
     private_directory,
 )
 from fedunlearn.store.erasure import StoreErasure
-from fedunlearn.store.header import FORMAT_VERSION, HeaderAndLock
+from fedunlearn.store.header import BOUND_VERSION, FORMAT_VERSION, HeaderAndLock
 from fedunlearn.store.index import StoreBusyError, StoreIndex, StoreReadOnlyError
 from fedunlearn.store.index_rows import COLUMNS, BlobRow, NormsRow
 from fedunlearn.store.retained_round import RetainedRound
@@ -124,12 +124,13 @@ class UpdateStore(HeaderAndLock, StoreErasure):
         header = self._open_header(dtype)
         self._dtype: str = header["dtype"]
         self._index = self._open_index()
-        if not self.readonly:
-            try:
+        try:
+            if not self.readonly:
                 self._prepare(header)
-            except BaseException:
-                self._index.close()
-                raise
+            self._read_header()  # a bound header is checked against the index now open
+        except BaseException:
+            self._index.close()
+            raise
 
     @property
     def dtype(self) -> str:
@@ -299,19 +300,27 @@ class UpdateStore(HeaderAndLock, StoreErasure):
     def verify(self) -> list[str]:
         """Check the index (SQLite's quick_check, every row's checksum) and every blob (sha256,
         readable, finite values); return the problems, one line each (never raises)."""
+        problems, rows = self._checked_index()
+        for row in rows:
+            problems += blob_problems(self.root, row)
+        return problems
+
+    def row_problems(self) -> list[str]:
+        """:meth:`verify` without reading the blobs (each is verified whenever it is read)."""
+        return self._checked_index()[0]
+
+    def _checked_index(self) -> tuple[list[str], list[BlobRow]]:
         try:
             problems = self._index.integrity_problems()
             rows, row_problems = self._index.checked_rows()
         except StoreCorruptionError as error:
-            return [str(error)]
+            return [str(error)], []
         problems += row_problems
-        for row in rows:
-            problems += blob_problems(self.root, row)
         try:
             problems += self._index.checked_norms_rows()[1]
         except StoreCorruptionError as error:
             problems.append(str(error))
-        return problems
+        return problems, rows
 
     def index(self) -> pd.DataFrame:
         """The index, one row per blob (ordered by round, kind, client), then one per norms row
@@ -409,14 +418,16 @@ class UpdateStore(HeaderAndLock, StoreErasure):
         return index
 
     def _prepare(self, header: dict) -> None:
-        """Writable open: migrate a format-1 store, then remove a crashed round's leftovers."""
+        """Writable open: migrate a format-1 index, bind a header of format 3 or older (or a new
+        store's) to its index and run, then remove a crashed round's leftovers."""
         try:
             with self._exclusive():
-                if self._index.migrate() or header["format_version"] < FORMAT_VERSION:
+                header = self._read_header()
+                if self._index.migrate():
                     tighten_modes(self.root)
-                    header = self._read_header()
-                    header["format_version"] = FORMAT_VERSION
-                    self._write_header(header)
+                if header["format_version"] < BOUND_VERSION:
+                    tighten_modes(self.root)
+                    self._bind_header(header)
                 self._remove_uncommitted_files()
         except StoreBusyError:
             if not self._index.checksummed:

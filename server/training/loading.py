@@ -14,6 +14,7 @@ from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.errors import ConfigError
 from fedunlearn.preflight import request_config
 from fedunlearn.store.durable_io import json_loads
+from fedunlearn.store.run_check import refuse_unsound_run
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from server.federation.reply_screening import ReplyScreen
@@ -46,6 +47,7 @@ def load_trained_run(
                 request.run_name,
                 f"a finished run under {request.output_path}; {path / needed} is missing",
             )
+    refuse_unsound_run(path, "run-name", request.run_name)  # no method acts on a foreign record
     trained = ExperimentConfig.from_run_config(json_loads((path / "config.json").read_text()))
     config = request_config(trained, request)
     data = load_federated_data(config)

@@ -32,7 +32,6 @@ from pathlib import Path
 from fedunlearn.errors import ConfigError
 from fedunlearn.registry import UNLEARNING, retention_policies
 from fedunlearn.store.durable_io import (
-    atomic_write_bytes,
     fsync_directory,
     json_loads,
     private_directory,
@@ -163,9 +162,8 @@ def finish_pending(run: RunDirectory, *, log: Log = print) -> bool:
     if staging.exists():
         os.replace(staging, run.store_path)
     _forget_in_old_history(run, archive, journal)
-    atomic_write_bytes(
-        run.path / "model_final.safetensors", (run.path / journal["model"]).read_bytes()
-    )
+    # re-sealed in model_final's role: a copy of the bytes would carry the method's role
+    run.save_model("model_final", run.load_model(Path(journal["model"]).stem))
     if not journal["keep_original"]:
         _remove_tree(archive)
     if number not in {entry["request"] for entry in adopted_requests(run)}:

@@ -31,7 +31,6 @@ from fedunlearn.errors import FedUnlearnError
 from fedunlearn.store.durable_io import (
     fsync_directory,
     json_loads,
-    json_sha256,
     log_size,
     truncate_log,
 )
@@ -99,8 +98,8 @@ def read(run: RunDirectory) -> dict | None:
     except (ValueError, AttributeError, KeyError, TypeError) as error:
         problem = f"not a request journal ({error})"
     else:
-        if problem is None and digest != json_sha256(journal):
-            problem = "its sha256 does not match: it was edited"
+        if problem is None and not run.sealer.matches({"file": JOURNAL}, journal, digest):
+            problem = "its sha256 does not match its fields and this run: it was edited or copied"
     if problem is not None:
         raise FedUnlearnError(f"{path}: {problem}; restore it from a backup")
     return journal
@@ -183,4 +182,4 @@ def _is_int(value) -> bool:
 
 
 def _write(run: RunDirectory, journal: dict) -> None:
-    run.write_json(JOURNAL, {**journal, "sha256": json_sha256(journal)})
+    run.write_json(JOURNAL, {**journal, "sha256": run.sealer.seal({"file": JOURNAL}, journal)})

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from fedunlearn.certified.certificate import utc_timestamp
 from fedunlearn.errors import ConfigError
-from fedunlearn.store.durable_io import append_jsonl
 from fedunlearn.store.history import load_policy
+from fedunlearn.store.json_lines import append_jsonl
 from fedunlearn.store.run_directory import CERTIFIED_LEDGER, UNLEARNING_LOG
 from fedunlearn.training.local import evaluate, resolve_device
 from fedunlearn.training.model_state import state_sha256

@@ -15,14 +15,13 @@ from fedunlearn.errors import FedUnlearnError
 from fedunlearn.store.durable_io import (
     LogCorruptionError,
     TornLineWarning,
-    append_jsonl,
     atomic_write_bytes,
     atomic_write_json,
     log_size,
     private_directory,
-    read_jsonl,
     truncate_log,
 )
+from fedunlearn.store.json_lines import append_jsonl, read_jsonl
 
 
 def mode(path) -> int:
@@ -94,8 +93,8 @@ def test_a_torn_last_line_is_skipped_with_a_warning_naming_the_file(tmp_path):
 
 @pytest.mark.parametrize(
     "tail",
-    [b'{"request": 3}', b"\x00\x00\x00\x00\n", b'{"request": 3, "x"\n', b"[1, 2]\n", b"\xff\xfe\n"],
-    ids=["complete-but-no-newline", "zeros", "half-a-record", "not-an-object", "not-utf8"],
+    [b'{"request": 3}', b"\x00\x00\x00\x00", b'{"request": 3, "x"', b"\xff\xfe"],
+    ids=["complete-but-no-newline", "zeros", "half-a-record", "not-utf8"],
 )
 def test_what_a_crash_can_leave_at_the_end_is_skipped_and_cut_off_by_the_next_append(
     tmp_path, tail
@@ -113,6 +112,32 @@ def test_what_a_crash_can_leave_at_the_end_is_skipped_and_cut_off_by_the_next_ap
         assert read_jsonl(log) == [{"request": 1}, {"request": 2}]
     lines = log.read_bytes().splitlines()
     assert len(lines) == 2 and all(b'"record_sha256"' in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00\x00\x00\x00\n",
+        b'{"request": 3, "x"\n',
+        b"[1, 2]\n",
+        b"\xff\xfe\n",
+        b'{"request": 2}\n',
+    ],
+    ids=["zeros", "half-a-record", "not-an-object", "not-utf8", "a-record-without-seals"],
+)
+def test_a_whole_last_line_of_garbage_is_an_edit_not_a_tear(tmp_path, garbage):
+    """A crash cannot leave a complete line (its newline is the last byte written): a whole last
+    line that is not the chain's next record is refused, by readers and by the next append."""
+    log = tmp_path / "log.jsonl"
+    write_log(log, [{"request": 1}])
+    with open(log, "ab") as handle:
+        handle.write(garbage)
+    with pytest.raises(LogCorruptionError, match=rf"{log}, line 2: "):
+        read_jsonl(log)
+    before = log.read_bytes()
+    with pytest.raises(LogCorruptionError, match="line 2"):
+        append_jsonl(log, {"request": 3})
+    assert log.read_bytes() == before  # nothing cut off, nothing appended after it
 
 
 @pytest.mark.parametrize(
@@ -176,7 +201,7 @@ def test_any_crash_point_keeps_exactly_the_records_whose_newline_reached_the_dis
         warnings.simplefilter("error")
         assert read_jsonl(log) == [*survivors, {"after": "crash"}]
     last = json.loads(log.read_bytes().splitlines()[-1])
-    assert last.pop("record_sha256") and last == {"after": "crash"}
+    assert last.pop("record_sha256") and last.pop("previous_sha256") and last == {"after": "crash"}
 
 
 def test_a_json_document_is_written_private_and_reads_back(tmp_path):
@@ -236,3 +261,75 @@ def test_a_record_whose_digest_was_removed_is_refused(tmp_path, number):
     log.write_bytes(b"".join(lines))
     with pytest.raises(LogCorruptionError, match=rf"line {number}: .*digest was removed"):
         read_jsonl(log)
+
+
+# ---------------------------------------------------------------- the chain
+def chained(tmp_path, name="log.jsonl", count=3):
+    log = tmp_path / name
+    for request in range(1, count + 1):
+        append_jsonl(log, {"request": request, "certified": request % 2 == 0})
+    return log, log.read_bytes().splitlines(keepends=True)
+
+
+@pytest.mark.parametrize(
+    ("edit", "line"),
+    [
+        (lambda lines: lines[1:], 1),  # the first record stripped
+        (lambda lines: [lines[0], lines[2]], 2),  # a record in the middle removed
+        (lambda lines: [lines[1], lines[0], lines[2]], 1),  # two records swapped
+        (lambda lines: [lines[0], lines[1], lines[1], lines[2]], 3),  # a record repeated
+    ],
+    ids=["first-stripped", "middle-removed", "reordered", "repeated"],
+)
+def test_no_record_the_first_included_can_be_removed_reordered_or_repeated(tmp_path, edit, line):
+    log, lines = chained(tmp_path)
+    log.write_bytes(b"".join(edit(lines)))
+    with pytest.raises(LogCorruptionError, match=rf"line {line}: a record that does not follow"):
+        read_jsonl(log)
+    with pytest.raises(LogCorruptionError):  # nor appended after
+        append_jsonl(log, {"request": 9})
+
+
+def test_the_first_record_stripped_of_its_seals_and_edited_is_refused(tmp_path):
+    """A one-record ledger of a run: stripping its seals does not make it a log written before
+    chains (a run with an identity has none)."""
+    from fedunlearn.store.sealing import create_identity
+
+    create_identity(tmp_path)
+    log, lines = chained(tmp_path, count=1)
+    record = json.loads(lines[0])
+    del record["record_sha256"], record["previous_sha256"]
+    record["certified"] = True
+    log.write_bytes(json.dumps(record).encode() + b"\n")
+    with pytest.raises(LogCorruptionError, match="line 1: a record without"):
+        read_jsonl(log)
+
+
+def test_a_log_copied_to_another_name_or_another_run_is_refused(tmp_path):
+    from fedunlearn.store.sealing import create_identity
+
+    log, _ = chained(tmp_path, name="scrubbing.jsonl")
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(log.read_bytes())
+    with pytest.raises(
+        LogCorruptionError, match="line 1: a record that does not follow the log's genesis"
+    ):
+        read_jsonl(other)
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    for run in (run_a, run_b):
+        run.mkdir()
+        create_identity(run)
+    log_a, _ = chained(run_a, name="ledger.jsonl")
+    (run_b / "ledger.jsonl").write_bytes(log_a.read_bytes())
+    assert len(read_jsonl(log_a)) == 3
+    with pytest.raises(LogCorruptionError, match="genesis"):
+        read_jsonl(run_b / "ledger.jsonl")
+
+
+def test_a_log_in_a_run_with_an_identity_has_no_record_without_its_seals(tmp_path):
+    from fedunlearn.store.sealing import create_identity
+
+    create_identity(tmp_path)
+    (tmp_path / "log.jsonl").write_bytes(b'{"request": 1}\n')  # a legacy line in a new run
+    with pytest.raises(LogCorruptionError, match="line 1: a record without previous_sha256"):
+        read_jsonl(tmp_path / "log.jsonl")

@@ -25,7 +25,7 @@ from fake_grid import DelegatingGrid
 from flwr.serverapp import ServerApp
 from safetensors.torch import load_file
 
-from fedunlearn.store.durable_io import read_jsonl
+from fedunlearn.store.json_lines import read_jsonl
 from fedunlearn.store.update_store import UpdateStore
 from server import server_app
 from server.server_app import serve

@@ -82,9 +82,9 @@ def test_every_file_a_run_directory_writes_is_0600_in_0700_folders(tmp_path, uma
     finally:
         os.umask(previous)
     modes = modes_under(tmp_path / "out")
-    assert len(modes) == 19, sorted(
+    assert len(modes) == 20, sorted(
         modes
-    )  # out, run, 9 run files, store/ with 3 files, blobs/, round_000001/ and 2 blobs
+    )  # out, run, 10 run files (identity.json among them), store/ with 3 files, blobs/, round_000001/ and 2 blobs
     wrong = {
         name: oct(mode)
         for name, mode in modes.items()
@@ -99,7 +99,11 @@ def test_an_existing_empty_run_directory_is_made_private(tmp_path):
     (tmp_path / "run").mkdir(mode=0o755)
     os.chmod(tmp_path / "run", 0o755)
     RunDirectory.create(tmp_path / "run", {})
-    assert modes_under(tmp_path / "run") == {".": 0o700, "config.json": 0o600}
+    assert modes_under(tmp_path / "run") == {
+        ".": 0o700,
+        "config.json": 0o600,
+        "identity.json": 0o600,
+    }
 
 
 def test_a_torn_last_log_line_is_skipped_and_the_next_append_reads_whole(tmp_path):
@@ -141,7 +145,10 @@ def test_a_damaged_middle_log_line_raises_naming_file_and_line(tmp_path):
     from fedunlearn.store.durable_io import LogCorruptionError
 
     run = RunDirectory.create(tmp_path / "run", {})
-    (run.path / "unlearning_log.jsonl").write_text('{"targets": [1]}\n{"targ\n{"targets": [2]}\n')
+    for targets in ([1], [2]):
+        run.append_log("unlearning_log.jsonl", {"targets": targets})
+    first, second = (run.path / "unlearning_log.jsonl").read_bytes().splitlines(keepends=True)
+    (run.path / "unlearning_log.jsonl").write_bytes(first + b'{"targ\n' + second)
     with pytest.raises(LogCorruptionError, match=r"unlearning_log\.jsonl, line 2: not a JSON"):
         run.read_log("unlearning_log.jsonl")
 
@@ -168,8 +175,12 @@ def test_an_edited_model_file_is_refused_on_read_and_a_file_without_a_digest_is_
     with pytest.raises(StoreCorruptionError, match=f"{name}.safetensors was edited or damaged"):
         read()
     metadata = {"round": "2"} if name == "checkpoint" else None
-    save_file(state, str(target), metadata=metadata)  # written before digests: read as it is
-    assert torch.equal(read()["w"], state["w"])
+    save_file(state, str(target), metadata=metadata)  # no seal: refused in a run with an identity
+    with pytest.raises(StoreCorruptionError, match="its digest was removed"):
+        read()
+    (run.path / "identity.json").unlink()  # a run written before identities and seals
+    run = RunDirectory.open(run.path)
+    assert torch.equal(read()["w"], state["w"])  # read as it is
 
 
 def test_a_digest_removed_from_one_model_file_of_a_run_that_writes_them_is_refused(tmp_path):

@@ -519,16 +519,15 @@ def test_blobs_without_an_index_raise_and_are_never_deleted(tmp_path, damage):
     )
 
 
-def test_a_store_that_crashed_right_after_creation_is_completed_normally(tmp_path):
-    written_store(tmp_path / "fresh")
-    for name in ("index.sqlite", "blobs/round_000001", "blobs/round_000003"):
-        target = tmp_path / "fresh" / name
-        if target.is_dir():
-            for file in target.iterdir():
-                file.unlink()
-            target.rmdir()
-        else:
-            target.unlink()
+def test_a_store_that_crashed_right_after_creation_is_completed_normally(tmp_path, monkeypatch):
+    def crash(self):
+        raise KeyboardInterrupt  # the process dies after the header, before the index
+
+    with monkeypatch.context() as patched:
+        patched.setattr(UpdateStore, "_open_index", crash)
+        with pytest.raises(KeyboardInterrupt):
+            UpdateStore(tmp_path / "fresh")
+    assert sorted(p.name for p in (tmp_path / "fresh").iterdir()) == ["store.json"]
     empty = UpdateStore(tmp_path / "fresh", readonly=True)
     assert empty.rounds() == [] and empty.verify() == []
     assert not (tmp_path / "fresh" / "index.sqlite").exists()  # the read-only open created none
@@ -948,8 +947,12 @@ def test_a_format_2_header_is_read_and_a_writable_open_adds_the_checksums(tmp_pa
     store.set_metadata(**DECISIVE)
     store.close()
     header = json.loads((tmp_path / "store.json").read_text())
-    del header["metadata_sha256"]
+    del header["metadata_sha256"], header["store_id"], header["run_id"]
     (tmp_path / "store.json").write_text(json.dumps({**header, "format_version": 2}))
+    with pytest.raises(StoreCorruptionError, match="is of format 2, but its index belongs to store"):
+        UpdateStore(tmp_path)  # a bound store's header replaced by an older one: a downgrade
+    with sqlite3.connect(tmp_path / "index.sqlite") as index:  # as fedunlearn wrote it before ids
+        index.execute("DROP TABLE store_identity")
     assert UpdateStore(tmp_path, readonly=True).metadata == DECISIVE  # read as it is
     UpdateStore(tmp_path).close()  # a writable open migrates it
     header = json.loads((tmp_path / "store.json").read_text())
