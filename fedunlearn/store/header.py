@@ -230,6 +230,8 @@ class HeaderAndLock:
             "store_id": store_id,
             "run_id": self.sealer.run_id,
         }
+        store_identity.begin_header(self._index, store_id, self._header_seal(bound))
+        store_identity.bind_rows(self._index, self.sealer)
         self._write_header(bound)
         return bound
 

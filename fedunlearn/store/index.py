@@ -96,6 +96,21 @@ class StoreIndex:
     def __init__(self, connection: sqlite3.Connection, path: Path, readonly: bool) -> None:
         self._connection, self.path, self.readonly = connection, path, readonly
         self.version = self._validate()
+        #: seals a row's canonical fields with the run and the store (format 4: rows sealed), or
+        #: None (plain sha256): :func:`fedunlearn.store.store_identity.bind_rows`
+        self.row_seal = None
+
+    def blob_checksum(self, row: BlobRow) -> str:
+        """The checksum a blob row carries: its fields' sha256, or their seal (format 4)."""
+        if self.row_seal is None:
+            return row.row_checksum()
+        return self.row_seal("blob", row.canonical())
+
+    def norms_checksum(self, row: NormsRow, layout: str) -> bytes:
+        """The raw checksum a norms row carries (its fields and the layout), sealed in format 4."""
+        if self.row_seal is None:
+            return row.row_checksum(layout)
+        return bytes.fromhex(self.row_seal("norms", row.row_checksum(layout)))
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -230,7 +245,7 @@ class StoreIndex:
         ):
             row = BlobRow(*found[: len(COLUMNS)])
             reason = row.insanity()
-            if reason is None and self.checksummed and found[-1] != row.row_checksum():
+            if reason is None and self.checksummed and found[-1] != self.blob_checksum(row):
                 reason = "its row checksum does not match its fields"
             if reason is None:
                 good.append(row)
@@ -298,7 +313,7 @@ class StoreIndex:
         ):
             row = NormsRow(*fields)
             reason = row.insanity(tensors)
-            if reason is None and checksum != row.row_checksum(layout):
+            if reason is None and checksum != self.norms_checksum(row, layout):
                 reason = "its row checksum does not match its fields and the layout"
             if reason is None:
                 good.append(row)
@@ -328,7 +343,7 @@ class StoreIndex:
         text = json.dumps(list(tensors))
         self._connection.executemany(
             f"INSERT INTO norms ({', '.join(NORMS_COLUMNS)}) VALUES (?, ?, ?, ?, ?)",
-            [(*row, row.row_checksum(text)) for row in rows],
+            [(*row, self.norms_checksum(row, text)) for row in rows],
         )
 
     def delete_norms(self, rows: Iterable[NormsRow]) -> None:
@@ -375,7 +390,7 @@ class StoreIndex:
         """Insert ``rows`` (inside :meth:`transaction`), each with its row checksum."""
         self._connection.executemany(
             f"INSERT INTO blobs ({_SELECT}, row_checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(*row, row.row_checksum()) for row in rows],
+            [(*row, self.blob_checksum(row)) for row in rows],
         )
 
     def delete(self, rows: Iterable[BlobRow]) -> None:

@@ -49,6 +49,7 @@ import pandas as pd
 import torch
 
 from fedunlearn.errors import ConfigError, StoreCorruptionError
+from fedunlearn.store import store_identity
 from fedunlearn.store.blobs import (
     BLOBS,
     INDEX,
@@ -125,6 +126,7 @@ class UpdateStore(HeaderAndLock, StoreErasure):
         self._dtype: str = header["dtype"]
         self._index = self._open_index()
         try:
+            store_identity.attach(self._index, self.sealer)
             if not self.readonly:
                 self._prepare(header)
             self._read_header()  # a bound header is checked against the index now open

@@ -270,3 +270,31 @@ def test_seals_bind_the_run_the_place_and_the_content():
     assert not a.matches(place, content, None) and not keyed.matches(
         place, content, a.seal(place, content)
     )
+
+
+def test_with_a_key_an_index_row_edited_and_resealed_without_it_is_refused(tmp_path, key_file):
+    import sqlite3
+
+    import torch
+
+    from fedunlearn.store.index_rows import BlobRow
+    from fedunlearn.store.sealing import create_identity
+
+    (tmp_path / "run").mkdir()
+    sealer = create_identity(tmp_path / "run")
+    with UpdateStore(tmp_path / "run" / "store") as store:
+        store.write_round(1, {"w": torch.zeros(2)}, {0: ({"w": torch.ones(2)}, 5)})
+        store_id = json.loads((store.root / "store.json").read_text())["store_id"]
+    with sqlite3.connect(tmp_path / "run" / "store" / "index.sqlite") as index:
+        fields = index.execute(
+            "SELECT round, client, kind, num_examples, dtype, bytes, checksum, path FROM blobs "
+            "WHERE client = 0"
+        ).fetchone()
+        forged = BlobRow(*fields[:3], 500, *fields[4:])  # N_k x 100: reweights eq. (2)
+        unkeyed = Sealer(sealer.run_id).seal({"store": store_id, "row": "blob"}, forged.canonical())
+        index.execute(
+            "UPDATE blobs SET num_examples = 500, row_checksum = ? WHERE client = 0", (unkeyed,)
+        )
+    problems, _ = run_problems(tmp_path / "run")
+    assert len(problems) == 1 and "round 1, client 0" in problems[0], problems
+    assert "row checksum does not match" in problems[0]

@@ -657,7 +657,7 @@ def test_a_row_checksum_recomputed_for_a_foreign_path_is_still_refused(tmp_path)
     forged = BlobRow(*fields[:7], "../../../etc/passwd")
     connection.execute(
         "UPDATE blobs SET path = ?, row_checksum = ? WHERE client = 2",
-        (forged.path, forged.row_checksum()),
+        (forged.path, sealed_checksum(tmp_path, forged)),  # a forger with fedunlearn's code
     )
     connection.commit()
     connection.close()
@@ -683,6 +683,12 @@ def test_non_finite_tensors_are_refused_at_write_leaving_no_round(tmp_path, bad,
     assert store.rounds() == [1] and not (tmp_path / "blobs/round_000002").exists()
 
 
+def sealed_checksum(root: Path, row) -> str:
+    """The checksum the store at ``root`` gives ``row`` (sealed with its run and store)."""
+    with UpdateStore(root, readonly=True) as store:
+        return store._index.blob_checksum(row)
+
+
 def replace_blob(root: Path, round_number: int, client, tensors: dict) -> None:
     """Put ``tensors`` in a committed blob with a consistent index row, as an older version that
     did not refuse non-finite values would have written it."""
@@ -705,7 +711,7 @@ def replace_blob(root: Path, round_number: int, client, tensors: dict) -> None:
     )
     connection.execute(
         f"UPDATE blobs SET bytes = ?, checksum = ?, row_checksum = ? WHERE {where}",
-        (row.bytes, row.checksum, row.row_checksum(), *parameters),
+        (row.bytes, row.checksum, sealed_checksum(root, row), *parameters),
     )
     connection.commit()
     connection.close()
@@ -949,7 +955,9 @@ def test_a_format_2_header_is_read_and_a_writable_open_adds_the_checksums(tmp_pa
     header = json.loads((tmp_path / "store.json").read_text())
     del header["metadata_sha256"], header["store_id"], header["run_id"]
     (tmp_path / "store.json").write_text(json.dumps({**header, "format_version": 2}))
-    with pytest.raises(StoreCorruptionError, match="is of format 2, but its index belongs to store"):
+    with pytest.raises(
+        StoreCorruptionError, match="is of format 2, but its index belongs to store"
+    ):
         UpdateStore(tmp_path)  # a bound store's header replaced by an older one: a downgrade
     with sqlite3.connect(tmp_path / "index.sqlite") as index:  # as fedunlearn wrote it before ids
         index.execute("DROP TABLE store_identity")
