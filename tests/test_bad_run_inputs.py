@@ -23,6 +23,7 @@ import torch
 from flwr.common.config import parse_config_args
 
 from fedunlearn.config import ExperimentConfig, parameter_table
+from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.store.update_store import UpdateStore
 from simulations import run as runner
 
@@ -94,16 +95,16 @@ def _run(box: Sandbox, argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def _finished_run(box: Sandbox, name: str = "done", forgotten=((1,),), **values) -> Path:
-    """A run directory whose training finished (files as the server leaves them; models are dummies:
-    the launcher never loads them)."""
+    """A run directory whose training finished (files as the server leaves them; models are tiny
+    stand-ins, sealed as the server seals them: the launcher checks every record of the run)."""
     config = ExperimentConfig.from_run_config(
         {"output-dir": str(box.out), "run-name": name, "num-clients": 4, **values}
     )
     path = config.run_directory()
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(config.to_run_config()))
-    for name_ in ("model_initial.safetensors", "model_final.safetensors"):
-        (path / name_).write_bytes(b"\0")
+    for name_ in ("model_initial", "model_final"):  # tiny, but sealed: the launcher checks them
+        RunDirectory(path).save_model(name_, {"w": torch.zeros(2)})
     (path / "metrics.csv").write_text("round,test_accuracy\n0,0.1\n")
     (path / "summary.json").write_text("{}")
     lines = [json.dumps({"targets": list(t), "methods": ["federaser"]}) for t in forgotten]
@@ -170,7 +171,7 @@ def _setup_config_files(box):
     (box.root / "nested.toml").write_text("[tool]\nrounds = 2\n")
     (box.root / "broken.toml").write_text("rounds = = 2\n")
     (box.root / "latin1.toml").write_bytes("run-name = 'J\xfcrgen'\n".encode("latin-1"))
-    (box.root / "bad-value.toml").write_text('seed = -1\nrounds = 3\n')
+    (box.root / "bad-value.toml").write_text("seed = -1\nrounds = 3\n")
     (box.root / "emoji.toml").write_text('run-name = "party-\U0001f389"\n', encoding="utf-8")
 
 
@@ -181,7 +182,9 @@ SETUPS = {
     "unfinished-run": _setup_unfinished_run,
     "bad-log": _setup_bad_log,
     "bad-saved-config": _setup_bad_saved_config,
-    "retain-off-run": lambda box: _finished_run(box, retain=False, **{"unlearn-methods": "fedretrain"}),
+    "retain-off-run": lambda box: _finished_run(
+        box, retain=False, **{"unlearn-methods": "fedretrain"}
+    ),
     "resume-without-config": _setup_resume_without_config,
     "resume-started": _setup_resume_started,
     "output-file": _setup_output_file,
@@ -247,7 +250,12 @@ SPECIFIC = [
     ("seed-2^32", _set(f"seed={2**32}"), "seed", None),
     ("seed-in-config-file", ["{root}/bad-value.toml"], "seed", "config-files"),
     ("certified-delta-0", _set("certified-delta=0"), "certified-delta", None),
-    ("certified-delta-0-head", _set("certified-head=true", "certified-delta=0.0"), "certified-delta", None),
+    (
+        "certified-delta-0-head",
+        _set("certified-head=true", "certified-delta=0.0"),
+        "certified-delta",
+        None,
+    ),
     ("mnist-cnn-on-digits", _set("model='mnist-cnn'"), "model", None),
     ("cifar10-cnn-on-digits", _set("model='cifar10-cnn'"), "model", None),
     ("adult-mlp-on-digits", _set("model='adult-mlp'"), "model", None),
@@ -256,48 +264,213 @@ SPECIFIC = [
     ("train-samples-beyond", _set(K10, "train-samples=5000"), "train-samples", None),
     ("train-samples-1348", _set(K10, "train-samples=1348"), "train-samples", None),
     ("scrub-class-99", _set(K10, "scrub=true", "scrub-forget='class:99'"), "scrub-forget", None),
-    ("scrub-more-than-held", _set(K10, "scrub=true", "scrub-forget='samples:0:500'"), "scrub-forget", None),
-    ("scrub-class-more-than-held", _set(K10, "scrub=true", "scrub-forget='samples:0:500:5'"), "scrub-forget", None),
+    (
+        "scrub-more-than-held",
+        _set(K10, "scrub=true", "scrub-forget='samples:0:500'"),
+        "scrub-forget",
+        None,
+    ),
+    (
+        "scrub-class-more-than-held",
+        _set(K10, "scrub=true", "scrub-forget='samples:0:500:5'"),
+        "scrub-forget",
+        None,
+    ),
     ("nul-run-name", ["--set", "run-name=a\x00b"], "run-name", None),
     ("nul-run-name-escaped", _set('run-name="a\\u0000b"'), "run-name", None),
-    ("certified-removals-1e9", _set("certified-head=true", "certified-removals=1e9"), "certified-removals", None),
-    ("certified-removals-10^9", _set(K10, "certified-head=true", "certified-removals=1000000000"), "certified-removals", None),
-    ("certified-removals-whole-pool", _set(K10, "certified-head=true", "certified-removals=1347"), "certified-removals", None),
-    ("certified-removals-pool-after-clients", _set(K10, "certified-head=true", "certified-remove-clients='0'", "certified-removals=1300"), "certified-removals", None),
+    (
+        "certified-removals-1e9",
+        _set("certified-head=true", "certified-removals=1e9"),
+        "certified-removals",
+        None,
+    ),
+    (
+        "certified-removals-10^9",
+        _set(K10, "certified-head=true", "certified-removals=1000000000"),
+        "certified-removals",
+        None,
+    ),
+    (
+        "certified-removals-whole-pool",
+        _set(K10, "certified-head=true", "certified-removals=1347"),
+        "certified-removals",
+        None,
+    ),
+    (
+        "certified-removals-pool-after-clients",
+        _set(K10, "certified-head=true", "certified-remove-clients='0'", "certified-removals=1300"),
+        "certified-removals",
+        None,
+    ),
     ("dry-run-existing-run", _set("run-name='taken'"), "run-name", "existing-run"),
-    ("dry-run-already-forgotten", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='1'", "num-clients=4"), "unlearn-clients", "finished-run"),
-    ("dry-run-partly-forgotten", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='1,2'", "num-clients=4"), "unlearn-clients", "finished-run"),
+    (
+        "dry-run-already-forgotten",
+        _set("run-name='done'", "unlearn-only=true", "unlearn-clients='1'", "num-clients=4"),
+        "unlearn-clients",
+        "finished-run",
+    ),
+    (
+        "dry-run-partly-forgotten",
+        _set("run-name='done'", "unlearn-only=true", "unlearn-clients='1,2'", "num-clients=4"),
+        "unlearn-clients",
+        "finished-run",
+    ),
     # ---- run directories
-    ("unlearn-only-missing-run", _set("run-name='ghost'", "unlearn-only=true", "unlearn-clients='1'"), "run-name", None),
-    ("unlearn-only-unfinished", _set("run-name='half'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"), "run-name", "unfinished-run"),
-    ("unlearn-only-other-num-clients", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=10"), "num-clients", "finished-run"),
-    ("unlearn-only-other-seed", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4", "seed=1"), "seed", "finished-run"),
-    ("unlearn-only-other-partitioning", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4", "partitioning='shards'"), "partitioning", "finished-run"),
-    ("unlearn-only-nobody-left", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2,3'", "num-clients=4"), "unlearn-clients", "finished-run-8"),
-    ("unlearn-only-bad-log", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"), "run-name", "bad-log"),
-    ("unlearn-only-bad-saved-config", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"), "run-name", "bad-saved-config"),
-    ("unlearn-only-federaser-without-retention", _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"), "retain", "retain-off-run"),
-    ("resume-stray-folder", _set("run-name='stray'", "resume=true"), "run-name", "resume-without-config"),
-    ("resume-other-rounds", _set("run-name='started'", "resume=true", "rounds=7"), "rounds", "resume-started"),
+    (
+        "unlearn-only-missing-run",
+        _set("run-name='ghost'", "unlearn-only=true", "unlearn-clients='1'"),
+        "run-name",
+        None,
+    ),
+    (
+        "unlearn-only-unfinished",
+        _set("run-name='half'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"),
+        "run-name",
+        "unfinished-run",
+    ),
+    (
+        "unlearn-only-other-num-clients",
+        _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=10"),
+        "num-clients",
+        "finished-run",
+    ),
+    (
+        "unlearn-only-other-seed",
+        _set(
+            "run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4", "seed=1"
+        ),
+        "seed",
+        "finished-run",
+    ),
+    (
+        "unlearn-only-other-partitioning",
+        _set(
+            "run-name='done'",
+            "unlearn-only=true",
+            "unlearn-clients='2'",
+            "num-clients=4",
+            "partitioning='shards'",
+        ),
+        "partitioning",
+        "finished-run",
+    ),
+    (
+        "unlearn-only-nobody-left",
+        _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2,3'", "num-clients=4"),
+        "unlearn-clients",
+        "finished-run-8",
+    ),
+    (
+        "unlearn-only-bad-log",
+        _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"),
+        "run-name",
+        "bad-log",
+    ),
+    (
+        "unlearn-only-bad-saved-config",
+        _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"),
+        "run-name",
+        "bad-saved-config",
+    ),
+    (
+        "unlearn-only-federaser-without-retention",
+        _set("run-name='done'", "unlearn-only=true", "unlearn-clients='2'", "num-clients=4"),
+        "retain",
+        "retain-off-run",
+    ),
+    (
+        "resume-stray-folder",
+        _set("run-name='stray'", "resume=true"),
+        "run-name",
+        "resume-without-config",
+    ),
+    (
+        "resume-other-rounds",
+        _set("run-name='started'", "resume=true", "rounds=7"),
+        "rounds",
+        "resume-started",
+    ),
     ("output-dir-is-a-file", [], "output-dir", "output-file"),
     ("run-dir-is-a-file", _set("run-name='plain'"), "run-name", "run-dir-file"),
     # ---- data
-    ("mnist-without-files", _set("dataset='mnist'", "data-root='{root}/data'"), "data-root", "empty-data-root"),
-    ("mnist-missing-root", _set("dataset='mnist'", "data-root='{root}/nowhere'"), "data-root", None),
+    (
+        "mnist-without-files",
+        _set("dataset='mnist'", "data-root='{root}/data'"),
+        "data-root",
+        "empty-data-root",
+    ),
+    (
+        "mnist-missing-root",
+        _set("dataset='mnist'", "data-root='{root}/nowhere'"),
+        "data-root",
+        None,
+    ),
     ("mnist-without-root", _set("dataset='mnist'"), "data-root", None),
-    ("adult-without-files", _set("dataset='adult'", "data-root='{root}/data'"), "data-root", "empty-data-root"),
-    ("cifar10-without-files", _set("dataset='cifar10'", "data-root='{root}/data'"), "data-root", "empty-data-root"),
-    ("dirichlet-starves-clients", _set("partitioning='dirichlet'", "alpha=0.001", "num-clients=600"), ("alpha", "num-clients"), None),
-    ("shards-too-many", _set(K10, "partitioning='shards'", "shards-per-client=200"), "shards-per-client", None),
-    ("shards-too-many-subset", _set(K10, "partitioning='shards'", "shards-per-client=40", "train-samples=300"), "shards-per-client", None),
-    ("num-clients-beyond-subset", _set("train-samples=20", "num-clients=30"), "train-samples", None),
-    ("scrub-client-absent", _set(K10, "scrub=true", "scrub-forget='client:10'"), "scrub-forget", None),
+    (
+        "adult-without-files",
+        _set("dataset='adult'", "data-root='{root}/data'"),
+        "data-root",
+        "empty-data-root",
+    ),
+    (
+        "cifar10-without-files",
+        _set("dataset='cifar10'", "data-root='{root}/data'"),
+        "data-root",
+        "empty-data-root",
+    ),
+    (
+        "dirichlet-starves-clients",
+        _set("partitioning='dirichlet'", "alpha=0.001", "num-clients=600"),
+        ("alpha", "num-clients"),
+        None,
+    ),
+    (
+        "shards-too-many",
+        _set(K10, "partitioning='shards'", "shards-per-client=200"),
+        "shards-per-client",
+        None,
+    ),
+    (
+        "shards-too-many-subset",
+        _set(K10, "partitioning='shards'", "shards-per-client=40", "train-samples=300"),
+        "shards-per-client",
+        None,
+    ),
+    (
+        "num-clients-beyond-subset",
+        _set("train-samples=20", "num-clients=30"),
+        "train-samples",
+        None,
+    ),
+    (
+        "scrub-client-absent",
+        _set(K10, "scrub=true", "scrub-forget='client:10'"),
+        "scrub-forget",
+        None,
+    ),
     ("scrub-zero-samples", _set("scrub=true", "scrub-forget='samples:0:0'"), "scrub-forget", None),
     ("scrub-no-cohort", _set("scrub=true"), "scrub-forget", None),
     ("scrub-malformed", _set("scrub=true", "scrub-forget='row:1'"), "scrub-forget", None),
     ("scrub-negative-class", _set("scrub=true", "scrub-forget='class:-1'"), "scrub-forget", None),
-    ("scrub-class-absent-from-client", _set(K10, "scrub=true", "scrub-forget='samples:0:1:10'"), "scrub-forget", None),
-    ("scrub-everything", _set("scrub=true", "scrub-forget='class:0'", "num-clients=2", "partitioning='shards'", "shards-per-client=1", "train-samples=2"), ("scrub-forget", "train-samples"), None),
+    (
+        "scrub-class-absent-from-client",
+        _set(K10, "scrub=true", "scrub-forget='samples:0:1:10'"),
+        "scrub-forget",
+        None,
+    ),
+    (
+        "scrub-everything",
+        _set(
+            "scrub=true",
+            "scrub-forget='class:0'",
+            "num-clients=2",
+            "partitioning='shards'",
+            "shards-per-client=1",
+            "train-samples=2",
+        ),
+        ("scrub-forget", "train-samples"),
+        None,
+    ),
     # ---- ranges
     ("num-clients-negative", _set("num-clients=-1"), "num-clients", None),
     ("num-clients-10001", _set("num-clients=10001"), "num-clients", None),
@@ -329,7 +502,12 @@ SPECIFIC = [
     ("certified-epsilon-0", _set("certified-epsilon=0"), "certified-epsilon", None),
     ("certified-delta-1", _set("certified-delta=1"), "certified-delta", None),
     ("certified-delta-negative", _set("certified-delta=-1e-4"), "certified-delta", None),
-    ("certified-refresh-ratio-0", _set("certified-refresh-ratio=0"), "certified-refresh-ratio", None),
+    (
+        "certified-refresh-ratio-0",
+        _set("certified-refresh-ratio=0"),
+        "certified-refresh-ratio",
+        None,
+    ),
     ("certified-removals-negative", _set("certified-removals=-1"), "certified-removals", None),
     ("certified-eval-every-0", _set("certified-eval-every=0"), "certified-eval-every", None),
     ("dp-noise-multiplier-negative", _set("dp-noise-multiplier=-1"), "dp-noise-multiplier", None),
@@ -338,8 +516,18 @@ SPECIFIC = [
     ("dp-delta-negative", _set("dp-delta=-0.5"), "dp-delta", None),
     ("scrub-newton-lambda-0", _set("scrub-newton-lambda=0"), "scrub-newton-lambda", None),
     ("scrub-fisher-lambda-0", _set("scrub-fisher-lambda=0"), "scrub-fisher-lambda", None),
-    ("scrub-fisher-sqrt-lambda-0", _set("scrub-fisher-sqrt-lambda=0"), "scrub-fisher-sqrt-lambda", None),
-    ("scrub-fisher-reference-lambda-neg", _set("scrub-fisher-reference-lambda=-1"), "scrub-fisher-reference-lambda", None),
+    (
+        "scrub-fisher-sqrt-lambda-0",
+        _set("scrub-fisher-sqrt-lambda=0"),
+        "scrub-fisher-sqrt-lambda",
+        None,
+    ),
+    (
+        "scrub-fisher-reference-lambda-neg",
+        _set("scrub-fisher-reference-lambda=-1"),
+        "scrub-fisher-reference-lambda",
+        None,
+    ),
     ("scrub-sigma-h-0", _set("scrub-sigma-h=0"), "scrub-sigma-h", None),
     ("scrub-damping-negative", _set("scrub-damping=-1"), "scrub-damping", None),
     ("scrub-fisher-floor-negative", _set("scrub-fisher-floor=-1"), "scrub-fisher-floor", None),
@@ -347,7 +535,12 @@ SPECIFIC = [
     ("scrub-time-negative", _set("scrub-time=-1"), "scrub-time", None),
     ("scrub-baseline-rounds-0", _set("scrub-baseline-rounds=0"), "scrub-baseline-rounds", None),
     ("scrub-baseline-epochs-0", _set("scrub-baseline-epochs=0"), "scrub-baseline-epochs", None),
-    ("scrub-relearn-threshold-0", _set("scrub-relearn-threshold=0"), "scrub-relearn-threshold", None),
+    (
+        "scrub-relearn-threshold-0",
+        _set("scrub-relearn-threshold=0"),
+        "scrub-relearn-threshold",
+        None,
+    ),
     ("scrub-relearn-epochs-0", _set("scrub-relearn-epochs=0"), "scrub-relearn-epochs", None),
     ("mia-reference-models-1", _set("mia-reference-models=1"), "mia-reference-models", None),
     # ---- enums and text
@@ -372,14 +565,34 @@ SPECIFIC = [
     ("scrub-lambda-factors-text", _set("scrub-lambda-factors='a,b'"), "scrub-lambda-factors", None),
     ("scrub-lambda-factors-zero", _set("scrub-lambda-factors='0,1'"), "scrub-lambda-factors", None),
     ("scrub-lambda-factors-nan", _set("scrub-lambda-factors='nan'"), "scrub-lambda-factors", None),
-    ("scrub-lambda-factors-inf", _set("scrub-lambda-factors='1,inf'"), "scrub-lambda-factors", None),
+    (
+        "scrub-lambda-factors-inf",
+        _set("scrub-lambda-factors='1,inf'"),
+        "scrub-lambda-factors",
+        None,
+    ),
     ("unlearn-clients-text", _set("unlearn-clients='x'"), "unlearn-clients", None),
     ("unlearn-clients-out-of-range", _set(K10, "unlearn-clients='10'"), "unlearn-clients", None),
     ("unlearn-clients-negative", _set("unlearn-clients='-1'"), "unlearn-clients", None),
     ("unlearn-clients-float", _set("unlearn-clients=1.5"), "unlearn-clients", None),
-    ("unlearn-clients-everyone", _set(K10, "unlearn-clients='0,1,2,3,4,5,6,7,8,9'"), "unlearn-clients", None),
-    ("certified-remove-clients-out", _set(K10, "certified-remove-clients='12'"), "certified-remove-clients", None),
-    ("certified-remove-clients-all", _set("num-clients=2", "unlearn-clients='0'", "certified-remove-clients='0,1'"), "certified-remove-clients", None),
+    (
+        "unlearn-clients-everyone",
+        _set(K10, "unlearn-clients='0,1,2,3,4,5,6,7,8,9'"),
+        "unlearn-clients",
+        None,
+    ),
+    (
+        "certified-remove-clients-out",
+        _set(K10, "certified-remove-clients='12'"),
+        "certified-remove-clients",
+        None,
+    ),
+    (
+        "certified-remove-clients-all",
+        _set("num-clients=2", "unlearn-clients='0'", "certified-remove-clients='0,1'"),
+        "certified-remove-clients",
+        None,
+    ),
     ("run-name-hidden", _set("run-name='.hidden'"), "run-name", None),
     ("run-name-option", _set("run-name='-rf'"), "run-name", None),
     ("run-name-slash", _set("run-name='a/b'"), "run-name", None),
@@ -409,19 +622,54 @@ SPECIFIC = [
     # ---- keys against each other
     ("mia-two-targets", _set("mia=true", "unlearn-clients='0,1'"), "unlearn-clients", None),
     ("mia-no-target", _set("mia=true", "unlearn-clients=''"), "unlearn-clients", None),
-    ("mia-without-fedretrain", _set("mia=true", "unlearn-methods='federaser,fedaccum'"), "unlearn-methods", None),
-    ("mia-other-scrub-cohort", _set("mia=true", "scrub=true", "scrub-forget='client:3'"), "scrub-forget", None),
-    ("mia-certified-other-client", _set("mia=true", "certified-head=true", "certified-remove-clients='2'"), "certified-remove-clients", None),
-    ("adopt-not-among-methods", _set("unlearn-adopt='federaser'", "unlearn-methods='fedretrain'"), "unlearn-adopt", None),
+    (
+        "mia-without-fedretrain",
+        _set("mia=true", "unlearn-methods='federaser,fedaccum'"),
+        "unlearn-methods",
+        None,
+    ),
+    (
+        "mia-other-scrub-cohort",
+        _set("mia=true", "scrub=true", "scrub-forget='client:3'"),
+        "scrub-forget",
+        None,
+    ),
+    (
+        "mia-certified-other-client",
+        _set("mia=true", "certified-head=true", "certified-remove-clients='2'"),
+        "certified-remove-clients",
+        None,
+    ),
+    (
+        "adopt-not-among-methods",
+        _set("unlearn-adopt='federaser'", "unlearn-methods='fedretrain'"),
+        "unlearn-adopt",
+        None,
+    ),
     ("no-adoptable-method", _set("unlearn-methods='fedaccum'"), "unlearn-methods", None),
-    ("unlearn-only-resume-of-no-run", _set("resume=true", "unlearn-only=true", "run-name='r'", "unlearn-clients='1'"), "run-name", None),
+    (
+        "unlearn-only-resume-of-no-run",
+        _set("resume=true", "unlearn-only=true", "run-name='r'", "unlearn-clients='1'"),
+        "run-name",
+        None,
+    ),
     ("resume-without-run-name", _set("resume=true"), "resume", None),
     ("unlearn-only-without-run-name", _set("unlearn-only=true"), "unlearn-only", None),
-    ("unlearn-only-without-targets", _set("unlearn-only=true", "run-name='r'", "unlearn-clients=''"), "unlearn-only", None),
+    (
+        "unlearn-only-without-targets",
+        _set("unlearn-only=true", "run-name='r'", "unlearn-clients=''"),
+        "unlearn-only",
+        None,
+    ),
     ("retain-off-with-federaser", _set("retain=false"), "retain", None),
     ("dp-without-delta", _set("dp-noise-multiplier=1.0", "dp-delta=0"), "dp-delta", None),
     ("noise-none-logistic", _set("certified-noise='none'"), "certified-noise", None),
-    ("two-targets-of-two-clients", _set("num-clients=2", "unlearn-clients='0,1'"), "unlearn-clients", None),
+    (
+        "two-targets-of-two-clients",
+        _set("num-clients=2", "unlearn-clients='0,1'"),
+        "unlearn-clients",
+        None,
+    ),
     # ---- the launcher's own input
     ("unknown-key", _set("colour=1"), "run-config", None),
     ("typo-key", _set("retain-intervall=2"), "run-config", None),
@@ -480,15 +728,25 @@ GOOD = [
     pytest.param(_set("certified-head=true", "certified-delta=1e-9"), None, id="tiny-delta"),
     pytest.param(_set("seed=4294967295", "run-name='" + "r" * 100 + "'"), None, id="bounds"),
     pytest.param(_set("run-name='a.b_c-1'", "model='digits-cnn'"), None, id="explicit-model"),
-    pytest.param(_set("train-samples=300", "num-clients=4", "partitioning='shards'"), None, id="subset"),
     pytest.param(
-        _set("mia=true", "num-clients=4", "train-samples=400", "scrub=true", "scrub-forget='client:0'"),
+        _set("train-samples=300", "num-clients=4", "partitioning='shards'"), None, id="subset"
+    ),
+    pytest.param(
+        _set(
+            "mia=true",
+            "num-clients=4",
+            "train-samples=400",
+            "scrub=true",
+            "scrub-forget='client:0'",
+        ),
         None,
         id="mia",
     ),
     pytest.param(["--output-dir", "{root}/J\u00fcrgen M\u00fcller/runs"], None, id="umlaut-home"),
-    pytest.param(["--output-dir", "{root}/Jos\u0065\u0301/\u65e5\u672c/runs"], None, id="accents-cjk"),
-    pytest.param(["--output-dir", "{root}/\"quoted\" \\ back"], None, id="quotes-backslash"),
+    pytest.param(
+        ["--output-dir", "{root}/Jos\u0065\u0301/\u65e5\u672c/runs"], None, id="accents-cjk"
+    ),
+    pytest.param(["--output-dir", '{root}/"quoted" \\ back'], None, id="quotes-backslash"),
     pytest.param(["--output-dir", "{root}/\U00020000\U0001d400"], None, id="beyond-the-bmp"),
     pytest.param(_set("unlearn-clients='0 ,\u2003 5'"), None, id="odd-spaces-in-ids"),
     pytest.param(_set("scrub=true", 'scrub-forget="class:5\\n"'), None, id="newline-in-cohort"),
@@ -502,15 +760,15 @@ GOOD = [
         "finished-run",
         id="unlearn-only-short-recipe",
     ),
-    pytest.param(_set("run-name='started'", "resume=true", "rounds=5"), "resume-started", id="resume"),
+    pytest.param(
+        _set("run-name='started'", "resume=true", "rounds=5"), "resume-started", id="resume"
+    ),
     pytest.param(_set("run-name='fresh'", "resume=true"), None, id="resume-nothing-yet"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "setup"), GOOD)
-def test_good_input_passes_and_its_run_config_is_toml_that_reads_back(
-    sandbox, capsys, argv, setup
-):
+def test_good_input_passes_and_its_run_config_is_toml_that_reads_back(sandbox, capsys, argv, setup):
     if setup:
         SETUPS[setup](sandbox)
     if not any("output-dir" in a for a in argv):

@@ -126,7 +126,10 @@ def test_resuming_with_other_training_settings_is_refused_before_any_client_is_a
     assert info.value.parameter == key
     assert f"the value {started.run_directory()} was started with" in str(info.value)
     assert not grid.method_calls
-    assert sorted(p.name for p in started.run_directory().iterdir()) == ["config.json"]
+    assert sorted(p.name for p in started.run_directory().iterdir()) == [
+        "config.json",
+        "identity.json",
+    ]
 
 
 def _server_main(tmp_path, run_config):
@@ -138,7 +141,9 @@ def _server_main(tmp_path, run_config):
     from server.server_app import create_server_app
 
     app = create_server_app({"num-clients": 10, "output-dir": str(tmp_path / "out")})
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
     grid = Mock()
     try:
         app._main(grid, context)
