@@ -210,3 +210,30 @@ def test_a_client_dropped_in_training_is_missing_at_the_request_and_after(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert list(summary["dropped_clients"]) == ["3"] and summary["refused_replies"] == 2
     assert summary["after_training"]["request 1"]["refused_phases"].keys() == {"certified-head"}
+
+
+def test_a_client_dropped_in_scrubbings_reference_retraining_refuses_the_scrubs_after_it(
+    tmp_path, simulate, capfd
+):
+    """Scrubbing itself counts who answered: client 3 answers the reference retraining's rounds
+    with NaN once training is over, and is dropped; the Newton scrub, whose sums would leave it
+    out, is refused by name, and summary.json counts it (a run with no request)."""
+    run_dir = tmp_path / "run"
+
+    def after_training(msg, context, call_next):
+        if (run_dir / "summary.json").exists():
+            return hostile(TRAIN, [], clients=(3,))(msg, context, call_next)
+        return call_next(msg, context)
+
+    values = {**TRAINED, "output-dir": str(tmp_path), "run-name": "run"}
+    values |= {"scrub": True, "scrub-forget": "class:3", "scrub-methods": "newton"}
+    simulate(values, num_supernodes=4, client_mods=[after_training])
+    out = capfd.readouterr().out
+    who = "client(s) 3 (node(s) 103) dropped from the run"
+    assert f"scrub newton refused: {who}" in out
+    (scrubbed,) = [json.loads(line) for line in (run_dir / "scrubbing.jsonl").open()]
+    assert list(scrubbed["refused_methods"]) == ["newton"]
+    assert "newton" not in pd.read_csv(run_dir / "scrubbing.csv")["method"].tolist()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert list(summary["dropped_clients"]) == ["3"] and summary["refused_replies"] == 3
+    assert summary["after_training"]["no request"]["refused_clients"] == {"3": 3}
