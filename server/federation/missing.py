@@ -32,7 +32,7 @@ from server.progress import Log
 
 OFFLINE = "offline"
 DROPPED = "dropped from the run (max-refusals refused replies in a row)"
-REFUSED = "sent replies that were refused since training"
+REFUSED = "sent replies that were refused after training"
 
 #: ``summary.json``'s record of the refusals and drops after training, by request
 LATER = "after_training"
