@@ -39,6 +39,12 @@ class DatasetNotFoundError(FedUnlearnError, FileNotFoundError):
         super().__init__(message)
 
 
+class TooFewReplies(FedUnlearnError, RuntimeError):
+    """Too few usable replies came back for a phase to go on (a round under ``min-reply-fraction``,
+    a calibration that no client answered). In training it stops the run; in an unlearning
+    request it refuses the method that raised it, and the request goes on with the others."""
+
+
 class StoreCorruptionError(FedUnlearnError, IOError):
     """A retained blob on disk does not match the checksum recorded for it."""
 

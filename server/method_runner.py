@@ -9,7 +9,10 @@ sums) are gathered once through :class:`SharedStatistics`; a method's time is it
 gathering of every statistic it needs, whichever method happened to gather it first. A method
 whose rounds diverged in the clients' training gets, in the unlearning request, a row flagged
 "diverged" (its model: the one the diverged round sent), not a crash that would take the other
-methods' rows with it.
+methods' rows with it. Given a ``refusal`` rule (:meth:`MethodRunner.run_all`), a method is
+refused before it starts when the rule says why (clients missing, a budget refused), and a method
+that cannot go on with the replies it got (:data:`CANNOT_GO_ON`) is refused when it stops; either
+way it has no row, ``refused`` says why, and the other methods run.
 """
 
 from __future__ import annotations
@@ -19,12 +22,19 @@ from collections.abc import Callable, Iterable, Mapping
 
 import pandas as pd
 
+from fedunlearn.errors import TooFewReplies
 from fedunlearn.registry import MethodSpec
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.training.model_state import State
+from server.federation.availability import OfflineClients
 from server.federation.metering import Cost, MeteredGrid
 from server.progress import Log
 from server.training.rounds import DivergedRound
+
+#: What a method raises when it cannot go on with the replies it got: too few usable replies (a
+#: round under ``min-reply-fraction``, FedRecover's ``NotEnoughReplies``, a calibration nobody
+#: answered), or too few of its clients connected.
+CANNOT_GO_ON = (TooFewReplies, OfflineClients)
 
 
 def diverged_methods(details: Mapping[str, Mapping]) -> dict[str, str]:
@@ -79,6 +89,9 @@ class MethodRunner:
         self.seconds: dict[str, float] = {}
         self.details: dict[str, dict] = {}
         self.costs: dict[str, Cost] = {}
+        #: the methods refused in this phase (method -> why), by the ``refusal`` rule of
+        #: :meth:`run_all` or because they could not go on
+        self.refused: dict[str, str] = {}
 
     def add(self, name: str, state: State) -> None:
         """A model the phase compares but does not build (the trained model)."""
@@ -111,12 +124,26 @@ class MethodRunner:
         self.log(f"{self.label}{name}: {self.seconds[name]:.1f}s")
         return state
 
-    def run_all(self, specs: Iterable[MethodSpec], context) -> None:
+    def run_all(
+        self,
+        specs: Iterable[MethodSpec],
+        context,
+        *,
+        refusal: Callable[[MethodSpec], str | None] | None = None,
+    ) -> None:
         """Run every registered method of ``specs`` on ``context``, in order; a context with a
-        ``grid`` gives each method a metered one (its clients' work and traffic: ``costs``)."""
+        ``grid`` gives each method a metered one (its clients' work and traffic: ``costs``).
+
+        ``refusal(spec)``: why ``spec`` is refused now (None: it runs), asked before each method;
+        with it, a method that raises one of :data:`CANNOT_GO_ON` is refused too. A refused
+        method has no model and no row; :attr:`refused` says why."""
         grid = getattr(context, "grid", None)
         try:
             for spec in specs:
+                why = refusal(spec) if refusal is not None else None
+                if why is not None:
+                    self._refuse(spec.name, why)
+                    continue
                 implementation = spec.resolve()
                 if grid is not None:
                     context.grid = MeteredGrid(grid)
@@ -124,7 +151,7 @@ class MethodRunner:
                 self.time(
                     spec.name,
                     lambda implementation=implementation, name=spec.name: self._guarded(
-                        implementation, context, name
+                        implementation, context, name, refusing=refusal is not None
                     ),
                     model_file=spec.model_file or f"model_{spec.name}",
                     needs=spec.needs,
@@ -133,10 +160,11 @@ class MethodRunner:
             if grid is not None:
                 context.grid = grid
 
-    def _guarded(self, implementation, context, name: str):
+    def _guarded(self, implementation, context, name: str, *, refusing: bool = False):
         """``implementation(context, name)``; when one of its rounds diverged in the clients'
         training (:class:`DivergedRound`), the model that round sent, with ``details["diverged"]``
-        (a flagged row, never adopted) instead of a crash that would end every other row."""
+        (a flagged row, never adopted) instead of a crash that would end every other row;
+        ``refusing``: None (no row, :attr:`refused`) when it cannot go on with the replies it got."""
         try:
             return implementation(context, name)
         except DivergedRound as diverged:
@@ -144,6 +172,16 @@ class MethodRunner:
                 raise
             self.log(f"{self.label}{name}: {diverged}; its row is the model that round sent")
             return diverged.state, {"did": f"{name} diverged", "diverged": str(diverged)}
+        except CANNOT_GO_ON as stopped:
+            if not refusing:
+                raise
+            self._refuse(name, f"it could not go on with the replies it got: {stopped}")
+            return None
+
+    def _refuse(self, name: str, why: str) -> None:
+        self.refused[name] = why
+        self.costs.pop(name, None)
+        self.log(f"{self.label}{name} refused: {why}")
 
     def publish(
         self,

@@ -16,10 +16,12 @@ from flwr.serverapp import Grid, ServerApp
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import FedUnlearnError
 from fedunlearn.preflight import preflight
+from fedunlearn.store.run_directory import UNLEARNING_LOG
 from server.audit.judge import run_judge
 from server.audit.membership import run_membership_audit
 from server.certified.head import run_certified_head
 from server.federation.members import adopt_federation_size
+from server.federation.missing import MissingClients
 from server.federation.threads import use_server_threads
 from server.scrubbing.phase import run_scrubbing
 from server.training.loading import load_trained_run
@@ -84,24 +86,36 @@ def serve(grid: Grid, run_config: Mapping[str, Any], *, log=_log) -> None:
     if targets and is_adopted(outcome.run, targets):
         log(f"unlearning of {targets} finished and adopted in this run: nothing to do")
         return
+    missing = MissingClients(outcome.members, outcome.screen)  # phases count who answered
     if unlearning_done(outcome.run, targets):  # decided: its later phases run again
         log(f"unlearning of {targets} already finished in this run; kept")
+        missing.key = f"request {len(outcome.run.read_log(UNLEARNING_LOG))}"
     elif targets:
-        run_unlearning(grid, outcome, targets, log=log)
-    in_memory = {}  # models audited without ever being written (the trained certified head)
-    if config.certified_head:
-        certified = run_certified_head(grid, outcome, log=log, dp_epsilon=dp_epsilon_of(config))
-        in_memory.update(certified.audit_models())
-    if config.scrub:
-        run_scrubbing(grid, outcome, log=log)
-    if config.mia:
-        run_membership_audit(grid, outcome, log=log, in_memory=in_memory)
+        run_unlearning(grid, outcome, targets, log=log, missing=missing)
+    _later_phases(grid, outcome, missing, log)
     if targets:  # last: the request's comparisons and audit needed the old history
         if outcome.store is not None:
             outcome.store.close()
         adopt(outcome.run, keep_original=config.keep_original, log=log)
         request_journal.close(outcome.run)
     log(f"results in {outcome.run.path}")
+
+
+def _later_phases(grid: Grid, outcome, missing: MissingClients, log) -> None:
+    """The certified head, scrubbing and the membership audit, each when the run config asks for
+    it and every client is there to answer (else refused, naming who is missing:
+    :meth:`MissingClients.allows`); then ``summary.json`` counts the refusals and drops since
+    training."""
+    config = outcome.config
+    in_memory = {}  # models audited without ever being written (the trained certified head)
+    if config.certified_head and missing.allows("certified-head", log):
+        certified = run_certified_head(grid, outcome, log=log, dp_epsilon=dp_epsilon_of(config))
+        in_memory.update(certified.audit_models())
+    if config.scrub and missing.allows("scrub", log):
+        run_scrubbing(grid, outcome, log=log, missing=missing)
+    if config.mia and missing.allows("mia", log):
+        run_membership_audit(grid, outcome, log=log, in_memory=in_memory)
+    missing.write_summary(outcome.run)
 
 
 def context_run_directory(context: Context, overrides: Mapping[str, Any]) -> str:

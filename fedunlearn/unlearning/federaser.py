@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedunlearn.config.table import validated_parameters
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, TooFewReplies
 from fedunlearn.store.retention import INTERVAL, Plan, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import RunningAverage, State, state_sum, weighted_average
@@ -269,7 +269,7 @@ def federaser(
                     store, retained, step, calibrate, model, excluded, layerwise, scaled_keys
                 )
             if not step.clients:
-                raise RuntimeError(f"no client answered the calibration of round {retained.round}")
+                raise TooFewReplies(f"no client answered the calibration of round {retained.round}")
         update = step.result()
         record = ReconstructionStep(
             retained.round, step.clients, bool(steps), _norm(update.values())

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.errors import ConfigError, TooFewReplies
 from fedunlearn.store.retention import RetentionPolicy, Selection
 from fedunlearn.training.model_state import State, parameter_groups, state_norm, state_sum
 from fedunlearn.unlearning.divergence_guard import DivergenceGuard, GuardRanges
@@ -97,7 +97,7 @@ class FedRecoverStep:
     missing: list[int] = field(default_factory=list)
 
 
-class NotEnoughReplies(FedUnlearnError, RuntimeError):
+class NotEnoughReplies(TooFewReplies):
     """Fewer usable exact updates in a round than ``min-reply-fraction`` of its clients."""
 
 

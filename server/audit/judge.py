@@ -45,7 +45,8 @@ from server.training.rounds import (
     participant_strategy,
     stack_seeds,
 )
-from server.unlearning.request import UnlearningContext, keep_training_last
+from server.unlearning.going_on import keep_training_last
+from server.unlearning.request import UnlearningContext
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ round on.
 
 An unlearning request first waits up to ``reply-timeout`` for the remaining clients' nodes
 (:func:`await_clients`); those still offline then are named, and each method either proceeds with
-the clients there or is refused for the request (``MethodSpec.offline``).
+the clients there or is refused for the request (``MethodSpec.offline``). Those offline, with
+those dropped for refused replies, are the run's account of who is missing
+(:mod:`server.federation.missing`), which each later phase that needs every client consults.
 """
 
 from __future__ import annotations

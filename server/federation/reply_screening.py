@@ -77,6 +77,8 @@ class ReplyScreen:
         self.run = run
         self.in_a_row: dict[int, int] = {}
         self.refused = 0
+        #: refused replies by client (partition), over the run so far
+        self.refused_clients: dict[int, int] = {}
         #: The last screened round's refused nodes, and those of them refused for a non-finite
         #: value (every one of them: the model sent diverged in the clients' training).
         self.last_refused: set[int] = set()
@@ -187,6 +189,8 @@ class ReplyScreen:
     def _refuse(self, phase: str, server_round: int, node: int, reason: str) -> None:
         self.refused += 1
         partition = self.members.partition_of(node)
+        if partition is not None:
+            self.refused_clients[partition] = self.refused_clients.get(partition, 0) + 1
         self.log(
             f"refused the {phase} reply of node {node} (client {partition}) in round "
             f"{server_round}: {reason}"

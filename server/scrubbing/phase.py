@@ -48,6 +48,7 @@ from fedunlearn.scrubbing.readout_figures import (
     plot_relearn_times,
 )
 from fedunlearn.store.run_directory import SCRUBBING_LOG
+from server.federation.missing import MissingClients
 from server.federation.queries import QueryFailedError, query_nodes
 from server.method_runner import MethodRunner, SharedStatistics
 from server.progress import Log
@@ -183,8 +184,13 @@ class ScrubStatistics:
         }
 
 
-def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> pd.DataFrame:
-    """Forget ``scrub-forget`` with every method in ``scrub-methods``; returns the readout table."""
+def run_scrubbing(
+    grid: Grid, outcome: TrainingOutcome, *, log: Log = print, missing: MissingClients | None = None
+) -> pd.DataFrame:
+    """Forget ``scrub-forget`` with every method in ``scrub-methods``; returns the readout table.
+    ``missing``: the run's account of who is missing; a client that goes missing during the
+    phase (dropped, or refused, in ``retrain``'s rounds) refuses every later method, by name, as
+    their sums would leave it out (the log's ``refused_methods``)."""
     config = outcome.config
     num_classes = outcome.data.splits.num_classes
     forget = ForgetSet.parse(
@@ -212,7 +218,11 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
     runner.add("original", outcome.final_state)
     runner.time("retrain", lambda: retrain(context), model_file="model_scrub_retrain")
     # In the registry's order: methods sharing statistics run one after the other.
-    runner.run_all([spec for spec in SCRUBBING if spec.name in selected], context)
+    runner.run_all(
+        [spec for spec in SCRUBBING if spec.name in selected],
+        context,
+        refusal=None if missing is None else lambda spec: _missing_refusal(missing),
+    )
 
     data = readout_data(outcome, masks, forget)
     tradeoff = information_tradeoff(context, data, runner.models)
@@ -228,10 +238,19 @@ def run_scrubbing(grid: Grid, outcome: TrainingOutcome, *, log: Log = print) -> 
             "seconds": runner.seconds,
             "details": runner.details,
             "messages": context.stats.messages,
+            "refused_methods": runner.refused,
         },
     )
     log(f"scrubbing table {outcome.run.path / 'scrubbing.csv'}; figures scrubbing_*.png")
     return table
+
+
+def _missing_refusal(missing: MissingClients) -> str | None:
+    """Why a scrubbing method is refused now: a client missing (every method needs every one)."""
+    causes = missing.causes()
+    if not causes:
+        return None
+    return f"{missing.describe(causes)}; it needs every client's answer"
 
 
 def _publish(

@@ -19,6 +19,7 @@ import math
 import torch
 from flwr.app import ConfigRecord, Message
 
+from fedunlearn.errors import TooFewReplies
 from server.federation.members import failure_reasons
 from server.federation.queries import collect_replies
 from server.progress import round_label
@@ -60,7 +61,7 @@ def train_round(grid, strategy, config, server_round, arrays, train_config, scre
     _check_dp_sample(strategy, phase, server_round, len(valid))
     new_arrays, train_metrics = strategy.aggregate_train(server_round, valid)
     if new_arrays is None:
-        raise RuntimeError(f"{phase} round {server_round}: no client returned an update")
+        raise TooFewReplies(f"{phase} round {server_round}: no client returned an update")
     return new_arrays, train_metrics, len(valid)
 
 
@@ -115,7 +116,7 @@ def _folded_round(grid, folding, config, server_round, arrays, messages, screen,
         folding.abort()
         raise
     if new_arrays is None:
-        raise RuntimeError(f"{phase} round {server_round}: no client returned an update")
+        raise TooFewReplies(f"{phase} round {server_round}: no client returned an update")
     return new_arrays, train_metrics, valid
 
 
@@ -133,7 +134,7 @@ def _check_enough(config, phase, server_round, arrays, asked, valid, failed, scr
             state={k: v.detach().cpu().clone() for k, v in arrays.to_torch_state_dict().items()},
         )
     reasons = failure_reasons(failed) or "no error replies"
-    raise RuntimeError(
+    raise TooFewReplies(
         f"{phase} round {server_round}: {valid} valid replies of {asked} asked, "
         f"fewer than min-reply-fraction={config.min_reply_fraction:g} requires ({needed}); "
         f"failures: {reasons}; refused replies are listed above"
@@ -147,7 +148,7 @@ def _check_dp_sample(strategy, phase: str, server_round: int, valid: int) -> Non
     clients are back)."""
     expected = getattr(strategy, "num_sampled_clients", None)
     if expected is not None and valid != expected:
-        raise RuntimeError(
+        raise TooFewReplies(
             f"{phase} round {server_round}: {valid} valid replies, but DP-FedAvg's noise "
             f"(z C / K) and its (epsilon, delta) assume all {expected} clients in every round; "
             "restart the missing SuperNodes and resume the run (resume = true)"

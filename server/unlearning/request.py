@@ -44,8 +44,8 @@ from fedunlearn.unlearning.verdicts import (
     choose_adoption,
     training_flag,
 )
-from server.federation.availability import await_clients, describe_offline
 from server.federation.members import round_sampler
+from server.federation.missing import MissingClients
 from server.federation.queries import collect_replies
 from server.method_runner import MethodRunner
 from server.progress import Log, count
@@ -58,12 +58,18 @@ from server.training.rounds import (
 from server.unlearning import journal as request_journal
 from server.unlearning.adoption import discard_stagings, open_staging
 from server.unlearning.comparison import (
-    KEEP_TRAINING,
     measure,
     retained_blobs_of,
     with_costs,
     with_keep_training,
     with_verdicts,
+)
+from server.unlearning.going_on import (
+    going_on_without,
+    keep_training_last,
+    offline_remaining,
+    refusal_rule,
+    without_budget,
 )
 from strategies.federaser import FedEraser
 
@@ -114,11 +120,19 @@ class UnlearningContext:
 
 
 def run_unlearning(
-    grid, outcome: TrainingOutcome, targets: list[int], *, log: Log = print
+    grid,
+    outcome: TrainingOutcome,
+    targets: list[int],
+    *,
+    log: Log = print,
+    missing: MissingClients | None = None,
 ) -> pd.DataFrame:
     """Forget ``targets`` (partition ids, the config's ``unlearn-clients``) with each method;
-    returns the comparison table."""
+    returns the comparison table. ``missing``: the run's account of who is missing (default: a
+    new one), which the request fills (offline clients, drops, refusals, refused methods) for the
+    phases after it."""
     config = outcome.config
+    missing = missing if missing is not None else MissingClients(outcome.members, outcome.screen)
     history = outcome.run.read_log(LOG_NAME)
     already = _check_not_unlearned(outcome, history, targets)
     if config.retain:
@@ -127,9 +141,10 @@ def run_unlearning(
     request = len(history) + 1
     suffix = "" if not history else f"-{request}"
     excluded = sorted(set(targets) | set(already))
-    offline = _offline_remaining(grid, outcome, excluded, log)
-    specs, refused = _going_on_without(config.methods, offline, log)
-    specs, refused = _without_budget(config, specs, refused, log)
+    missing.offline = offline = offline_remaining(grid, outcome, excluded, log)
+    missing.key = f"request {request}"
+    specs, refused = going_on_without(config.methods, missing, excluded, log)
+    specs, refused = without_budget(config, specs, refused, log)
     context = UnlearningContext(
         grid,
         outcome,
@@ -141,11 +156,7 @@ def run_unlearning(
         offline=offline,
     )
     request_journal.begin(outcome.run, request, targets)  # before the request's first file
-    if outcome.store is not None:
-        discard_stagings(outcome.run, request)  # a crashed attempt's
-        context.staging = {
-            m: open_staging(outcome.run, request, outcome.store, m) for m in context.candidates
-        }
+    _open_stagings(outcome, context, request)
     log(
         f"unlearning client(s) {targets} with {', '.join(config.methods)}; "
         f"{len(context.remaining_nodes)} client(s) remain"
@@ -153,9 +164,11 @@ def run_unlearning(
     runner = MethodRunner(outcome.run, log=log, suffix=suffix, flag_divergence=True)
     runner.add("fedavg", outcome.final_state)
     context.costs = runner.costs
-    runner.run_all(keep_training_last(specs), context)
+    rule = refusal_rule(config, missing, context, runner.refused)
+    runner.run_all(keep_training_last(specs), context, refusal=rule)
     for staging in context.staging.values():
         staging.close()
+    missing.refused_methods = {**refused, **runner.refused}
     table = _compare(outcome, runner, targets, already, suffix, log)
     adoption = _adopt_one(outcome, context, table, request, log)
     deleted = retained_blobs_of(outcome.store, targets)
@@ -169,7 +182,7 @@ def run_unlearning(
             "previously_unlearned": already,
             "methods": config.methods,
             "offline_clients": sorted(offline),
-            "refused_methods": refused,
+            **_accounted(missing, log),
             "adopted": adoption.method,
             "adoption": adoption.reason,
             "flags": {m: f for m, f in zip(table["method"], table["flag"]) if f},
@@ -184,6 +197,34 @@ def run_unlearning(
         f"history at adoption; table {outcome.run.path / f'unlearning{suffix}.csv'}"
     )
     return table
+
+
+def _open_stagings(outcome, context: UnlearningContext, request: int) -> None:
+    """The stores the request's adoption candidates write their trajectories to (a crashed
+    attempt's removed first)."""
+    if outcome.store is not None:
+        discard_stagings(outcome.run, request)
+        context.staging = {
+            m: open_staging(outcome.run, request, outcome.store, m) for m in context.candidates
+        }
+
+
+def _accounted(missing: MissingClients, log: Log) -> dict:
+    """The request's log fields of who was missing (``refused_methods``, ``refused_replies``,
+    ``refused_clients``, ``dropped_clients``, ``missing_clients``: whom the phases after it miss),
+    said on the console too when there were refusals or drops."""
+    account = missing.account()
+    del account["refused_phases"]  # the later phases decide, and say, for themselves
+    if account["refused_replies"] or account["dropped_clients"]:
+        by_client = ", ".join(f"client {p}: {n}" for p, n in account["refused_clients"].items())
+        dropped = ", ".join(account["dropped_clients"]) or "none"
+        missing_now = ", ".join(map(str, account["missing_clients"])) or "none"
+        log(
+            f"this request refused {account['refused_replies']} repl(ies) ({by_client}); "
+            f"client(s) dropped: {dropped}; missing for the phases that need every client: "
+            f"{missing_now}"
+        )
+    return account
 
 
 def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: Log):
@@ -252,59 +293,6 @@ def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Lo
         adoption = Adoption(adoption.method, "; ".join(passed_over))
     log(f"adopting {adoption.method}'s trajectory as the run's history: {adoption.reason}")
     return adoption
-
-
-def keep_training_last(specs: list) -> list:
-    """``specs`` with keep-training moved last: it spends the budget of a method of the same
-    request, which must have run."""
-    return [s for s in specs if s.name != KEEP_TRAINING] + [
-        s for s in specs if s.name == KEEP_TRAINING
-    ]
-
-
-def _without_budget(config, specs: list, refused: dict, log: Log) -> tuple[list, dict]:
-    """Keep-training refused too when the method whose client-epochs it spends was refused."""
-    named = config.keep_training_budget
-    if config.keep_training_rounds or named not in refused or KEEP_TRAINING not in config.methods:
-        return specs, refused
-    why = f"its budget is {named}'s client-epochs, and {named} was refused"
-    log(f"{KEEP_TRAINING} refused for this request: {why}")
-    return [s for s in specs if s.name != KEEP_TRAINING], {**refused, KEEP_TRAINING: why}
-
-
-def _offline_remaining(grid, outcome: TrainingOutcome, excluded, log: Log) -> dict:
-    """The remaining clients still offline after the request waited ``reply-timeout`` for them
-    (:func:`server.federation.availability.await_clients`): partition -> node, None for a client
-    whose node did not connect to this run's discovery (an ``unlearn-only`` request)."""
-    members = outcome.members
-    remaining = {
-        p: members.node_of_partition.get(p)
-        for p in range(outcome.config.num_clients)
-        if p not in excluded and p not in members.dropped
-    }
-    what = "unlearning request"
-    wait = outcome.config.reply_timeout
-    return await_clients(grid.get_node_ids, remaining, wait, what=what, log=log)
-
-
-def _going_on_without(methods: list[str], offline: dict, log: Log) -> tuple[list, dict[str, str]]:
-    """(the methods that run, {method: why refused}): with clients offline, a method that
-    messages the remaining clients runs only when it goes on with those there
-    (``MethodSpec.offline``: FedEraser calibrates with them, FedRetrain trains them)."""
-    specs = [UNLEARNING[name] for name in methods]
-    if not offline:
-        return specs, {}
-    who = describe_offline(offline)
-    refused = {
-        s.name: f"{who} offline; it needs every remaining client: {s.offline_note}"
-        for s in specs
-        if s.messages and not s.offline
-    }
-    going = [s.name for s in specs if s.name not in refused]
-    log(f"{who} offline; going on without them: {', '.join(going) or 'no method'}")
-    for name, why in refused.items():
-        log(f"{name} refused for this request: {why}")
-    return [s for s in specs if s.name not in refused], refused
 
 
 def _check_not_unlearned(outcome: TrainingOutcome, history: list[dict], targets) -> list[int]:

@@ -93,7 +93,7 @@ def test_a_clients_accuracy_weights_the_class_accuracies_by_its_labels():
 def test_keep_training_is_refused_with_the_method_whose_budget_it_spends():
     from fedunlearn.config import ExperimentConfig
     from fedunlearn.registry import UNLEARNING
-    from server.unlearning.request import _without_budget
+    from server.unlearning.going_on import without_budget as _without_budget
 
     methods = "fedretrain,rapid-retraining,keep-training"
     config = ExperimentConfig.from_run_config(
