@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 import tomllib
 import urllib.error
@@ -41,6 +42,8 @@ RAY_TIMEOUT_VARIABLES = (
     "RAY_gcs_server_request_timeout_seconds",
     "RAY_gcs_rpc_server_reconnect_timeout_s",
 )
+#: How long ``flwr run`` alone waits for the local SuperLink it starts.
+FLOWER_START_TIMEOUT = 15.0
 #: Seconds one health probe may take (Flower's own probe gives up after 0.4 s).
 PROBE_TIMEOUT = 3.0
 PROBE_INTERVAL = 0.5
@@ -164,6 +167,17 @@ def give_up_hint(timeout: float) -> str:
     )
 
 
+def _say_if_slow(seconds: float) -> None:
+    """Tell when the SuperLink took longer than ``flwr run`` alone would have waited."""
+    if seconds > FLOWER_START_TIMEOUT:
+        print(
+            f"fedunlearn-run: the local SuperLink took {seconds:.0f} s to start "
+            f"(flwr run alone waits {FLOWER_START_TIMEOUT:.0f} s; {machine_load()})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def ensure_local_superlink(
     environ: Mapping[str, str],
     timeout: float,
@@ -190,9 +204,11 @@ def ensure_local_superlink(
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # detached, as Flower starts it: it outlives this command
     )
-    deadline = clock() + timeout
+    began = clock()
+    deadline = began + timeout
     while clock() < deadline:
         if superlink.is_up():
+            _say_if_slow(clock() - began)
             return superlink
         if process.poll() is not None:
             if superlink.is_up():  # another command's SuperLink won the port: use it

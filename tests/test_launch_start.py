@@ -85,11 +85,15 @@ def _ensure(state_clock, timeout):
     return link.ensure_local_superlink(environ, timeout, clock=clock, sleep=clock.sleep)
 
 
-def test_a_superlink_slower_than_flowers_15_s_is_awaited(superlink):
+def test_a_superlink_slower_than_flowers_15_s_is_awaited(superlink, capsys):
     state, clock = superlink
     state["up_at"] = 40.0  # Flower would have killed it at 15 s
     found = _ensure(superlink, 300)
     assert found is not None and clock() >= 40.0
+    assert (
+        "the local SuperLink took 40 s to start (flwr run alone waits 15 s"
+        in capsys.readouterr().err
+    )
     [command] = state["started"]
     assert command[0] == "flower-superlink" and "--simulation" in command
     assert command[command.index("--port") + 1] == "39091"
