@@ -89,12 +89,14 @@ def run_until_started(
     asks the SuperLink how a run ended. Raises :class:`StartFailure` when it gives up."""
     deadline = clock() + timeout
     for number in range(1, MAX_ATTEMPTS + 1):
-        ensure(env, max(deadline - clock(), 1.0))
+        local = ensure(env, max(deadline - clock(), 1.0))  # None: not a local connection
         console, lines = new_console(), deque(maxlen=KEPT_LINES)
         code, run_id = stream(command, env, console, out, lines)
         asked = run_id is not None and code == 0 and getattr(console, "error", None) is None
         state = status(run_id, env) if asked else None
         cause = start_problem(lines, run_id, state)
+        if cause == "the local SuperLink" and local is None:
+            cause = ""  # a deployment's SuperLink: what flwr run said stands
         if not cause:
             return Outcome(code, run_id, console, state, number)
         if number == MAX_ATTEMPTS or clock() >= deadline:

@@ -210,7 +210,7 @@ class _Console:
     error = None
 
 
-def _run(outputs, *, timeout=300.0, status=("finished:completed", "")):
+def _run(outputs, *, timeout=300.0, status=("finished:completed", ""), local="a SuperLink"):
     calls, ensured = [], []
     outcome = attempts.run_until_started(
         ["flwr", "run"],
@@ -218,7 +218,7 @@ def _run(outputs, *, timeout=300.0, status=("finished:completed", "")):
         timeout=timeout,
         stream=_scripted(outputs, calls),
         status=lambda run_id, env: status,
-        ensure=lambda env, left: ensured.append(left),
+        ensure=lambda env, left: ensured.append(left) or local,
         new_console=_Console,
         out=io.StringIO(),
     )
@@ -241,11 +241,16 @@ def test_a_ray_that_did_not_start_is_tried_again():
         timeout=300.0,
         stream=_scripted([RAY_TIMEOUT, STARTED], calls),
         status=lambda run_id, env: next(statuses),
-        ensure=lambda env, left: None,
+        ensure=lambda env, left: "a SuperLink",
         new_console=_Console,
         out=io.StringIO(),
     )
     assert outcome.attempts == 2 and outcome.status == ("finished:completed", "")
+
+
+def test_a_deployments_superlink_that_does_not_answer_is_not_tried_again():
+    outcome, calls, _ = _run([FLOWER_BOX, STARTED], local=None)
+    assert outcome.attempts == 1 and outcome.run_id is None
 
 
 def test_a_run_that_failed_otherwise_is_not_tried_again():
@@ -274,7 +279,7 @@ def test_fedunlearn_run_tries_flwr_again_and_finishes(tmp_path, monkeypatch, cap
         "print('Successfully started run 42')\n"
     )
     monkeypatch.setattr(runner, "build_flwr_command", lambda *a: [sys.executable, "-c", script])
-    monkeypatch.setattr(runner, "ensure_local_superlink", lambda env, timeout: None)
+    monkeypatch.setattr(runner, "ensure_local_superlink", lambda env, timeout: "up")
     monkeypatch.setattr(runner, "_run_status", lambda run_id, env: ("finished:completed", ""))
     assert runner.main(["--output-dir", str(tmp_path / "out"), "--set", "rounds=1"]) == 0
     assert "trying again (attempt 2" in capsys.readouterr().err
