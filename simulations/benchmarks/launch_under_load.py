@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--load", type=int, default=8, help="busy processes beside them (8)")
     parser.add_argument("--nice", type=int, default=0, help="their niceness (0: not niced)")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds of load first (60)")
+    parser.add_argument(
+        "--same-session", action="store_true", help="the spinners in one session (a lighter load)"
+    )
     parser.add_argument("--budget", type=float, default=3000.0, help="start no run after (s)")
     parser.add_argument("--config", type=Path, default=PROJECT_ROOT / "simulations" / "digits.toml")
     parser.add_argument(
@@ -92,7 +95,9 @@ def write_tables(rows: list[dict], args: argparse.Namespace) -> str:
     started = sum(r["started"] for r in rows)
     finished = sum(r["finished"] for r in rows)
     lines = [
-        f"Load: {args.load} busy processes (nice {args.nice}); {len(rows)} of {args.runs} runs "
+        f"Load: {args.load} busy processes (nice {args.nice}, "
+        f"{'one session' if getattr(args, 'same_session', False) else 'a session each'}); "
+        f"{len(rows)} of {args.runs} runs "
         f"made; {started} of {len(rows)} started, {finished} of {len(rows)} finished.",
         "",
         "| " + " | ".join(COLUMNS) + " |",
@@ -108,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    with busy(args.load, args.nice, args.warmup):
+    with busy(args.load, args.nice, args.warmup, not args.same_session):
         began = time.monotonic()
         for number in range(1, args.runs + 1):
             if time.monotonic() - began > args.budget:
