@@ -40,10 +40,10 @@ _LEDGER_FIELDS = (
 
 def _open_store(path: Path):
     """The store of a run directory or a store directory, opened read-only (writes nothing)."""
-    from fedunlearn.store.update_store import UpdateStore
-
     for candidate in (path, path / "store"):
         if (candidate / "store.json").is_file():
+            from fedunlearn.store.update_store import UpdateStore  # PyTorch: once there is a store
+
             return UpdateStore(candidate, readonly=True)
     raise ConfigError("path", str(path), "a run directory or a store directory holding store.json")
 

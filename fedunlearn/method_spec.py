@@ -13,11 +13,13 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedunlearn.config.fields import MethodKey
 from fedunlearn.errors import ConfigError, did_you_mean
-from fedunlearn.store.retention import RetentionPolicy
+
+if TYPE_CHECKING:  # imported where used: it imports PyTorch, which validating a config needs not
+    from fedunlearn.store.retention import RetentionPolicy
 
 #: A method's name: it selects the method in the run config (a comma-separated list) and names its
 #: model file in the run directory, so nothing that could split a list or leave the directory.
@@ -180,6 +182,8 @@ class MethodSpec:
         """Its retention policy class (imported on first use), or None."""
         if self.retention is None:
             return None
+        from fedunlearn.store.retention import RetentionPolicy
+
         policy = _imported(self.retention)
         if not (isinstance(policy, type) and issubclass(policy, RetentionPolicy)):
             raise ConfigError("retention", self.retention, "a RetentionPolicy subclass")

@@ -35,14 +35,6 @@ from fedunlearn.data.federated_data import (
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.errors import ConfigError, DatasetNotFoundError, did_you_mean
 from fedunlearn.store.durable_io import json_loads
-from fedunlearn.store.history import check_retained
-from fedunlearn.store.run_directory import (
-    HISTORY_JOURNAL,
-    HISTORY_LOG,
-    REQUEST_JOURNAL,
-    UNLEARNING_LOG,
-)
-from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.models import resolve_model_name
 
 #: The files a run directory holds once training finished, all of which ``unlearn-only`` reads.
@@ -153,6 +145,10 @@ def check_finished_run(config: ExperimentConfig, path: Path) -> ExperimentConfig
     """``unlearn-only``: ``path`` holds a run whose training finished and which has not forgotten
     any target yet. Returns the configuration the server will unlearn with (the trained one with
     this request's keys)."""
+    # Imported here (and in the run directory's other checks): the run directory's module imports
+    # pandas and PyTorch, which a new run's checks need not wait for.
+    from fedunlearn.store.run_directory import HISTORY_JOURNAL, UNLEARNING_LOG
+
     if not path.exists():
         raise _never_created(config, path)
     swapping = (path / HISTORY_JOURNAL).is_file()  # the server rolls the swap forward first
@@ -213,6 +209,10 @@ def check_history(config: ExperimentConfig, path: Path) -> None:
     earlier request it is the adopted method's trajectory: FedEraser's keeps its Δt schedule
     only). Read-only; skipped while an earlier request's adoption is still pending (the server
     finishes it, then checks the same)."""
+    from fedunlearn.store.history import check_retained
+    from fedunlearn.store.run_directory import HISTORY_JOURNAL
+    from fedunlearn.store.update_store import UpdateStore
+
     if (path / HISTORY_JOURNAL).exists() or _adoption_pending(path):
         return
     store_path = path / "store"
@@ -228,6 +228,8 @@ def _unfinished_or_resumed(config: ExperimentConfig, path: Path) -> list[int] | 
     """The targets of the run's last request when running it again finishes it: its history was
     not adopted yet, or its journal is still there (server.unlearning.journal), or ``resume`` asks to
     finish it (a finished one has nothing left to do)."""
+    from fedunlearn.store.run_directory import REQUEST_JOURNAL, UNLEARNING_LOG
+
     log = path / UNLEARNING_LOG
     unfinished = _adoption_pending(path) or (path / REQUEST_JOURNAL).is_file()
     if not (unfinished or config.resume) or not log.is_file():
@@ -238,6 +240,8 @@ def _unfinished_or_resumed(config: ExperimentConfig, path: Path) -> list[int] | 
 
 def _adoption_pending(path: Path) -> bool:
     """Whether the last finished request's history was not adopted yet."""
+    from fedunlearn.store.run_directory import HISTORY_LOG, UNLEARNING_LOG
+
     requests = path / UNLEARNING_LOG
     if not requests.is_file():
         return False
@@ -249,6 +253,8 @@ def _adoption_pending(path: Path) -> bool:
 
 def forgotten_clients(config: ExperimentConfig, path: Path) -> set[int]:
     """The partition ids ``path``'s unlearning log records as forgotten (read-only)."""
+    from fedunlearn.store.run_directory import UNLEARNING_LOG
+
     log = path / UNLEARNING_LOG
     if not log.exists():
         return set()

@@ -37,16 +37,21 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableSequence, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_path_text
 from fedunlearn.config.paths import expand_path
 from fedunlearn.errors import ConfigError, FedUnlearnError, did_you_mean
-from fedunlearn.preflight import complete_unlearn_request, preflight, trained_config
-from fedunlearn.store.run_directory import request_stop
+from simulations.attempts import run_until_started
 from simulations.console import ConsoleFilter, strip_ansi, use_color
+from simulations.local_superlink import (
+    StartFailure,
+    ensure_local_superlink,
+    launch_environment,
+    start_timeout,
+)
 from simulations.run_parser import PROJECT_ROOT, parser
 
 PATH_KEYS = ("data-root", "output-dir")
@@ -156,6 +161,8 @@ def toml_value(key: str, value: Any) -> str:
 
 #: The exit status after Ctrl-C (128 + SIGINT), as a shell reports an interrupted command.
 INTERRUPTED = 130
+#: The exit status when the local SuperLink or Ray did not start in time (EX_TEMPFAIL: try again).
+START_FAILED = 75
 #: The federation ``fedunlearn-run`` starts when ``num-clients`` is not set: the main job's
 #: (``simulations/digits.toml``, "the app defaults with K = 10").
 DEFAULT_NUM_CLIENTS = 10
@@ -222,6 +229,8 @@ def _unset_num_clients(config: ExperimentConfig) -> int:
     """The federation size when ``num-clients`` is not set: a resumed run's own (its
     ``config.json`` holds the size it adopted), else :data:`DEFAULT_NUM_CLIENTS`."""
     if config.resume and (config.run_directory() / "config.json").is_file():
+        from fedunlearn.preflight import trained_config
+
         return trained_config(config, config.run_directory()).num_clients
     return DEFAULT_NUM_CLIENTS
 
@@ -237,6 +246,9 @@ def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
         values["output-dir"] = args.output_dir
     values = resolve_paths(values, Path.cwd())
     config = ExperimentConfig.from_run_config(values)
+    # Imported once the keys are valid: the data checks import PyTorch, a bad key needs not wait.
+    from fedunlearn.preflight import complete_unlearn_request, preflight
+
     if config.unlearn_only:
         values = complete_unlearn_request(values, config)
         config = ExperimentConfig.from_run_config(values)
@@ -247,6 +259,9 @@ def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
         raise ConfigError("--num-cpus", args.num_cpus, "a finite number > 0")
     if not 0 <= args.num_gpus <= 1:
         raise ConfigError("--num-gpus", args.num_gpus, "a GPU fraction in [0, 1]")
+    timeout = start_timeout(args.start_timeout, os.environ)
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ConfigError("--start-timeout", timeout, "a finite number of seconds > 0")
     if not (args.app / "pyproject.toml").is_file():
         raise ConfigError(
             "--app", str(args.app), "a folder holding the Flower App's pyproject.toml"
@@ -274,11 +289,16 @@ class RunInterrupted(Exception):
 
 
 def stream_run(
-    command: Sequence[str], env: Mapping[str, str], console: ConsoleFilter, out: TextIO
+    command: Sequence[str],
+    env: Mapping[str, str],
+    console: ConsoleFilter,
+    out: TextIO,
+    seen: MutableSequence[str] | None = None,
 ) -> tuple[int, str | None]:
     """Run ``command`` (``flwr run --stream``), copy what ``console`` lets through to ``out`` as it
-    comes; returns its exit status and the run id it announced (None if it did not). Ctrl-C ends
-    the command and raises :class:`RunInterrupted`."""
+    comes (and every line, without colour codes, to ``seen``); returns its exit status and the run
+    id it announced (None if it did not). Ctrl-C ends the command and raises
+    :class:`RunInterrupted`."""
     process = subprocess.Popen(
         list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(env)
     )
@@ -288,6 +308,8 @@ def stream_run(
         for line in process.stdout:
             # anchored, first one only: a client's printed line must not name another run
             plain = strip_ansi(line).rstrip()
+            if seen is not None:
+                seen.append(plain)
             match = re.match(r"Successfully started run (\d+)$", plain)
             run_id = run_id or (match.group(1) if match else None)
             found = re.match(r"\[fedunlearn\] run directory: (.+)$", plain)
@@ -332,6 +354,8 @@ def stop_interrupted(
         print("\nfedunlearn-run: interrupted before the run started", file=sys.stderr)
         return INTERRUPTED
     if interrupted.run_directory:
+        from fedunlearn.store.run_directory import request_stop
+
         request_stop(Path(interrupted.run_directory))  # training stops after its current round
     stop = subprocess.run(
         ["flwr", "stop", interrupted.run_id], capture_output=True, text=True, env=dict(env)
@@ -390,26 +414,46 @@ def launch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
             args.app, run_config, config.num_clients, args.num_cpus, args.num_gpus
         )
         print("fedunlearn-run:", shlex.join(command), flush=True)
-        env = {
-            **os.environ,
-            "PATH": search_path,
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        }
-        console = ConsoleFilter(verbose=args.verbose, color=use_color(sys.stdout))
+        timeout = start_timeout(args.start_timeout, os.environ)
+        env = launch_environment(os.environ, timeout)
+        env |= {"PATH": search_path, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
         try:
-            code, run_id = stream_run(command, env, console, sys.stdout)
+            outcome = run_until_started(
+                command,
+                env,
+                timeout=timeout,
+                stream=stream_run,
+                status=_run_status,
+                ensure=ensure_local_superlink,
+                new_console=lambda: ConsoleFilter(
+                    verbose=args.verbose, color=use_color(sys.stdout)
+                ),
+                out=sys.stdout,
+            )
         except RunInterrupted as interrupted:
             return stop_interrupted(interrupted, list(argv or sys.argv[1:]), env)
-    if console.error is not None:
-        hint = "" if args.verbose else " (--verbose shows Flower's traceback)"
-        print(f"fedunlearn-run: run {run_id} failed: {console.error}{hint}", file=sys.stderr)
+        except StartFailure as failure:
+            print(f"fedunlearn-run: error: {failure}", file=sys.stderr)
+            return START_FAILED
+    return _verdict(outcome, args.verbose)
+
+
+def _verdict(outcome, verbose: bool) -> int:
+    """The exit status of a launch that ended with ``outcome``
+    (:class:`simulations.attempts.Outcome`), saying why when it is not 0."""
+    run_id = outcome.run_id
+    if outcome.console.error is not None:
+        hint = "" if verbose else " (--verbose shows Flower's traceback)"
+        print(
+            f"fedunlearn-run: run {run_id} failed: {outcome.console.error}{hint}", file=sys.stderr
+        )
         return 1
-    if code != 0:
-        return code
+    if outcome.code != 0:
+        return outcome.code
     if run_id is None:
         print("fedunlearn-run: error: flwr did not start a run", file=sys.stderr)
         return 1
-    status, details = _run_status(run_id, env)
+    status, details = outcome.status
     if status != "finished:completed":
         print(f"fedunlearn-run: run {run_id} {status}: {details}", file=sys.stderr)
         return 1

@@ -43,6 +43,14 @@ def parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="validate and print the flwr command only"
     )
     parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long to wait for the local SuperLink and Ray to start on a busy machine, "
+        "trying again within it (default: $FEDUNLEARN_START_TIMEOUT, else 300)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="also show Flower's log lines and Ray's warnings (hidden by default)",

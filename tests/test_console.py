@@ -160,6 +160,7 @@ def test_fedunlearn_run_ends_a_refused_run_with_one_line_and_status_1(tmp_path, 
     printed.write_text("".join(x + "\n" for x in REFUSED))
     script = f"import sys; sys.stdout.write(open({str(printed)!r}).read())"
     monkeypatch.setattr(runner, "build_flwr_command", lambda *a: [sys.executable, "-c", script])
+    monkeypatch.setattr(runner, "ensure_local_superlink", lambda env, timeout: None)  # no SuperLink
     code = runner.main(["--output-dir", str(tmp_path / "out"), "--set", "rounds=1"])
     out, err = capsys.readouterr()
     assert code == 1

@@ -12,7 +12,12 @@ from fedunlearn import preflight as pf
 from fedunlearn.config import MODELS, SAMPLE_SHAPES, ExperimentConfig, model_problem
 from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.errors import ConfigError
-from fedunlearn.store.run_directory import RunDirectory
+from fedunlearn.store.run_directory import (
+    HISTORY_JOURNAL,
+    HISTORY_LOG,
+    UNLEARNING_LOG,
+    RunDirectory,
+)
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.models import DEFAULT_MODEL, build_model
 
@@ -29,7 +34,7 @@ def _tree(path):
 def test_the_copies_of_server_constants_are_the_servers():
     from server.unlearning.request import LOG_NAME
 
-    assert pf.UNLEARNING_LOG == LOG_NAME
+    assert UNLEARNING_LOG == LOG_NAME
 
 
 def test_a_cohort_that_takes_every_sample_is_refused(tmp_path):
@@ -117,11 +122,11 @@ def _finished(tmp_path, name="done", targets=(), **values) -> ExperimentConfig:
     _fedeaser_trajectory(path / "store")
     if targets:
         log = "".join(json.dumps({"targets": list(t)}) + "\n" for t in targets)
-        (path / pf.UNLEARNING_LOG).write_text(log)
+        (path / UNLEARNING_LOG).write_text(log)
         adopted = "".join(
             json.dumps({"request": n, "targets": list(t)}) + "\n" for n, t in enumerate(targets, 1)
         )
-        (path / pf.HISTORY_LOG).write_text(adopted)
+        (path / HISTORY_LOG).write_text(adopted)
     return config
 
 
@@ -136,8 +141,8 @@ def _fedeaser_trajectory(path, rounds=(1, 3)) -> None:
 def test_a_later_request_is_refused_a_method_the_adopted_history_cannot_serve(tmp_path):
     trained = _finished(tmp_path, **{"unlearn-methods": "federaser,fedrecover,fedretrain"})
     path = trained.run_directory()
-    (path / pf.UNLEARNING_LOG).write_text(json.dumps({"targets": [0]}) + "\n")
-    (path / pf.HISTORY_LOG).write_text(json.dumps({"request": 1, "adopted": "federaser"}) + "\n")
+    (path / UNLEARNING_LOG).write_text(json.dumps({"targets": [0]}) + "\n")
+    (path / HISTORY_LOG).write_text(json.dumps({"request": 1, "adopted": "federaser"}) + "\n")
     before = {p: p.stat().st_mtime_ns for p in path.rglob("*")}
     with pytest.raises(ConfigError) as info:
         pf.check_run_directory(_request(trained, "1"))
@@ -188,17 +193,17 @@ def test_unlearn_only_reads_the_log_and_writes_nothing(tmp_path):
 def test_the_same_request_again_finishes_an_interrupted_one_and_only_that(tmp_path):
     trained = _finished(tmp_path, targets=[(2,), (0,)])
     path = trained.run_directory()
-    adopted = (path / pf.HISTORY_LOG).read_text().splitlines()
-    (path / pf.HISTORY_LOG).write_text(adopted[0] + "\n")  # request 2 decided, not adopted
+    adopted = (path / HISTORY_LOG).read_text().splitlines()
+    (path / HISTORY_LOG).write_text(adopted[0] + "\n")  # request 2 decided, not adopted
     pf.check_run_directory(_request(trained, "0"))  # the same request: the server finishes it
     for clients in ("0,1", "2"):  # another request naming a forgotten client
         with pytest.raises(ConfigError, match="already were"):
             pf.check_run_directory(_request(trained, clients))
-    (path / pf.HISTORY_LOG).write_text("\n".join(adopted) + "\n")  # finished
+    (path / HISTORY_LOG).write_text("\n".join(adopted) + "\n")  # finished
     with pytest.raises(ConfigError, match="already were"):
         pf.check_run_directory(_request(trained, "0"))
     pf.check_run_directory(_request(trained, "0", resume=True))  # resume: nothing left to do
-    (path / pf.HISTORY_JOURNAL).write_text("{}")  # killed mid-swap, model_final moved aside
+    (path / HISTORY_JOURNAL).write_text("{}")  # killed mid-swap, model_final moved aside
     (path / "model_final.safetensors").unlink()
     pf.check_run_directory(_request(trained, "0", resume=True))
 
@@ -208,7 +213,7 @@ def test_the_same_request_again_finishes_an_interrupted_one_and_only_that(tmp_pa
 )
 def test_a_damaged_unlearning_log_is_refused_with_its_line(tmp_path, line):
     trained = _finished(tmp_path)
-    (trained.run_directory() / pf.UNLEARNING_LOG).write_text('{"targets": [0]}\n' + line + "\n")
+    (trained.run_directory() / UNLEARNING_LOG).write_text('{"targets": [0]}\n' + line + "\n")
     # not JSON objects: the log's own check names the line; JSON records without targets: the
     # preflight's reading of the targets does
     with pytest.raises(ConfigError, match=r"line 2(: not a JSON record| is not)") as info:

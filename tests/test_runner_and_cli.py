@@ -133,6 +133,7 @@ def test_a_failed_flower_run_makes_a_non_zero_exit(tmp_path, monkeypatch, capsys
             return 0
 
     monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: FakeProcess())
+    monkeypatch.setattr(runner, "ensure_local_superlink", lambda env, timeout: None)
     monkeypatch.setattr(runner, "_run_status", lambda run_id, env: ("finished:failed", "boom"))
     assert runner.main(["--output-dir", str(tmp_path)]) == 1
     assert "run 123 finished:failed: boom" in capsys.readouterr().err

@@ -29,10 +29,12 @@ def model_problem(model: str, sample_shape: tuple[int, ...]) -> str:
 
     from fedunlearn.training.models import build_model
 
+    # On the CPU, one sample, the caller's random state untouched: PyTorch's meta device would
+    # spare the weights but imports TorchDynamo for its first operation (over a second at start).
     try:
-        with torch.device("meta"):
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
             net = build_model(model, sample_shape, 2)
-            net(torch.empty((1, *sample_shape)))
+            net.eval()(torch.zeros((1, *sample_shape)))
     except (ConfigError, RuntimeError, ValueError) as error:
         reason = error.allowed if isinstance(error, ConfigError) else str(error).split("\n")[0]
         return reason[:200]

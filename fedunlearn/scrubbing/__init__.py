@@ -5,53 +5,60 @@ Each module is importable by its own path; this package re-exports their public 
 (as torchvision's ``datasets/__init__.py`` does).
 """
 
-from fedunlearn.scrubbing.baselines import (
-    chance_clamped_cross_entropy,
-    final_linear,
-    hide_class,
-    negative_gradient_epochs,
-    random_label_epochs,
-    random_labels,
-)
-from fedunlearn.scrubbing.pruning import (
-    PruningLayer,
-    class_channel_sums,
-    discriminative_channels,
-    global_mean_activations,
-    prune_channels,
-    pruned_count,
-    pruning_layer,
-    select_channels,
-    tf_idf,
-)
-from fedunlearn.scrubbing.readout_figures import (
-    ENTROPY_FLOOR,
-    entropy_figure,
-    information_tradeoff_figure,
-    plot_entropy_histograms,
-    plot_information_tradeoff,
-    plot_relearn_times,
-    relearn_figure,
-)
-from fedunlearn.scrubbing.readouts import (
-    RelearnResult,
-    error_rate,
-    output_entropy,
-    relearn_time,
-)
-from fedunlearn.scrubbing.scrubbers import (
-    EIGEN_FLOOR,
-    NewtonScrubber,
-    Scrubbed,
-    diagonal_fisher,
-    finite_time_scrub,
-    fisher_gaussian,
-    fisher_sample,
-    kl_over_lambda,
-    psd_power,
-    reference_fisher_gaussian,
-    reference_fisher_variance,
-)
+import importlib
+
+#: Where each public name lives. The package imports nothing until a name is asked for (PEP 562):
+#: validating a run config reads its methods' declarations, not the scrubbers' figures (matplotlib).
+_HOMES = {
+    "baselines": (
+        "chance_clamped_cross_entropy",
+        "final_linear",
+        "hide_class",
+        "negative_gradient_epochs",
+        "random_label_epochs",
+        "random_labels",
+    ),
+    "pruning": (
+        "PruningLayer",
+        "class_channel_sums",
+        "discriminative_channels",
+        "global_mean_activations",
+        "prune_channels",
+        "pruned_count",
+        "pruning_layer",
+        "select_channels",
+        "tf_idf",
+    ),
+    "readout_figures": (
+        "ENTROPY_FLOOR",
+        "entropy_figure",
+        "information_tradeoff_figure",
+        "plot_entropy_histograms",
+        "plot_information_tradeoff",
+        "plot_relearn_times",
+        "relearn_figure",
+    ),
+    "readouts": (
+        "RelearnResult",
+        "error_rate",
+        "output_entropy",
+        "relearn_time",
+    ),
+    "scrubbers": (
+        "EIGEN_FLOOR",
+        "NewtonScrubber",
+        "Scrubbed",
+        "diagonal_fisher",
+        "finite_time_scrub",
+        "fisher_gaussian",
+        "fisher_sample",
+        "kl_over_lambda",
+        "psd_power",
+        "reference_fisher_gaussian",
+        "reference_fisher_variance",
+    ),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "chance_clamped_cross_entropy",
@@ -92,3 +99,12 @@ __all__ = [
     "select_channels",
     "prune_channels",
 ]
+
+
+def __getattr__(name: str):
+    """A public name (or a module of the package), imported when first asked for."""
+    module = _HOME.get(name, name)
+    if module not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    imported = importlib.import_module(f"{__name__}.{module}")
+    return imported if module == name else getattr(imported, name)

@@ -4,30 +4,34 @@ Each module is importable by its own path; this package re-exports their public 
 (as torchvision's ``datasets/__init__.py`` does).
 """
 
-from fedunlearn.store.blobs import FORMAT_NAME, SQUARES_KEY, STORE_DTYPES, squared_norms
-from fedunlearn.store.durable_io import (
-    PRIVATE_DIRECTORY_MODE,
-    PRIVATE_FILE_MODE,
-    LogCorruptionError,
-    TornLineWarning,
-    atomic_write_bytes,
-    atomic_write_json,
-    fsync_directory,
-    log_size,
-    open_private_file,
-    private_directory,
-    truncate_log,
-)
-from fedunlearn.store.header import FORMAT_VERSION, HeaderAndLock
-from fedunlearn.store.index import INDEX_VERSION, StoreBusyError, StoreIndex, StoreReadOnlyError
-from fedunlearn.store.index_rows import COLUMNS, BlobRow, blob_path, describe
-from fedunlearn.store.json_lines import append_jsonl, read_jsonl
-from fedunlearn.store.round_writer import RoundWriter
-from fedunlearn.store.run_directory import (
-    CHECKPOINT,
-    RunDirectory,
-)
-from fedunlearn.store.update_store import RetainedRound, UpdateStore
+import importlib
+
+#: Where each public name lives. The package imports nothing until a name is asked for (PEP 562):
+#: a command that reads only the index or the run directory's JSON need not import PyTorch.
+_HOMES = {
+    "blobs": ("FORMAT_NAME", "SQUARES_KEY", "STORE_DTYPES", "squared_norms"),
+    "durable_io": (
+        "PRIVATE_DIRECTORY_MODE",
+        "PRIVATE_FILE_MODE",
+        "LogCorruptionError",
+        "TornLineWarning",
+        "atomic_write_bytes",
+        "atomic_write_json",
+        "fsync_directory",
+        "log_size",
+        "open_private_file",
+        "private_directory",
+        "truncate_log",
+    ),
+    "json_lines": ("append_jsonl", "read_jsonl"),
+    "header": ("FORMAT_VERSION", "HeaderAndLock"),
+    "index": ("INDEX_VERSION", "StoreBusyError", "StoreIndex", "StoreReadOnlyError"),
+    "index_rows": ("COLUMNS", "BlobRow", "blob_path", "describe"),
+    "round_writer": ("RoundWriter",),
+    "run_directory": ("CHECKPOINT", "RunDirectory"),
+    "update_store": ("RetainedRound", "UpdateStore"),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "PRIVATE_FILE_MODE",
@@ -63,3 +67,10 @@ __all__ = [
     "HeaderAndLock",
     "UpdateStore",
 ]
+
+
+def __getattr__(name: str):
+    """A public name, imported from its module when first asked for."""
+    if name in _HOME:
+        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,13 +21,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedunlearn.errors import ConfigError, StoreCorruptionError
 
-State = Mapping[str, torch.Tensor]
+if TYPE_CHECKING:  # annotations only: validating a run config imports RETAIN_MODES, not PyTorch
+    import torch
+
+State = Mapping[str, "torch.Tensor"]
 #: The store metadata keys of the policies' selections and of their states.
 RECORD_KEY, STATE_KEY = "retention", "retention-state"
 #: The store metadata key of who took part in each round when clients are sampled (``fraction-train``

@@ -5,57 +5,74 @@ Each module is importable by its own path; this package re-exports their public 
 (as torchvision's ``datasets/__init__.py`` does).
 """
 
-from fedunlearn.unlearning.crab import (
-    CrabSelector,
-    contribution_norms,
-    model_alignment,
-    parameter_divergence,
-)
-from fedunlearn.unlearning.crab_recovery import (
-    CrabRecovery,
-    CrabStep,
-    check_rollback_rule,
-    check_sensitivity_bound,
-    crab_recover,
-    excluded_sensitivities,
-    rollback_rounds,
-)
-from fedunlearn.unlearning.federaser import (
-    ExactUpdatesFn,
-    Reconstruction,
-    ReconstructionStep,
-    aggregate_updates,
-    apply_scales,
-    calibrate_update,
-    calibration_epochs,
-    calibration_scales,
-    fedaccum,
-    federaser,
-)
-from fedunlearn.unlearning.fedrecover import (
-    FedRecoverSchedule,
-    FedRecoverStep,
-    Recovery,
-    abnormality_thresholds,
-    fedrecover,
-    tolerance_threshold,
-)
-from fedunlearn.unlearning.gaussian_mechanism import (
-    MECHANISMS,
-    add_noise,
-    entropy_generator,
-    noise_sigma,
-    unlearning_budget,
-)
-from fedunlearn.unlearning.lbfgs import CURVATURE_EPS, curvature_pairs, lbfgs_hvp
-from fedunlearn.unlearning.metrics import (
-    angle_degrees,
-    l2_distance,
-    per_neuron_angles,
-    prediction_difference,
-)
-from fedunlearn.unlearning.sensitivity import SensitivityAccumulator, local_lipschitz
-from fedunlearn.unlearning.sifu import SifuCertificate, rollback_round
+import importlib
+
+#: Where each public name lives. The package imports nothing until a name is asked for (PEP 562):
+#: a retention policy imports its own module, not every method's (scipy, pandas).
+_HOMES = {
+    "crab": (
+        "CrabSelector",
+        "contribution_norms",
+        "model_alignment",
+        "parameter_divergence",
+    ),
+    "crab_recovery": (
+        "CrabRecovery",
+        "CrabStep",
+        "check_rollback_rule",
+        "check_sensitivity_bound",
+        "crab_recover",
+        "excluded_sensitivities",
+        "rollback_rounds",
+    ),
+    "federaser": (
+        "ExactUpdatesFn",
+        "Reconstruction",
+        "ReconstructionStep",
+        "aggregate_updates",
+        "apply_scales",
+        "calibrate_update",
+        "calibration_epochs",
+        "calibration_scales",
+        "fedaccum",
+        "federaser",
+    ),
+    "fedrecover": (
+        "FedRecoverSchedule",
+        "FedRecoverStep",
+        "Recovery",
+        "abnormality_thresholds",
+        "fedrecover",
+        "tolerance_threshold",
+    ),
+    "gaussian_mechanism": (
+        "MECHANISMS",
+        "add_noise",
+        "entropy_generator",
+        "noise_sigma",
+        "unlearning_budget",
+    ),
+    "lbfgs": (
+        "CURVATURE_EPS",
+        "curvature_pairs",
+        "lbfgs_hvp",
+    ),
+    "metrics": (
+        "angle_degrees",
+        "l2_distance",
+        "per_neuron_angles",
+        "prediction_difference",
+    ),
+    "sensitivity": (
+        "SensitivityAccumulator",
+        "local_lipschitz",
+    ),
+    "sifu": (
+        "SifuCertificate",
+        "rollback_round",
+    ),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "calibration_epochs",
@@ -102,3 +119,12 @@ __all__ = [
     "parameter_divergence",
     "rollback_rounds",
 ]
+
+
+def __getattr__(name: str):
+    """A public name (or a module of the package), imported when first asked for."""
+    module = _HOME.get(name, name)
+    if module not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    imported = importlib.import_module(f"{__name__}.{module}")
+    return imported if module == name else getattr(imported, name)
