@@ -17,6 +17,8 @@
 
 import importlib
 
+from fedunlearn.lazy import homes_of
+
 #: Where each public name lives. The package imports nothing until a name is asked for (PEP 562):
 #: the registry declares its methods' keys with :mod:`.constraints` and :mod:`.fields`, and must
 #: reach them without running the table, the rules and the validated configuration, which read
@@ -65,7 +67,7 @@ _HOMES = {
     "table": ("Parameter", "parameter_constraints", "parameter_table"),
     "training_rules": ("model_problem",),
 }
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
+_HOME = homes_of(_HOMES)
 
 __all__ = [
     "ADOPT_FEDERATION_SIZE",

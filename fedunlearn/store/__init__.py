@@ -4,7 +4,7 @@ Each module is importable by its own path; this package re-exports their public 
 (as torchvision's ``datasets/__init__.py`` does).
 """
 
-import importlib
+from fedunlearn.lazy import homes_of, lazy_getattr
 
 #: Where each public name lives. The package imports nothing until a name is asked for (PEP 562):
 #: a command that reads only the index or the run directory's JSON need not import PyTorch.
@@ -31,7 +31,7 @@ _HOMES = {
     "run_directory": ("CHECKPOINT", "RunDirectory"),
     "update_store": ("RetainedRound", "UpdateStore"),
 }
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
+_HOME = homes_of(_HOMES)
 
 __all__ = [
     "PRIVATE_FILE_MODE",
@@ -69,8 +69,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    """A public name, imported from its module when first asked for."""
-    if name in _HOME:
-        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _HOMES)

@@ -5,7 +5,7 @@ Each module is importable by its own path; this package re-exports their public 
 (as torchvision's ``datasets/__init__.py`` does).
 """
 
-import importlib
+from fedunlearn.lazy import homes_of, lazy_getattr
 
 #: Where each public name lives. The package imports nothing until a name is asked for (PEP 562):
 #: a retention policy imports its own module, not every method's (scipy, pandas).
@@ -72,7 +72,7 @@ _HOMES = {
         "rollback_round",
     ),
 }
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
+_HOME = homes_of(_HOMES)
 
 __all__ = [
     "calibration_epochs",
@@ -120,11 +120,4 @@ __all__ = [
     "rollback_rounds",
 ]
 
-
-def __getattr__(name: str):
-    """A public name (or a module of the package), imported when first asked for."""
-    module = _HOME.get(name, name)
-    if module not in _HOMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    imported = importlib.import_module(f"{__name__}.{module}")
-    return imported if module == name else getattr(imported, name)
+__getattr__ = lazy_getattr(__name__, _HOMES)
