@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedunlearn.errors import ConfigError, FedUnlearnError
+from fedunlearn.errors import ConfigError
 
-#: What reading a damaged file may raise: our own errors, and whatever a parser of a damaged file
-#: raises (safetensors' SafetensorError is a bare Exception subclass).
-_READ_ERRORS = (FedUnlearnError, Exception)
+#: What reading a damaged file may raise: our own errors (FedUnlearnError), and whatever a parser of
+#: a damaged file raises (safetensors' SafetensorError is a bare Exception subclass): any Exception.
+_READ_ERRORS = Exception
 
 
 def run_problems(path: str | Path, *, blobs: bool = True) -> tuple[list[str], dict[str, int]]:
