@@ -188,6 +188,34 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_list(args: argparse.Namespace) -> int:
+    """The registered datasets: what each holds, where ``data-root`` finds it, its default model."""
+    from fedunlearn.dataset_registry import DATASETS
+
+    for spec in DATASETS:
+        classes = f"{spec.num_classes} classes" if spec.num_classes else "classes from the data"
+        model = spec.default_model or "by sample shape"
+        print(f"{spec.name}: {spec.description} ({classes}; model auto = {model})")
+        print(
+            f"    data-root holds {spec.layout}"
+            + (f"; download: {spec.downloads}" if spec.downloads else "")
+        )
+    print('or your own loader: dataset = "module:function" (docs/adding-a-dataset.md)')
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    """The registered models (``model`` key), each with what it is and the samples it takes."""
+    from fedunlearn.model_registry import MODELS
+
+    ranks = {1: "feature vectors (F,)", 3: "images (C, H, W)"}
+    for spec in MODELS:
+        takes = ranks.get(spec.input_rank, "samples it is run on")
+        print(f"{spec.name}: {spec.description}; takes {takes}")
+    print('or your own builder: model = "module:function" (docs/adding-a-dataset.md)')
+    return 0
+
+
 def _config_docs(args: argparse.Namespace) -> int:
     """Write the configuration page; with ``--check``, exit 1 if the file differs instead."""
     from fedunlearn.config import constraints_markdown
@@ -266,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("download", "fetch a dataset into a root"),
     ):
         command = data_commands.add_parser(name, help=text)
-        command.add_argument("name", help="digits, mnist, fashion-mnist, cifar10 or adult")
+        command.add_argument("name", help="a dataset of `fedunlearn data list`, or module:function")
         command.add_argument(
             "--root",
             type=lambda text: Path(text).expanduser(),
@@ -274,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="data root in torchvision's layout (default: ~/data)",
         )
         command.set_defaults(handler=_data)
+    listing = data_commands.add_parser("list", help="the registered datasets")
+    listing.set_defaults(handler=_data_list)
+    models = groups.add_parser("models", help="list the registered models")
+    models.set_defaults(handler=_models)
     methods = groups.add_parser("methods", help="list the unlearning methods and what each needs")
     methods.set_defaults(handler=_methods)
     docs = groups.add_parser("config-docs", help="write the configuration page from the table")

@@ -369,7 +369,8 @@ def check_data(config: ExperimentConfig) -> FederatedData | None:
     data = _load_without_download(config)
     if data is None:
         return None
-    _check_model_fits(config, tuple(data.splits.input_shape))
+    _check_model_fits(config, tuple(data.splits.input_shape), data.splits.num_classes)
+    _check_classes(config, data.splits.num_classes)
     check_partitions(config, data)
     if config.scrub:
         cohort_masks(config, data)
@@ -387,7 +388,8 @@ def check_dataset(config: ExperimentConfig) -> None:
     if splits is None:
         return
     pool = len(training_pool(len(splits.train), config.train_samples, config.seed))
-    _check_model_fits(config, tuple(splits.input_shape))
+    _check_model_fits(config, tuple(splits.input_shape), splits.num_classes)
+    _check_classes(config, splits.num_classes)
     if config.scrub:
         forget = ForgetSet.parse(config.scrub_forget, num_clients=0, num_classes=splits.num_classes)
         if forget.count is not None and forget.count > pool:
@@ -403,8 +405,20 @@ def check_dataset(config: ExperimentConfig) -> None:
         )
 
 
-def _check_model_fits(config: ExperimentConfig, input_shape: tuple[int, ...]) -> None:
-    problem = model_problem(resolve_model_name(config.model, config.dataset), input_shape)
+def _check_classes(config: ExperimentConfig, classes: int) -> None:
+    """The class keys name classes of the loaded data (a dataset that states its classes was
+    checked before loading; a file's or a user's loader's only now)."""
+    for key, value, used in (
+        ("judge-backdoor-class", config.judge_backdoor_class, config.judge_backdoor),
+        ("attack-target-class", config.attack_target_class, config.attack == "backdoor"),
+    ):
+        if used and value >= classes:
+            raise ConfigError(key, value, f"a class of {config.dataset} in [0, {classes - 1}]")
+
+
+def _check_model_fits(config: ExperimentConfig, input_shape: tuple[int, ...], classes: int) -> None:
+    name = resolve_model_name(config.model, config.dataset, input_shape)
+    problem = model_problem(name, input_shape, classes)
     if problem:
         raise ConfigError(
             "model",
@@ -419,7 +433,13 @@ def _load_without_download(config: ExperimentConfig, *, partitioned: bool = True
     try:
         if not partitioned:
             root = config.data_root_path if config.data_root else None
-            return load_dataset(config.dataset, root, seed=config.seed)
+            return load_dataset(
+                config.dataset,
+                root,
+                seed=config.seed,
+                label_column=config.label_column,
+                test_fraction=config.test_fraction,
+            )
         return load_federated_data(dataclasses.replace(config, download=False))
     except DatasetNotFoundError as error:
         if config.download:

@@ -108,10 +108,10 @@ def datasets_loaded_once(monkeypatch):
 
     original = federated_data.load_dataset
 
-    def cached(name, data_root=None, *, download=False, seed=0):
-        key = (name, str(data_root), download, seed)
+    def cached(name, data_root=None, *, download=False, seed=0, **options):
+        key = (name, str(data_root), download, seed, tuple(sorted(options.items())))
         if key not in _LOADED:
-            _LOADED[key] = original(name, data_root, download=download, seed=seed)
+            _LOADED[key] = original(name, data_root, download=download, seed=seed, **options)
         return _LOADED[key]
 
     monkeypatch.setattr(federated_data, "load_dataset", cached)

@@ -8,16 +8,17 @@ may be derived from elsewhere, e.g. method registries, without touching the tabl
 from __future__ import annotations
 
 from fedunlearn.config.constraints import INT64
+from fedunlearn.dataset_registry import DATASETS as _DATASET_REGISTRY
+from fedunlearn.model_registry import MODELS as _MODEL_REGISTRY
+from fedunlearn.model_spec import AUTO
 from fedunlearn.registry import AGGREGATIONS, SCRUBBING, UNLEARNING
 from fedunlearn.registry import JUDGE_METRICS as _JUDGE_REGISTRY
 from fedunlearn.store.retention import RETAIN_MODES
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
 PARTITIONINGS = ("iid", "dirichlet", "shards")
 STORE_DTYPES = ("float32", "float16")
 RETAIN_MODES = RETAIN_MODES  # full | norms (fedunlearn.store.retention)
 DEVICES = ("auto", "cpu", "cuda")
-MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
 CALIBRATION_ORDERS = ("client", "average")
 AGGREGATIONS = AGGREGATIONS  # the Flower strategies of ``strategy`` (fedunlearn.registry)
 #: What the malicious clients of a poisoning run do (``attack``): plant a backdoor or flip labels in
@@ -26,7 +27,7 @@ ATTACKS = ("none", "backdoor", "label-flip", "scaled-update")
 #: The judge trains at most this many federations at once (each message carries all of them).
 MAX_JUDGE_MODELS = 256
 
-# ------------------------------------------------------------------ method names
+# ------------------------------------------------------------------ method, dataset, model names
 # The method lists come from the registries (fedunlearn.registry) and are read on every access
 # (the module ``__getattr__`` below), so a method registered later is listed, validated and run
 # like a built-in one.
@@ -44,6 +45,17 @@ _METHOD_LISTS = {
     "SCRUB_METHODS": lambda: SCRUBBING.names(),
     #: The judge's tests (forgetting score, U-LiRA, RMIA, ...), each a group of judge.csv columns.
     "JUDGE_METRICS": lambda: _JUDGE_REGISTRY.names(),
+    # The datasets and models come from their registries (fedunlearn.dataset_registry,
+    # fedunlearn.model_registry); a user's own is named as "module:function" instead.
+    "DATASETS": lambda: _DATASET_REGISTRY.names(),
+    "MODELS": lambda: (AUTO, *_MODEL_REGISTRY.names()),
+    #: Classes of each dataset that states them (the backdoor's target class is one of them).
+    "NUM_CLASSES": lambda: {s.name: s.num_classes for s in _DATASET_REGISTRY if s.num_classes},
+    #: The input shape of one sample of each dataset that states it, to check a model fits before
+    #: any data is loaded; the others are checked once loaded (the launcher's preflight).
+    "SAMPLE_SHAPES": lambda: {
+        s.name: s.sample_shape for s in _DATASET_REGISTRY if s.sample_shape is not None
+    },
 }
 METHOD_LISTS = tuple(_METHOD_LISTS)
 
@@ -70,14 +82,3 @@ MAX_ALPHA = 1e6
 #: Longest wait for one request's replies: a day; a longer one would hide a dead federation.
 MAX_REPLY_TIMEOUT = 86_400
 INT64 = INT64  # Flower's run config holds 64-bit integers (fedunlearn.config.constraints)
-#: The input shape of one sample of each dataset, to check a model fits before any data is loaded
-#: (Adult's width depends on its categories; only its rank matters to the model).
-#: Classes of each dataset (the backdoor's target class is one of them).
-NUM_CLASSES = {"digits": 10, "mnist": 10, "fashion-mnist": 10, "cifar10": 10, "adult": 2}
-SAMPLE_SHAPES = {
-    "digits": (1, 8, 8),
-    "mnist": (1, 28, 28),
-    "fashion-mnist": (1, 28, 28),
-    "cifar10": (3, 32, 32),
-    "adult": (100,),
-}

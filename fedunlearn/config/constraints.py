@@ -79,6 +79,26 @@ class Options(Constraint):
             raise ConfigError(key, value, self.allowed + did_you_mean(value, self.choices))
 
 
+class NameOrImport(Options):
+    """A registered name (``choices``, read at each check) or a user's own ``module:function``
+    (imported and checked at launch, by a rule); ``allowed`` says both."""
+
+    def __init__(self, choices: Choices, allowed: Callable[[], str]) -> None:
+        super().__init__(choices)
+        self._allowed = allowed
+
+    @property
+    def allowed(self) -> str:
+        return self._allowed()
+
+    def check(self, key: str, value: Any) -> None:
+        from fedunlearn.dataset_spec import is_import_reference
+
+        if value in self.choices or is_import_reference(value):
+            return
+        raise ConfigError(key, value, self.allowed + did_you_mean(value, self.choices))
+
+
 def _bound(value: float) -> str:
     if not isinstance(value, float):
         return str(value)
@@ -147,6 +167,16 @@ class FolderPath(Constraint):
         check_path_text(key, value)
         if self.required and not value.strip():
             raise ConfigError(key, value, f"a folder path, e.g. {self.example}")
+
+
+class Text(Constraint):
+    """A non-empty name of printable characters (a column's name), at most 200 of them."""
+
+    allowed = "a non-empty name of printable characters, at most 200, e.g. label"
+
+    def check(self, key: str, value: str) -> None:
+        if not isinstance(value, str) or not value or len(value) > 200 or not value.isprintable():
+            raise ConfigError(key, value, self.allowed)
 
 
 class RunName(Constraint):

@@ -21,7 +21,6 @@ from fedunlearn.config.choices import (
     AGGREGATIONS,
     ATTACKS,
     CALIBRATION_ORDERS,
-    DATASETS,
     DEVICES,
     MAX_ALPHA,
     MAX_CLIENTS,
@@ -29,7 +28,6 @@ from fedunlearn.config.choices import (
     MAX_JUDGE_MODELS,
     MAX_REPLY_TIMEOUT,
     MAX_SEED,
-    MODELS,
     PARTITIONINGS,
     RETAIN_MODES,
     STORE_DTYPES,
@@ -40,9 +38,11 @@ from fedunlearn.config.constraints import (
     FolderPath,
     Interval,
     NameList,
+    NameOrImport,
     Options,
     PositiveNumbers,
     RunName,
+    Text,
 )
 from fedunlearn.config.fields import (
     AT_LEAST_1,
@@ -79,6 +79,21 @@ _PREFIXES = {
     "judge": "judge_",
 }
 
+
+def _allowed_datasets() -> str:
+    from fedunlearn.dataset_registry import DATASETS
+    from fedunlearn.dataset_spec import allowed_datasets
+
+    return allowed_datasets(DATASETS)
+
+
+def _allowed_models() -> str:
+    from fedunlearn.model_registry import MODELS
+    from fedunlearn.model_spec import allowed_models
+
+    return allowed_models(MODELS)
+
+
 PARTITION_IDS = "comma-separated partition ids in [0, num-clients - 1], not all, e.g. '0' or '0,5'"
 
 data, training, federation = key_in("data"), key_in("training"), key_in("federation")
@@ -99,12 +114,33 @@ class RunParameters:
     registered methods' own keys are ``MethodSpec.keys``."""
 
     # ------------------------------------------------------------------ data
-    dataset: str = data("digits", Options(DATASETS), "the dataset; only digits is embedded")
+    dataset: str = data(
+        "digits",
+        NameOrImport(lambda: choices.DATASETS, _allowed_datasets),
+        "the dataset (`fedunlearn data list`), or your loader as module:function; only digits is "
+        "embedded",
+    )
     data_root: str = data(
-        "", FolderPath(required=False), "root in torchvision's layout; not needed for digits"
+        "",
+        FolderPath(required=False),
+        "the data's folder (torchvision's layout), or file for a file format; not for digits",
     )
     download: bool = data(False, Flag(), "fetch a missing dataset into data-root")
-    model: str = data("auto", Options(MODELS), "the network; auto picks the dataset's own")
+    label_column: str = data(
+        "label",
+        Text(),
+        "the label's column of a table or Hugging Face dataset (dataset = table, hf-disk)",
+    )
+    test_fraction: float = data(
+        0.2,
+        Interval(NUMBER, 0.0, 1.0, closed="neither"),
+        "the share held out for testing when the data has no test split (the file formats)",
+    )
+    model: str = data(
+        "auto",
+        NameOrImport(lambda: choices.MODELS, _allowed_models),
+        "the network; auto picks the dataset's own; or your builder as module:function",
+    )
     num_clients: int = data(
         ADOPT_FEDERATION_SIZE,
         Interval(WHOLE, 0, MAX_CLIENTS, note="0: the federation's size"),

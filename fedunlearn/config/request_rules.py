@@ -201,8 +201,8 @@ def check_backdoor_class(config: RunParameters) -> None:
     """The backdoor's target class is one of the dataset's classes."""
     from fedunlearn.config.choices import NUM_CLASSES
 
-    classes = NUM_CLASSES[config.dataset]
-    if config.judge_backdoor and config.judge_backdoor_class >= classes:
+    classes = NUM_CLASSES.get(config.dataset)  # None: checked once the data is loaded (preflight)
+    if classes and config.judge_backdoor and config.judge_backdoor_class >= classes:
         raise ConfigError(
             "judge-backdoor-class",
             config.judge_backdoor_class,
@@ -236,8 +236,8 @@ def check_attack(config: RunParameters) -> None:
             config.attack_clients,
             f"fewer than all {config.num_clients} clients: someone must train honestly",
         )
-    classes = NUM_CLASSES[config.dataset]
-    if config.attack == "backdoor" and config.attack_target_class >= classes:
+    classes = NUM_CLASSES.get(config.dataset)  # None: checked once the data is loaded (preflight)
+    if classes and config.attack == "backdoor" and config.attack_target_class >= classes:
         raise ConfigError(
             "attack-target-class",
             config.attack_target_class,

@@ -49,6 +49,7 @@ from fedunlearn.config.training_rules import (
     check_retention_for_methods,
     check_sampling,
     check_train_samples_cover_clients,
+    check_user_code,
 )
 from fedunlearn.errors import ConfigError
 
@@ -76,6 +77,7 @@ Rule = Callable[[Any], None]
 #: Every rule across keys, in the order they run: ``(group, rule)``; a rule with a group takes that
 #: group's view, one without takes the whole configuration.
 RULES: tuple[tuple[str | None, Rule], ...] = (
+    (None, check_user_code),
     (None, check_model_fits_dataset),
     (None, check_train_samples_cover_clients),
     (None, check_data_root),

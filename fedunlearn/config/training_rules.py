@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 from fedunlearn.config import choices
-from fedunlearn.config.choices import ADOPT_FEDERATION_SIZE, MODELS, SAMPLE_SHAPES
+from fedunlearn.config.choices import ADOPT_FEDERATION_SIZE
 from fedunlearn.config.parameters import RunParameters
 from fedunlearn.errors import ConfigError
 from fedunlearn.registry import UNLEARNING, norms_problem
@@ -23,8 +23,10 @@ def size_known(config: RunParameters) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def model_problem(model: str, sample_shape: tuple[int, ...]) -> str:
-    """Why ``model`` cannot classify samples of ``sample_shape`` ("" when it can)."""
+def model_problem(model: str, sample_shape: tuple[int, ...], num_classes: int = 2) -> str:
+    """Why ``model`` cannot classify samples of ``sample_shape`` ("" when it can): it does not
+    build, does not take them, gives other than ``num_classes`` outputs, or (a user's model
+    split at its linear head) its output is not ``head(body(x))``."""
     import torch
 
     from fedunlearn.training.models import build_model
@@ -33,28 +35,51 @@ def model_problem(model: str, sample_shape: tuple[int, ...]) -> str:
     # spare the weights but imports TorchDynamo for its first operation (over a second at start).
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
-            net = build_model(model, sample_shape, 2)
-            net.eval()(torch.zeros((1, *sample_shape)))
-    except (ConfigError, RuntimeError, ValueError) as error:
+            net = build_model(model, sample_shape, num_classes)
+            net.eval()
+            sample = torch.randn((2, *sample_shape))
+            logits = net(sample)
+            features = net.features(sample)
+    except (ConfigError, RuntimeError, ValueError, TypeError) as error:
         reason = error.allowed if isinstance(error, ConfigError) else str(error).split("\n")[0]
-        return reason[:200]
+        return reason[:400]
+    if tuple(logits.shape) != (2, num_classes):
+        return f"it gives outputs of shape {tuple(logits.shape[1:])}, not ({num_classes},)"
+    if features.dim() != 2 or not torch.allclose(net.head(features), logits, atol=1e-5):
+        return "its output is not head(body(x)): the linear head must be its last step"
     return ""
 
 
 # ------------------------------------------------------------------ data and training
+def check_user_code(config: RunParameters) -> None:
+    """A user's own loader (``dataset``) or builder (``model``) given as ``module:function``
+    imports and takes the arguments it is called with (one line naming the key otherwise)."""
+    from fedunlearn.dataset_spec import check_loader, is_import_reference
+    from fedunlearn.model_spec import check_builder
+
+    if is_import_reference(config.dataset):
+        check_loader(config.dataset)
+    if is_import_reference(config.model):
+        check_builder(config.model)
+
+
 def check_model_fits_dataset(config: RunParameters) -> None:
     """The model's layers take the dataset's samples (e.g. not mnist-cnn's two 5x5 convolutions on
-    8x8 digits), found by running it on PyTorch's meta device: no data needed."""
+    8x8 digits), found by running it on one CPU sample: no data needed when the dataset states
+    its sample shape; otherwise the launcher's preflight checks once the data is loaded."""
+    from fedunlearn.config.choices import MODELS, NUM_CLASSES, SAMPLE_SHAPES
+
     model, dataset = config.model, config.dataset
     if model == "auto" or dataset not in SAMPLE_SHAPES:
         return
-    problem = model_problem(model, SAMPLE_SHAPES[dataset])
+    shape, classes = SAMPLE_SHAPES[dataset], NUM_CLASSES.get(dataset, 2)
+    problem = model_problem(model, shape, classes)
     if problem:
-        fitting = [m for m in MODELS[1:] if not model_problem(m, SAMPLE_SHAPES[dataset])]
+        fitting = [m for m in MODELS[1:] if not model_problem(m, shape, classes)]
         raise ConfigError(
             "model",
             model,
-            f"auto or a model that fits {dataset} samples of shape {SAMPLE_SHAPES[dataset]}: "
+            f"auto or a model that fits {dataset} samples of shape {shape}: "
             f"{', '.join(fitting)} ({model}: {problem})",
         )
 
@@ -70,22 +95,28 @@ def check_train_samples_cover_clients(config: RunParameters) -> None:
 
 
 def check_data_root(config: RunParameters) -> None:
-    """A data root exists unless the dataset is to be downloaded into it, and every dataset but
-    the embedded digits has one."""
-    if config.data_root and not config.download and not config.data_root_path.is_dir():
-        raise ConfigError(
-            "data-root",
-            config.data_root,
-            f"an existing directory; {config.data_root_path} does not exist: fetch the data "
-            f"with `fedunlearn data download {config.dataset} --root {config.data_root}` or "
-            "--set download=true",
+    """A data root exists unless the dataset is to be downloaded into it, and every registered
+    dataset but the embedded digits has one (a file, for the file formats)."""
+    from fedunlearn.dataset_registry import DATASETS
+
+    spec = DATASETS.spec(config.dataset)
+    path = config.data_root_path
+    exists = path.is_dir() or (spec.root_is_file and path.is_file())
+    if config.data_root and not config.download and not exists:
+        what = "an existing file or folder" if spec.root_is_file else "an existing directory"
+        fetch = (
+            f": fetch the data with `fedunlearn data download {config.dataset} --root "
+            f"{config.data_root}` or --set download=true"
+            if spec.downloads
+            else ""
         )
-    if config.dataset != "digits" and not config.data_root:
+        raise ConfigError("data-root", config.data_root, f"{what}; {path} does not exist{fetch}")
+    if spec.needs_root and config.dataset in DATASETS and not config.data_root:
         raise ConfigError(
             "data-root",
             config.data_root,
-            f"dataset {config.dataset!r} needs a data root in torchvision's layout "
-            "(e.g. a folder holding MNIST/raw); only 'digits' is embedded",
+            f"dataset {config.dataset!r} needs a data root holding {spec.layout}; only 'digits' "
+            "is embedded",
         )
 
 

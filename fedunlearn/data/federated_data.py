@@ -28,6 +28,8 @@ from fedunlearn.seeding import derive_seed
 DATA_KEYS = (
     "dataset",
     "data-root",
+    "label-column",
+    "test-fraction",
     "model",
     "num-clients",
     "train-samples",
@@ -156,6 +158,8 @@ def _load_partitioned(config: ExperimentConfig) -> FederatedData:
         config.dataset,
         str(config.data_root_path) if config.data_root else "",
         config.download,
+        config.label_column,
+        config.test_fraction,
         config.num_clients,
         config.train_samples,
         config.partitioning,
@@ -170,6 +174,8 @@ def _load_cached(
     dataset: str,
     data_root: str,
     download: bool,
+    label_column: str,
+    test_fraction: float,
     num_clients: int,
     train_samples: int,
     partitioning: str,
@@ -177,7 +183,14 @@ def _load_cached(
     shards_per_client: int,
     seed: int,
 ) -> FederatedData:
-    splits = load_dataset(dataset, data_root or None, download=download, seed=seed)
+    splits = load_dataset(
+        dataset,
+        data_root or None,
+        download=download,
+        seed=seed,
+        label_column=label_column,
+        test_fraction=test_fraction,
+    )
     pool = training_pool(len(splits.train), train_samples, seed)
     labels = splits.train.y[torch.as_tensor(pool, dtype=torch.long)]
     parts = partition_indices(

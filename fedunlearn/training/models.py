@@ -1,29 +1,23 @@
 """The federated models: every one is a ``body`` (feature extractor) and a ``head`` (one linear layer).
 
-Architectures follow Table I of Liu et al., *FedEraser* (IWQoS 2021): Adult 2 FC layers; MNIST and
-Fashion-MNIST 2 convolutional + 2 fully connected layers; CIFAR-10 2 convolutional, 2 pooling and 2
-fully connected layers; plus a small CNN for scikit-learn's 8x8 digits. The last fully connected layer
-is always ``head`` so that the head plug-ins (certified removal, scrubbing) can address it by name on
-features ``phi(x) = body(x)``.
+The built-in bodies (:mod:`fedunlearn.training.architectures`, registered in
+:mod:`fedunlearn.model_registry`) follow Table I of Liu et al., *FedEraser* (IWQoS 2021): Adult 2 FC
+layers; MNIST and Fashion-MNIST 2 convolutional + 2 fully connected layers; CIFAR-10 2
+convolutional, 2 pooling and 2 fully connected layers; plus a small CNN for scikit-learn's 8x8
+digits. A user's model comes in as ``model = "module:function"`` and is split at its linear head
+(:func:`as_body_head`). The last layer is always ``head`` so that the head plug-ins (certified
+removal, scrubbing) can address it by name on features ``phi(x) = body(x)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
-
-#: The model each dataset uses when ``model = "auto"``.
-DEFAULT_MODEL = {
-    "digits": "digits-cnn",
-    "mnist": "mnist-cnn",
-    "fashion-mnist": "mnist-cnn",
-    "cifar10": "cifar10-cnn",
-    "adult": "adult-mlp",
-}
 
 
 class BodyHeadNet(nn.Module):
@@ -46,6 +40,15 @@ class BodyHeadNet(nn.Module):
         self.feature_dim = feature_dim
         self.num_classes = num_classes
 
+    @classmethod
+    def from_parts(cls, body: nn.Module, head: nn.Linear) -> BodyHeadNet:
+        """``head(body(x))`` with the given ``head`` (a user's model, split at its linear head)."""
+        net = cls.__new__(cls)
+        nn.Module.__init__(net)
+        net.body, net.head = body, head
+        net.feature_dim, net.num_classes = head.in_features, head.out_features
+        return net
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """phi(x): the body's output, the input of the linear head."""
         return self.body(x)
@@ -54,63 +57,39 @@ class BodyHeadNet(nn.Module):
         return self.head(self.body(x))
 
 
-def _digits_cnn(input_shape: Sequence[int]) -> tuple[nn.Module, int]:
-    channels, height, width = input_shape
-    body = nn.Sequential(
-        nn.Conv2d(channels, 16, kernel_size=3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(16 * (height // 2) * (width // 2), 64),
-        nn.ReLU(),
+def as_body_head(module: Any, num_classes: int, name: str = "model") -> BodyHeadNet:
+    """A builder's result as a :class:`BodyHeadNet` whose ``head`` is one linear layer.
+
+    Accepted: a :class:`BodyHeadNet`; ``(body, feature_dim)`` (the built-in convention, topped with
+    a new head); a module with a ``body`` module and a ``head`` :class:`torch.nn.Linear` (its
+    ``forward`` must equal ``head(body(x))``, checked by :func:`fedunlearn.config.training_rules.model_problem`);
+    or an :class:`torch.nn.Sequential` whose last layer is a :class:`torch.nn.Linear` (the rest is
+    the body). Anything else is a :class:`ConfigError` on ``model``: the certified head, scrubbing
+    and FedAU act on the linear head, and averaging needs one layout for every party.
+    """
+    if isinstance(module, BodyHeadNet):
+        return module
+    if isinstance(module, tuple) and len(module) == 2 and isinstance(module[0], nn.Module):
+        body, feature_dim = module
+        return BodyHeadNet(body, int(feature_dim), num_classes)
+    if not isinstance(module, nn.Module):
+        raise ConfigError(
+            "model",
+            name,
+            f"a builder returning a torch.nn.Module; it returned {type(module).__name__}",
+        )
+    body, head = getattr(module, "body", None), getattr(module, "head", None)
+    if isinstance(body, nn.Module) and isinstance(head, nn.Linear):
+        return BodyHeadNet.from_parts(body, head)
+    if isinstance(module, nn.Sequential) and len(module) > 1 and isinstance(module[-1], nn.Linear):
+        return BodyHeadNet.from_parts(nn.Sequential(*list(module)[:-1]), module[-1])
+    raise ConfigError(
+        "model",
+        name,
+        "a model with a linear head: an nn.Sequential whose last layer is an nn.Linear, or a module "
+        f"with a body and a head = nn.Linear (the certified head, scrubbing and FedAU act on it); "
+        f"{type(module).__name__} has neither",
     )
-    return body, 64
-
-
-def _two_conv_two_fc(
-    input_shape: Sequence[int], conv_channels: tuple[int, int], hidden: int
-) -> tuple[nn.Module, int]:
-    """conv 5x5, pool, conv 5x5, pool, FC ``hidden``: the body of FedEraser's image networks."""
-    channels, height, width = input_shape
-    side_h, side_w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
-    first, second = conv_channels
-    body = nn.Sequential(
-        nn.Conv2d(channels, first, kernel_size=5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(first, second, kernel_size=5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(second * side_h * side_w, hidden),
-        nn.ReLU(),
-    )
-    return body, hidden
-
-
-def _mnist_cnn(input_shape: Sequence[int]) -> tuple[nn.Module, int]:
-    # FedEraser's MNIST network: conv 20@5x5, pool, conv 50@5x5, pool, FC 500, FC 10 (the head).
-    return _two_conv_two_fc(input_shape, (20, 50), 500)
-
-
-def _cifar10_cnn(input_shape: Sequence[int]) -> tuple[nn.Module, int]:
-    # CIFAR-10: conv 32@5x5, pool, conv 64@5x5, pool, FC 512, FC 10 (the head).
-    return _two_conv_two_fc(input_shape, (32, 64), 512)
-
-
-def _adult_mlp(input_shape: Sequence[int]) -> tuple[nn.Module, int]:
-    (num_features,) = input_shape
-    body = nn.Sequential(nn.Linear(num_features, 64), nn.ReLU())
-    return body, 64
-
-
-_BUILDERS = {
-    "digits-cnn": (_digits_cnn, 3),
-    "mnist-cnn": (_mnist_cnn, 3),
-    "cifar10-cnn": (_cifar10_cnn, 3),
-    "adult-mlp": (_adult_mlp, 1),
-}
-MODEL_NAMES = tuple(_BUILDERS)
 
 
 def build_model(
@@ -121,7 +100,8 @@ def build_model(
     Parameters
     ----------
     name : str
-        One of :data:`MODEL_NAMES`.
+        A registered model (:data:`fedunlearn.model_registry.MODELS`) or a user's builder as
+        ``"module:function"`` (:mod:`fedunlearn.model_spec`).
     input_shape : sequence of int
         Shape of one sample: ``(C, H, W)`` for the CNNs, ``(F,)`` for ``adult-mlp``.
     num_classes : int
@@ -129,33 +109,44 @@ def build_model(
     seed : int, optional
         Seeds the initial weights so every party builds the same initial model M^1.
     """
-    if name not in _BUILDERS:
-        raise ConfigError("model", name, f"one of {', '.join(MODEL_NAMES)}")
-    builder, rank = _BUILDERS[name]
+    from fedunlearn.model_registry import MODELS
+
+    spec = MODELS.spec(name)
     shape = tuple(int(s) for s in input_shape)
-    if len(shape) != rank:
+    if spec.input_rank is not None and len(shape) != spec.input_rank:
         raise ConfigError(
-            "model", name, f"a model for inputs of rank {rank}; the data has sample shape {shape}"
+            "model",
+            name,
+            f"a model for inputs of rank {spec.input_rank}; the data has sample shape {shape}",
         )
     if num_classes < 2:
         raise ConfigError("num_classes", num_classes, "at least 2")
+    builder = spec.resolve()
     if seed is None:
-        body, feature_dim = builder(shape)
-        return BodyHeadNet(body, feature_dim, num_classes)
+        return as_body_head(builder(shape, num_classes), num_classes, name)
     # Seed a private generator so building a model never disturbs the caller's global RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        body, feature_dim = builder(shape)
-        return BodyHeadNet(body, feature_dim, num_classes)
+        return as_body_head(builder(shape, num_classes), num_classes, name)
 
 
-def resolve_model_name(model: str, dataset: str) -> str:
-    """``model`` itself, or the dataset's default when ``model == "auto"``."""
+def resolve_model_name(model: str, dataset: str, sample_shape: Sequence[int] | None = None) -> str:
+    """``model`` itself, or, for ``model == "auto"``, the dataset's default model (picked by the
+    samples' shape for a dataset that names none: :func:`fedunlearn.dataset_spec.auto_model_for`)."""
     if model != "auto":
         return model
-    if dataset not in DEFAULT_MODEL:
-        raise ConfigError("dataset", dataset, f"one of {', '.join(DEFAULT_MODEL)}")
-    return DEFAULT_MODEL[dataset]
+    from fedunlearn.dataset_registry import DATASETS
+    from fedunlearn.dataset_spec import auto_model_for
+
+    spec = DATASETS.spec(dataset)
+    if spec.default_model:
+        return spec.default_model
+    shape = sample_shape if sample_shape is not None else spec.sample_shape
+    if shape is None:
+        raise ConfigError(
+            "model", model, f"a model named for dataset {dataset!r}: auto needs its samples' shape"
+        )
+    return auto_model_for(shape)
 
 
 def build_dataset_model(
@@ -167,4 +158,18 @@ def build_dataset_model(
     seed: int | None = None,
 ) -> BodyHeadNet:
     """:func:`build_model` for a run's ``model`` key (``auto`` = the dataset's default)."""
-    return build_model(resolve_model_name(model, dataset), input_shape, num_classes, seed=seed)
+    name = resolve_model_name(model, dataset, input_shape)
+    return build_model(name, input_shape, num_classes, seed=seed)
+
+
+def __getattr__(name: str):
+    # Read from the registries on each access, so a model or dataset registered later counts.
+    if name == "MODEL_NAMES":
+        from fedunlearn.model_registry import MODELS
+
+        return MODELS.names()
+    if name == "DEFAULT_MODEL":
+        from fedunlearn.dataset_registry import DATASETS
+
+        return {spec.name: spec.default_model for spec in DATASETS if spec.default_model}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
