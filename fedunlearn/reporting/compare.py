@@ -20,7 +20,7 @@ from typing import Any
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.reporting.html_blocks import fmt
-from fedunlearn.reporting.html_report import request_tables
+from fedunlearn.reporting.html_report import UNLEARNING_LOG, request_tables
 from fedunlearn.reporting.run_files import RunFolder, Table, number, open_run
 
 __all__ = [
@@ -35,7 +35,8 @@ __all__ = [
     "write_comparison",
 ]
 
-#: The comparison's columns, after ``run``, ``request`` and the differing settings.
+#: The comparison's columns, after ``run``, ``request``, ``forgot`` (its targets, from the
+#: unlearning log) and the differing settings.
 #: ``remaining_accuracy``: the mean of the remaining clients' accuracies (client_accuracy.csv).
 COLUMNS = (
     "method",
@@ -52,8 +53,8 @@ COLUMNS = (
 )
 #: Settings that differ between any two runs without saying anything about them.
 IGNORED_SETTINGS = frozenset({"run-name", "output-dir", "data-root", "resume", "download"})
-#: The console shows at most this many characters of ``did``.
-CONSOLE_DID = 48
+#: The console shows at most this many characters of ``flag`` and ``did`` (the CSV keeps them).
+CONSOLE_TEXT = 48
 
 
 @dataclass
@@ -118,6 +119,7 @@ def _remaining(run: RunFolder, suffix: str) -> dict[str, str]:
 
 
 def _rows(run: RunFolder, label: str, settings: dict[str, Any]) -> list[dict[str, str]]:
+    targets = {r.get("suffix", ""): r.get("targets") for r in run.read_jsonl(UNLEARNING_LOG)}
     rows = []
     for suffix, name in request_tables(run):
         table: Table | None = run.read_table(name)
@@ -127,7 +129,12 @@ def _rows(run: RunFolder, label: str, settings: dict[str, Any]) -> list[dict[str
         for row in table.rows:
             cells = {c: row.get(c, "") for c in COLUMNS}
             cells["remaining_accuracy"] = remaining.get(row.get("method", ""), "")
-            rows.append({"run": label, "request": suffix[1:] or "1", **_texts(settings), **cells})
+            request = {
+                "run": label,
+                "request": suffix[1:] or "1",
+                "forgot": fmt(targets.get(suffix)),
+            }
+            rows.append({**request, **_texts(settings), **cells})
     return rows
 
 
@@ -147,7 +154,7 @@ def compare_runs(paths: Sequence[Path]) -> Comparison:
     for index, (run, label) in enumerate(zip(runs, labels)):
         rows += _rows(run, label, {k: v[index] for k, v in settings.items()})
     present = [c for c in COLUMNS if c == "method" or any(r[c] for r in rows)]
-    return Comparison(labels, settings, ["run", "request", *settings, *present], rows)
+    return Comparison(labels, settings, ["run", "request", "forgot", *settings, *present], rows)
 
 
 def to_csv(comparison: Comparison) -> str:
@@ -205,13 +212,13 @@ def _aligned(columns: Sequence[str], cells: Sequence[Sequence[str]], left: set[s
 
 
 def to_console(comparison: Comparison) -> str:
-    """The differing settings, then an aligned table; ``did`` cut to :data:`CONSOLE_DID`
-    characters (the CSV keeps it whole)."""
+    """The differing settings, then an aligned table; ``flag`` and ``did`` cut to
+    :data:`CONSOLE_TEXT` characters (the CSV keeps them whole)."""
 
     def shown(row: Mapping[str, str], column: str) -> str:
         text = fmt(row.get(column, "")).replace("\n", " ")
-        if column == "did" and len(text) > CONSOLE_DID:
-            return text[: CONSOLE_DID - 3] + "..."
+        if column in ("flag", "did") and len(text) > CONSOLE_TEXT:
+            return text[: CONSOLE_TEXT - 3] + "..."
         return text or "-"
 
     lines = []

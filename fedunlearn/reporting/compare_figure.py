@@ -53,7 +53,7 @@ def plot_comparison(comparison, path: Path) -> Path:
     series = _series(comparison)
     methods = list(dict.fromkeys(r["method"] for r in comparison.rows))
     width = 0.8 / max(len(series), 1)
-    colours = plt.get_cmap("tab10").colors
+    colours = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 3]  # red: flags
     fig, axes = plt.subplots(1, len(PANELS), figsize=(max(7.0, 1.1 * len(methods) * 2), 4.6))
     for axis, (column, title) in zip(axes, PANELS):
         for index, (label, rows) in enumerate(series):

@@ -13,7 +13,10 @@ from fedunlearn.reporting import html_blocks as blocks
 
 
 def _shown(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else blocks.fmt(value)
+    """A value as TOML and ``docs/configuration.md`` write it: strings quoted, true/false."""
+    if isinstance(value, (str, bool)):
+        return json.dumps(value, ensure_ascii=False)
+    return blocks.fmt(value)
 
 
 def grouped_config(config: Mapping[str, Any]) -> dict[str, list[tuple[str, Any, Any, bool]]]:
