@@ -136,3 +136,15 @@ def test_compare_shows_each_run_s_methods_and_the_settings_that_differ(
     assert run_files.png_size((tmp_path / "out" / "compare.png").read_bytes()) is not None
     assert main(["compare", str(finished_run), str(other)]) == 0
     assert "fedretrain" in capsys.readouterr().out
+
+
+def test_the_judge_s_intervals_fold_into_their_value_and_partition_sizes_into_one_row(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"seed": 1}')
+    (run / "judge.csv").write_text("population,f,f-low,f-high,seconds\nfedau,0.5,0.4,0.6,2\n")
+    (run / "summary.json").write_text('{"partition_sizes": {"0": 135, "1": 134}}')
+    page = build_report(run)
+    assert "0.5 [0.4, 0.6]" in page and "f-low" not in page
+    assert "<td>partition_sizes</td>" in page.replace(' class="text"', "")
+    assert "0: 135, 1: 134" in page

@@ -17,6 +17,8 @@ from fedunlearn.reporting.run_files import Table, number
 
 #: At most this many rows of a table are shown (the file keeps them all).
 MAX_ROWS = 200
+#: A value with its interval, as :func:`csv_table_html` folds ``x``, ``x-low``, ``x-high``.
+INTERVAL = re.compile(r"\S+ \[\S+, \S+\]")
 #: The columns that give a row of a comparison its class (``flag`` non-empty: flagged).
 FLAG_COLUMN = "flag"
 
@@ -30,6 +32,7 @@ table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
 th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: right; vertical-align: top; }
 th { background: #f6f8fa; text-align: left; }
 td.text, th.text { text-align: left; } td.long { text-align: left; min-width: 240px; max-width: 480px; }
+td.interval { white-space: nowrap; font-size: 12px; }
 .group { display: inline-block; vertical-align: top; margin-right: 24px; }
 tr.flagged td { background: #ffebe9; } tr.changed td { background: #fff8c5; }
 .scroll { overflow-x: auto; max-width: 100%; }
@@ -73,6 +76,8 @@ def fmt(value: Any) -> str:
 
 def _cell(text: str) -> str:
     kind = "long" if len(text) > 30 else ("text" if number(text) is None and text else "")
+    if INTERVAL.fullmatch(text):
+        kind = "interval"
     return f'<td class="{kind}">{esc(text)}</td>' if kind else f"<td>{esc(text)}</td>"
 
 
@@ -139,7 +144,11 @@ def key_value_html(items: Iterable[tuple[str, Any]], classes: Sequence[str] = ()
 
 
 def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """A JSON object as ``(dotted.key, leaf)`` pairs; short lists of leaves stay whole."""
+    """A JSON object as ``(dotted.key, leaf)`` pairs; lists stay whole, and so does an object
+    keyed by numbers (partition sizes per client: one row, ``0: 135, 1: 135, ...``)."""
+    if isinstance(value, dict) and value and prefix and all(str(k).isdigit() for k in value):
+        if not any(isinstance(v, (dict, list)) for v in value.values()):
+            return [(prefix, ", ".join(f"{k}: {fmt(v)}" for k, v in value.items()))]
     if isinstance(value, dict):
         pairs = []
         for key, item in value.items():
