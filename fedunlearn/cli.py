@@ -9,10 +9,14 @@
                                                 command that downloads)
     fedunlearn config-docs [PATH] [--check]     write docs/configuration.md from the constraints table
     fedunlearn pyproject [PATH] [--check]       write the method keys of pyproject.toml's app config
+    fedunlearn report RUN [--out FILE]          one self-contained HTML page of a run (tables, every
+                                                figure, certificates, configuration)
+    fedunlearn compare RUN RUN... [--out DIR]   several runs' unlearning comparisons side by side
+                                                (with --out: compare.csv, .md and .png)
 
-Training runs are launched with ``fedunlearn-run`` (or ``flwr run .``). ``store`` and
-``certificates`` only read: they write, lock, clean up or migrate nothing, and work on a read-only
-file system.
+Training runs are launched with ``fedunlearn-run`` (or ``flwr run .``). ``store``,
+``certificates`` and ``compare`` only read runs: they write, lock, clean up or migrate nothing in
+them, and work on a read-only file system; ``report`` writes its one page, by default into the run.
 """
 
 from __future__ import annotations
@@ -268,6 +272,53 @@ def _methods(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------ report and compare
+def _report(args: argparse.Namespace) -> int:
+    """Write the run's HTML page (:mod:`fedunlearn.reporting.html_report`)."""
+    from fedunlearn.reporting.html_report import write_report
+
+    try:
+        target = write_report(args.run, args.out)
+    except OSError as error:
+        raise ConfigError(
+            "--out",
+            str(args.out or args.run),
+            f"a file that can be written ({error.strerror}); give --out FILE elsewhere",
+        ) from None
+    print(f"wrote {target} ({target.stat().st_size:,} bytes): open it in a browser")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """Print the runs' comparisons side by side (:mod:`fedunlearn.reporting.compare`); with
+    ``--out``, write compare.csv, compare.md and compare.png there too."""
+    from fedunlearn.reporting.compare import compare_runs, to_console, write_comparison
+
+    comparison = compare_runs(args.runs)
+    print(to_console(comparison))
+    if args.out is not None:
+        for path in write_comparison(comparison, args.out):
+            print(f"wrote {path}")
+    return 0
+
+
+def _add_report_commands(groups) -> None:
+    """``fedunlearn report`` and ``fedunlearn compare``."""
+    report = groups.add_parser("report", help="write one self-contained HTML page of a run")
+    report.add_argument("run", type=Path, help="run directory")
+    report.add_argument(
+        "--out", type=Path, default=None, help="the page's file (default: RUN/report.html)"
+    )
+    report.set_defaults(handler=_report)
+    compare = groups.add_parser("compare", help="several runs' unlearning comparisons side by side")
+    compare.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directories")
+    compare.add_argument(
+        "--out", type=Path, default=None, help="folder for compare.csv, compare.md and compare.png"
+    )
+    compare.set_defaults(handler=_compare)
+
+
+# ------------------------------------------------------------ the parser
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedunlearn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -316,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("path", type=Path, nargs="?", default=Path("pyproject.toml"))
     keys.add_argument("--check", action="store_true", help="exit 1 if PATH's block is out of date")
     keys.set_defaults(handler=_pyproject)
+    _add_report_commands(groups)
     return parser
 
 

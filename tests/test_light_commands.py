@@ -78,3 +78,23 @@ def test_fedunlearn_errors_import_neither_torch_nor_flower(tmp_path):
     code, heavy, stderr = _imported("fedunlearn.cli", "store", "info", str(tmp_path))
     assert code == 2 and "store.json" in stderr
     assert not {"torch", "flwr", "ray"} & set(heavy), heavy
+
+
+def test_report_and_compare_answer_help_and_refusals_without_anything_heavy(tmp_path):
+    """Their help, a folder that is no run, a run without its comparison: no PyTorch, Flower,
+    pandas or matplotlib; nor the page of a run that holds only its configuration."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"run-name": "bare", "seed": 3}')
+    for arguments, code_said in (
+        (["report", "--help"], (0, "")),
+        (["compare", "--help"], (0, "")),
+        (["report", str(tmp_path)], (2, "a run directory holding config.json")),
+        (["compare", str(run), str(tmp_path / "gone")], (2, f"invalid RUN='{tmp_path / 'gone'}'")),
+        (["compare", str(run)], (2, "run directories holding an unlearning comparison")),
+        (["report", str(run), "--out", str(tmp_path / "page.html")], (0, "")),
+    ):
+        code, heavy, stderr = _imported("fedunlearn.cli", *arguments)
+        assert (code, heavy) == (code_said[0], []), (arguments, heavy, stderr)
+        assert code_said[1] in stderr, stderr
+    assert "bare" in (tmp_path / "page.html").read_text(encoding="utf-8")

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-#: Executables whose start is a deployment: Flower's SuperLink, SuperNodes, its CLI, our launcher.
+#: Executables whose start is a deployment: Flower's SuperLink, SuperNodes, its CLI, our launcher,
+#: and the headless browser that renders a report page.
 DEPLOYMENT_PROGRAMS = frozenset(
     {
         "fedunlearn-run",
@@ -31,6 +32,7 @@ DEPLOYMENT_PROGRAMS = frozenset(
         "start_superlink.sh",
         "start_supernode.sh",
         "nginx",
+        "chromium",
     }
 )
 
