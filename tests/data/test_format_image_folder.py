@@ -33,6 +33,7 @@ def _tree(root, classes=("cat", "dog"), per_class=5, mode="L"):
 
 
 def test_a_train_test_tree_keeps_its_splits_and_sorts_the_class_names(tmp_path):
+    _tree(tmp_path / "val", classes=("moth",), per_class=1)  # beside train/ and test/: ignored
     for split, count in (("train", 4), ("test", 2)):
         for name, value in (("zebra", 200), ("ant", 20)):
             for index in range(count):

@@ -8,6 +8,8 @@ out of range as a :class:`~fedunlearn.errors.ConfigError` naming the run-config 
 Labels become ``0..C-1`` in the sorted order of the training split's label values (``"cat" < "dog"``,
 ``3 < 7``), the rule torchvision's ``ImageFolder`` applies to class folders; :func:`label_codes`
 returns the values in that order, so code ``i`` means ``classes[i]``.
+
+The data source's ``download`` is ignored: local data has nothing to fetch.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Two layouts are read:
 
-- ``root/train/<class>/*.png`` and ``root/test/<class>/...``: the splits as given (``root`` holds
-  exactly the folders ``train`` and ``test``, besides files);
+- ``root/train/<class>/*.png`` and ``root/test/<class>/...``: the splits as given (whenever ``root``
+  holds both a ``train`` and a ``test`` folder; other folders beside them, e.g. ``val``, are ignored);
 - ``root/<class>/*.png``: one set, split by :func:`~fedunlearn.data.formats.common.stratified_split`
   (``test-fraction`` of each class held out, seeded with ``seed``).
 
@@ -88,8 +88,7 @@ def read_image_folder(source) -> tuple[DatasetSplits, list[str]]:
 
 
 def _is_split_layout(root: Path) -> bool:
-    folders = {path.name for path in root.iterdir() if path.is_dir()}
-    return folders == {"train", "test"}
+    return (root / "train").is_dir() and (root / "test").is_dir()
 
 
 def _samples(folder: Path) -> tuple[list[Path], list[str]]:
