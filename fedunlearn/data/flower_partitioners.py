@@ -98,10 +98,7 @@ def flower_partition(
     dataset = datasets.Dataset.from_dict({"label": labels, "index": np.arange(labels.shape[0])})
     partitioner.dataset = dataset if shuffle_seed is None else dataset.shuffle(seed=shuffle_seed)
     try:
-        return [
-            np.sort(np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64))
-            for i in range(num_partitions)
-        ]
+        return [_indices(partitioner.load_partition(i)) for i in range(num_partitions)]
     except ValueError as error:  # Dirichlet's 10 redraws exhausted
         raise ConfigError(
             "alpha",
@@ -110,6 +107,11 @@ def flower_partition(
             f"{num_partitions} partitions at least {min_partition_size} samples ({error}); use a "
             "larger alpha or fewer clients",
         ) from error
+
+
+def _indices(partition) -> np.ndarray:
+    """A partition's ``index`` column, sorted; read as one NumPy batch (row by row is 10x slower)."""
+    return np.sort(partition.with_format("numpy")[:]["index"].astype(np.int64, copy=False))
 
 
 def _check(labels, num_partitions, kind, alpha, shards_per_partition, min_partition_size) -> None:
