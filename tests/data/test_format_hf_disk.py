@@ -95,6 +95,13 @@ def test_a_folder_that_is_not_a_saved_dataset_is_refused(tmp_path):
         load_hf_disk(_source(tmp_path / "no-train"))
 
 
+def test_a_test_split_with_other_columns_is_refused(tmp_path):
+    test = _image_set([0, 1]).rename_column("img", "picture")
+    datasets.DatasetDict(train=_image_set([0, 1, 0, 1]), test=test).save_to_disk(tmp_path / "s")
+    with pytest.raises(DatasetNotFoundError, match=r"test columns \['picture', 'label'\] differ"):
+        load_hf_disk(_source(tmp_path / "s"))
+
+
 def test_without_datasets_the_error_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(ConfigError, match=r"pip install 'fedunlearn\[hf\]'"):

@@ -107,8 +107,14 @@ def _splits(path: Path, source):
             raise unusable(NAME, path, f"splits {sorted(loaded)}; a 'train' split is needed")
         _check_label_column(loaded["train"], source.label_column)
         if "test" in loaded:
-            _check_label_column(loaded["test"], source.label_column)
-            return loaded["train"], loaded["test"]
+            train, test = loaded["train"], loaded["test"]
+            if test.column_names != train.column_names:
+                raise unusable(
+                    NAME,
+                    path,
+                    f"test columns {test.column_names} differ from train's {train.column_names}",
+                )
+            return train, test
         loaded = loaded["train"]
     _check_label_column(loaded, source.label_column)
     train, test = stratified_split(_column(loaded, source.label_column), source, NAME, path)
