@@ -67,6 +67,36 @@ DATASETS.register(
     downloads="adult.data and adult.test from the UCI archive",
 )
 
+# Data in common forms, no code: data-root names the file or folder; the classes and the sample
+# shape come from the data, and model = auto picks by that shape (docs/data-formats.md).
+_FORMATS = "fedunlearn.data.formats"
+DATASETS.register(
+    "image-folder",
+    f"{_FORMATS}.image_folder:load_image_folder",
+    description="a folder of images per class (torchvision's ImageFolder), with or without train/ and test/",
+    layout="<class>/<images> folders, or train/<class>/ and test/<class>/",
+)
+DATASETS.register(
+    "table",
+    f"{_FORMATS}.table:load_table",
+    description="a CSV or Parquet table with a label column (label-column)",
+    layout="a .csv or .parquet file, or a folder holding train.csv and test.csv",
+    root_is_file=True,
+)
+DATASETS.register(
+    "npz",
+    f"{_FORMATS}.arrays:load_npz",
+    description="NumPy arrays in an .npz file (x_train, y_train, x_test, y_test, or x, y)",
+    layout="an .npz file",
+    root_is_file=True,
+)
+DATASETS.register(
+    "hf-disk",
+    f"{_FORMATS}.hf_disk:load_hf_disk",
+    description="a Hugging Face datasets folder written by save_to_disk (needs fedunlearn[hf])",
+    layout="a folder written by datasets' save_to_disk",
+)
+
 # ---------------------------------------------------------------------- datasets a user adds
 # One line each (docs/adding-a-dataset.md), e.g.
 # DATASETS.register("my-data", "mypkg.data:load", num_classes=10, sample_shape=(1, 28, 28))

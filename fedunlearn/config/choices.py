@@ -15,7 +15,9 @@ from fedunlearn.registry import AGGREGATIONS, SCRUBBING, UNLEARNING
 from fedunlearn.registry import JUDGE_METRICS as _JUDGE_REGISTRY
 from fedunlearn.store.retention import RETAIN_MODES
 
-PARTITIONINGS = ("iid", "dirichlet", "shards")
+#: Ours, then Flower Datasets' partitioners over the same labels (``flower-*``: the split other
+#: Flower baselines get for the same seed; :mod:`fedunlearn.data.flower_partitioners`).
+PARTITIONINGS = ("iid", "dirichlet", "shards", "flower-iid", "flower-dirichlet", "flower-shards")
 STORE_DTYPES = ("float32", "float16")
 RETAIN_MODES = RETAIN_MODES  # full | norms (fedunlearn.store.retention)
 DEVICES = ("auto", "cpu", "cuda")

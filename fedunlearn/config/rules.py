@@ -45,6 +45,7 @@ from fedunlearn.config.training_rules import (
     check_data_root,
     check_dp_delta,
     check_model_fits_dataset,
+    check_optional_packages,
     check_retain_mode,
     check_retention_for_methods,
     check_sampling,
@@ -78,6 +79,7 @@ Rule = Callable[[Any], None]
 #: group's view, one without takes the whole configuration.
 RULES: tuple[tuple[str | None, Rule], ...] = (
     (None, check_user_code),
+    (None, check_optional_packages),
     (None, check_model_fits_dataset),
     (None, check_train_samples_cover_clients),
     (None, check_data_root),

@@ -63,6 +63,28 @@ def check_user_code(config: RunParameters) -> None:
         check_builder(config.model)
 
 
+def check_optional_packages(config: RunParameters) -> None:
+    """A choice that needs an optional extra (Flower Datasets' partitioners, a Hugging Face
+    folder) is refused at launch, naming the install, when the package is missing."""
+    import importlib.util
+
+    needs = (
+        (
+            "partitioning",
+            config.partitioning.startswith("flower-"),
+            "flwr_datasets",
+            "flower-datasets",
+        ),
+        ("dataset", config.dataset == "hf-disk", "datasets", "hf"),
+    )
+    for key, used, module, extra in needs:
+        if used and importlib.util.find_spec(module) is None:
+            value = getattr(config, key)
+            raise ConfigError(
+                key, value, f"{value} with its package installed: pip install 'fedunlearn[{extra}]'"
+            )
+
+
 def check_model_fits_dataset(config: RunParameters) -> None:
     """The model's layers take the dataset's samples (e.g. not mnist-cnn's two 5x5 convolutions on
     8x8 digits), found by running it on one CPU sample: no data needed when the dataset states

@@ -45,6 +45,9 @@ DATA_KEYS = (
 )
 #: Prefix of those keys in a message's config record.
 RUN_SETTING_PREFIX = "run."
+#: ``partitioning = "flower-<kind>"``: Flower Datasets' partitioner ``kind`` over the same labels,
+#: so a split can equal the one other Flower baselines use for the same seed.
+FLOWER_PREFIX = "flower-"
 
 
 def run_settings(config: ExperimentConfig) -> dict[str, Any]:
@@ -193,14 +196,21 @@ def _load_cached(
     )
     pool = training_pool(len(splits.train), train_samples, seed)
     labels = splits.train.y[torch.as_tensor(pool, dtype=torch.long)]
-    parts = partition_indices(
-        labels,
-        num_clients,
-        partitioning,
-        alpha=alpha,
-        shards_per_partition=shards_per_client,
-        seed=seed,
-    )
+    if partitioning.startswith(FLOWER_PREFIX):  # Flower Datasets' own partitioner
+        from fedunlearn.data.flower_partitioners import flower_partition
+
+        kind = partitioning.removeprefix(FLOWER_PREFIX)
+        options = {"alpha": alpha, "seed": seed, "shards_per_partition": shards_per_client}
+        parts = flower_partition(labels.numpy(), num_clients, kind, **options)
+    else:
+        parts = partition_indices(
+            labels,
+            num_clients,
+            partitioning,
+            alpha=alpha,
+            shards_per_partition=shards_per_client,
+            seed=seed,
+        )
     return FederatedData(splits=splits, partitions=tuple(pool[part] for part in parts))
 
 

@@ -21,6 +21,8 @@ import numpy as np
 
 from fedunlearn.errors import ConfigError
 
+#: Our partitionings; the run's ``partitioning`` also takes Flower Datasets' (``flower-*``,
+#: :mod:`fedunlearn.data.flower_partitioners`), which :mod:`fedunlearn.data.federated_data` calls.
 PARTITIONINGS = ("iid", "dirichlet", "shards")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedunlearn.data.datasets import _MINIMUM_STD, DatasetSplits, TensorSplit, _standardize_images
+from fedunlearn.data.datasets import MINIMUM_STD, DatasetSplits, TensorSplit, standardize_images
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
 
 #: Fewest samples of a class that a split of one file into train and test accepts: one for each.
@@ -149,7 +149,7 @@ def standardize_features(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarra
     """Standardise the columns of ``(N, F)`` features with the training split's mean and std."""
     train = np.asarray(train, dtype=np.float64)
     mean, std = train.mean(axis=0), train.std(axis=0)
-    std = np.where(std > _MINIMUM_STD, std, 1.0)
+    std = np.where(std > MINIMUM_STD, std, 1.0)
     return ((train - mean) / std).astype(np.float32), ((np.asarray(test) - mean) / std).astype(
         np.float32
     )
@@ -165,7 +165,7 @@ def image_splits(
     """
     train_x = torch.as_tensor(train[0]).to(torch.float32, copy=True).div_(scale)
     test_x = torch.as_tensor(test[0]).to(torch.float32, copy=True).div_(scale)
-    _standardize_images(train_x, test_x)
+    standardize_images(train_x, test_x)
     return _splits(name, (train_x, train[1]), (test_x, test[1]), num_classes)
 
 
