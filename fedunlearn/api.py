@@ -215,6 +215,7 @@ def _launch(launch: Launch, config: Path | None, keys: Mapping[str, Any]) -> Run
     if shutil.which("flwr", path=search_path) is None:
         raise RunFailed("the `flwr` command was not found (pip install -e .)")
     env = launcher.run_environment(args, search_path, launch.folders())
+    _say_if_superlink_lacks(launch.folders(), env)
     with open(os.devnull, "w", encoding="utf-8") as devnull:
         out = devnull if launch.quiet else sys.stdout
         try:
@@ -228,6 +229,33 @@ def _launch(launch: Launch, config: Path | None, keys: Mapping[str, Any]) -> Run
     if code != 0:
         raise RunFailed(said or f"flwr run exited with status {code}")
     return Run(checked.run_directory(), launch)
+
+
+#: The ``python_path`` folders of each local SuperLink (by its home) this process saw start.
+_SUPERLINK_FOLDERS: dict[str, set[str]] = {}
+
+
+def _say_if_superlink_lacks(folders: list[str], env: Mapping[str, str]) -> None:
+    """Warn when ``folders`` may not reach the run: the local SuperLink is already up and was not
+    started by this process with them (it keeps the environment it started with, and its
+    ServerApp and Ray workers inherit that one)."""
+    from simulations.local_superlink import LOCAL_ADDRESSES, LocalSuperLink, default_address
+
+    address = default_address(env)
+    if address not in LOCAL_ADDRESSES:
+        return  # a deployment: its machines' environments are their own
+    superlink = LocalSuperLink.of(env, address)
+    known = _SUPERLINK_FOLDERS.get(str(superlink.home))
+    if not superlink.is_up():
+        _SUPERLINK_FOLDERS[str(superlink.home)] = set(folders)  # the launch starts it with them
+    elif folders and not (known is not None and set(folders) <= known):
+        print(
+            f"fedunlearn: the local SuperLink (port {superlink.http_port}) was already running: "
+            "the run sees python_path only if it was started with it; if the run cannot import "
+            "your module, stop that SuperLink by its process id (README: The local SuperLink)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class Run:

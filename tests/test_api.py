@@ -212,3 +212,21 @@ def test_a_table_that_is_a_link_is_not_followed(finished_run, tmp_path):
     (tmp_path / "elsewhere.csv").write_text("round\n0\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="a link"):
         _ = Run.open(copy).metrics
+
+
+def test_a_running_superlink_not_started_with_the_folders_is_named(tmp_path, monkeypatch, capsys):
+    from fedunlearn import api
+    from simulations import local_superlink
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
+    monkeypatch.setattr(api, "_SUPERLINK_FOLDERS", {})
+    up = {"now": True}
+    monkeypatch.setattr(local_superlink.LocalSuperLink, "is_up", lambda self: up["now"])
+    api._say_if_superlink_lacks([str(tmp_path)], dict(os.environ))
+    assert "was already running: the run sees python_path only if" in capsys.readouterr().err
+    up["now"] = False  # this process's launch starts it, with the folders
+    api._say_if_superlink_lacks([str(tmp_path)], dict(os.environ))
+    up["now"] = True
+    api._say_if_superlink_lacks([str(tmp_path)], dict(os.environ))
+    api._say_if_superlink_lacks([], dict(os.environ))
+    assert capsys.readouterr().err == ""
