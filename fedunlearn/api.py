@@ -107,6 +107,7 @@ class Launch:
 
 
 def _launch_options(options: Mapping[str, Any]) -> Launch:
+    """A :class:`Launch` of keyword options; ``python_path`` may be one folder or several."""
     path = options.get("python_path", ())
     if isinstance(path, (str, os.PathLike)):
         path = (path,)
