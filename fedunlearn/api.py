@@ -243,13 +243,13 @@ def _say_if_superlink_lacks(folders: list[str], env: Mapping[str, str]) -> None:
     from simulations.local_superlink import LOCAL_ADDRESSES, LocalSuperLink, default_address
 
     address = default_address(env)
-    if address not in LOCAL_ADDRESSES:
-        return  # a deployment: its machines' environments are their own
+    if address not in LOCAL_ADDRESSES or not (folders or _SUPERLINK_FOLDERS):
+        return  # a deployment (its machines' environments are their own), or nothing to track
     superlink = LocalSuperLink.of(env, address)
     known = _SUPERLINK_FOLDERS.get(str(superlink.home))
     if not superlink.is_up():
         _SUPERLINK_FOLDERS[str(superlink.home)] = set(folders)  # the launch starts it with them
-    elif folders and not (known is not None and set(folders) <= known):
+    elif folders and (known is None or not set(folders) <= known):
         print(
             f"fedunlearn: the local SuperLink (port {superlink.http_port}) was already running: "
             "the run sees python_path only if it was started with it; if the run cannot import "
