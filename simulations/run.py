@@ -89,8 +89,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError("config", str(path), flat) from None
 
 
-def load_run_config(path: Path | None, assignments: Sequence[str] = ()) -> dict[str, Any]:
-    """A run config from a flat TOML file (the format of ``flwr run --run-config FILE``) + overrides."""
+def load_run_config(
+    path: Path | None, assignments: Sequence[str] = (), keys: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A run config from a flat TOML file (the format of ``flwr run --run-config FILE``), then
+    ``keys`` (values as they are), then the ``--set`` ``assignments``."""
     overrides = dict(parse_assignment(text) for text in assignments)  # `--set rounds 5` first
     values: dict[str, Any] = {}
     if path is not None:
@@ -109,7 +112,7 @@ def load_run_config(path: Path | None, assignments: Sequence[str] = ()) -> dict[
             raise ConfigError(
                 "config", str(path), f"flat key = value pairs; found a table [{nested[0]}]"
             )
-    return values | overrides
+    return values | dict(keys or {}) | overrides
 
 
 def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -235,11 +238,14 @@ def _unset_num_clients(config: ExperimentConfig) -> int:
     return DEFAULT_NUM_CLIENTS
 
 
-def check_run(args: argparse.Namespace) -> tuple[ExperimentConfig, str]:
+def check_run(
+    args: argparse.Namespace, keys: Mapping[str, Any] | None = None
+) -> tuple[ExperimentConfig, str]:
     """Validate everything before anything starts: the keys, the launcher's flags, the data and
     the run directory (read-only). Returns the configuration and the run-config TOML to hand to
-    ``flwr run``: the keys the user set, as validated (the app's pyproject supplies the rest)."""
-    values = load_run_config(args.config, args.set)
+    ``flwr run``: the keys the user set, as validated (the app's pyproject supplies the rest).
+    ``keys``: run-config values set over the config file's (:mod:`fedunlearn.api`'s keywords)."""
+    values = load_run_config(args.config, args.set, keys)
     if args.data_root:
         values["data-root"] = args.data_root
     if args.output_dir:
@@ -387,77 +393,106 @@ def launch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         print(f"fedunlearn-run: error: {error}", file=sys.stderr)
         return 2
 
-    # Prefer the Flower of this interpreter's environment, and put its bin folder first on PATH so
-    # the SuperLink that `flwr run` may spawn uses the same environment.
-    search_path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    search_path = flower_search_path()
     if shutil.which("flwr", path=search_path) is None:
         print(
             "fedunlearn-run: error: the `flwr` command was not found (pip install -e .)",
             file=sys.stderr,
         )
         return 2
-    run_config = inline_run_config(text)
     if args.dry_run:
-        command = build_flwr_command(
-            args.app, run_config or "FILE.toml", config.num_clients, args.num_cpus, args.num_gpus
-        )
-        print("fedunlearn-run:", shlex.join(command), flush=True)
-        if run_config is None:
-            print("# FILE.toml: save these lines as a file and name it in --run-config")
-        print(text, end="")
-        return 0
+        return _dry_run(args, config, text)
+    env = run_environment(args, search_path)
+    try:
+        outcome = run_checked(args, config, text, env, out=sys.stdout)
+    except RunInterrupted as interrupted:
+        return stop_interrupted(interrupted, list(argv or sys.argv[1:]), env)
+    except StartFailure as failure:
+        print(f"fedunlearn-run: error: {failure}", file=sys.stderr)
+        return START_FAILED
+    code, said = verdict(outcome, args.verbose)
+    if said:
+        print(f"fedunlearn-run: {said}", file=sys.stderr)
+    return code
+
+
+def flower_search_path() -> str:
+    """``PATH`` with this interpreter's bin folder first: the Flower of this environment is
+    preferred, and the SuperLink that ``flwr run`` may spawn uses the same environment."""
+    return str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+
+
+def _dry_run(args: argparse.Namespace, config: ExperimentConfig, text: str) -> int:
+    """``--dry-run``: print the ``flwr run`` command and the run config, start nothing."""
+    run_config = inline_run_config(text)
+    command = build_flwr_command(
+        args.app, run_config or "FILE.toml", config.num_clients, args.num_cpus, args.num_gpus
+    )
+    print("fedunlearn-run:", shlex.join(command), flush=True)
+    if run_config is None:
+        print("# FILE.toml: save these lines as a file and name it in --run-config")
+    print(text, end="")
+    return 0
+
+
+def run_environment(
+    args: argparse.Namespace, search_path: str, python_path: Sequence[str] = ()
+) -> dict[str, str]:
+    """The environment of ``flwr run`` and of the local SuperLink the launch may start (its
+    ServerApp and its Ray workers inherit it): ``python_path`` folders first on ``PYTHONPATH``.
+    A SuperLink already running keeps the environment it started with."""
+    env = launch_environment(os.environ, start_timeout(args.start_timeout, os.environ))
+    env |= {"PATH": search_path, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    folders = [str(folder) for folder in python_path]
+    if folders:
+        env["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def run_checked(
+    args: argparse.Namespace, config: ExperimentConfig, text: str, env: dict[str, str], out: TextIO
+):
+    """Run the checked run config ``text`` (:func:`check_run`) with ``flwr run``, its lines shown
+    on ``out``, tried again while the SuperLink or Ray did not start; returns the
+    :class:`simulations.attempts.Outcome`. Raises :class:`RunInterrupted` (Ctrl-C) and
+    :class:`~simulations.local_superlink.StartFailure`."""
     with tempfile.TemporaryDirectory() as tmp:
+        run_config = inline_run_config(text)
         if run_config is None:  # a value Flower's key=value parser cannot read: a file then
             run_config = str(Path(tmp) / "run-config.toml")
             Path(run_config).write_text(text, encoding="utf-8")
         command = build_flwr_command(
             args.app, run_config, config.num_clients, args.num_cpus, args.num_gpus
         )
-        print("fedunlearn-run:", shlex.join(command), flush=True)
-        timeout = start_timeout(args.start_timeout, os.environ)
-        env = launch_environment(os.environ, timeout)
-        env |= {"PATH": search_path, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-        try:
-            outcome = run_until_started(
-                command,
-                env,
-                timeout=timeout,
-                stream=stream_run,
-                status=_run_status,
-                ensure=ensure_local_superlink,
-                new_console=lambda: ConsoleFilter(
-                    verbose=args.verbose, color=use_color(sys.stdout)
-                ),
-                out=sys.stdout,
-            )
-        except RunInterrupted as interrupted:
-            return stop_interrupted(interrupted, list(argv or sys.argv[1:]), env)
-        except StartFailure as failure:
-            print(f"fedunlearn-run: error: {failure}", file=sys.stderr)
-            return START_FAILED
-    return _verdict(outcome, args.verbose)
+        print("fedunlearn-run:", shlex.join(command), file=out, flush=True)
+        return run_until_started(
+            command,
+            env,
+            timeout=start_timeout(args.start_timeout, os.environ),
+            stream=stream_run,
+            status=_run_status,
+            ensure=ensure_local_superlink,
+            new_console=lambda: ConsoleFilter(verbose=args.verbose, color=use_color(out)),
+            out=out,
+        )
 
 
-def _verdict(outcome, verbose: bool) -> int:
+def verdict(outcome, verbose: bool) -> tuple[int, str]:
     """The exit status of a launch that ended with ``outcome``
-    (:class:`simulations.attempts.Outcome`), saying why when it is not 0."""
+    (:class:`simulations.attempts.Outcome`) and why, when it is not 0 ("" when the status says
+    it: ``flwr run``'s own non-zero exit)."""
     run_id = outcome.run_id
     if outcome.console.error is not None:
         hint = "" if verbose else " (--verbose shows Flower's traceback)"
-        print(
-            f"fedunlearn-run: run {run_id} failed: {outcome.console.error}{hint}", file=sys.stderr
-        )
-        return 1
+        return 1, f"run {run_id} failed: {outcome.console.error}{hint}"
     if outcome.code != 0:
-        return outcome.code
+        return outcome.code, ""
     if run_id is None:
-        print("fedunlearn-run: error: flwr did not start a run", file=sys.stderr)
-        return 1
+        return 1, "error: flwr did not start a run"
     status, details = outcome.status
     if status != "finished:completed":
-        print(f"fedunlearn-run: run {run_id} {status}: {details}", file=sys.stderr)
-        return 1
-    return 0
+        return 1, f"run {run_id} {status}: {details}"
+    return 0, ""
 
 
 if __name__ == "__main__":
