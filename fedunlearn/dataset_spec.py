@@ -61,6 +61,19 @@ def imported(key: str, reference: str) -> Callable[..., Any]:
     return target
 
 
+def on_python_path(folder: str) -> None:
+    """Put ``folder`` (``code-path``) first on ``sys.path`` of this process, once; a folder that
+    does not exist is a :class:`ConfigError` on ``code-path``."""
+    import sys
+
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise ConfigError("code-path", folder, "an existing folder holding your module(s)")
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+        importlib.invalidate_caches()
+
+
 def check_signature(key: str, reference: str, target: Callable[..., Any], arguments: int) -> None:
     """``target`` accepts ``arguments`` positional arguments, or a :class:`ConfigError` on
     ``key`` quoting its signature."""

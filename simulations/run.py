@@ -54,7 +54,7 @@ from simulations.local_superlink import (
 )
 from simulations.run_parser import PROJECT_ROOT, parser
 
-PATH_KEYS = ("data-root", "output-dir")
+PATH_KEYS = ("data-root", "output-dir", "code-path")
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:

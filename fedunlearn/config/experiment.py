@@ -201,10 +201,16 @@ class ExperimentConfig(RunParameters):
     def output_path(self) -> Path:
         return expand_path("output-dir", self.output_dir, Path.cwd(), resolve=True)
 
+    @property
+    def _dataset_label(self) -> str:
+        """The dataset as a folder name: a user's ``mypkg.data:load`` becomes ``mypkg-data-load``."""
+        return self.dataset.replace(".", "-").replace(":", "-").replace("_", "-").lower()
+
     def run_directory(self, now: float | None = None) -> Path:
         """``output-dir/run-name``; an empty run-name becomes ``<dataset>-<YYYYmmdd-HHMMSS>``."""
         name = (
-            self.run_name or f"{self.dataset}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+            self.run_name
+            or f"{self._dataset_label}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
         )
         return self.output_path / name
 

@@ -126,6 +126,12 @@ class RunParameters:
         "the data's folder (torchvision's layout), or file for a file format; not for digits",
     )
     download: bool = data(False, Flag(), "fetch a missing dataset into data-root")
+    code_path: str = data(
+        "",
+        FolderPath(required=False),
+        "a folder put first on the Python path of the ServerApp and every ClientApp, to import a "
+        "dataset or model given as module:function",
+    )
     label_column: str = data(
         "label",
         Text(),

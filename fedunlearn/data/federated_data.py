@@ -27,6 +27,7 @@ from fedunlearn.seeding import derive_seed
 #: shorter run config: the server sends them with every message.
 DATA_KEYS = (
     "dataset",
+    "code-path",
     "data-root",
     "label-column",
     "test-fraction",
