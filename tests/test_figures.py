@@ -31,6 +31,7 @@ from fedunlearn.plots import (  # noqa: E402
     training_curves_figure,
     unlearning_figure,
 )
+from fedunlearn.plots.certified import ACCURACY_MIN_SPAN_POINTS, accuracy_limits  # noqa: E402
 from fedunlearn.registry import AUDITED, SCRUBBING, UNLEARNING  # noqa: E402
 from fedunlearn.scrubbing.readout_figures import (  # noqa: E402
     entropy_figure,
@@ -95,10 +96,46 @@ TABLE = pd.DataFrame(
 
 def test_round_axes_have_whole_number_ticks_and_legends_outside():
     fig = training_curves_figure(METRICS)
+    accuracy, loss = fig.axes  # later rounds spread over a third of the range: no zoom
     for ax in fig.axes:
         assert ax.get_xlabel() == "round"
         assert integer_only(ax.xaxis), ax.xaxis.get_majorticklocs()
-        assert legend_outside_axes(ax)
+    assert legend_outside_axes(loss)
+    assert accuracy.get_legend() is None  # the caption says what the rings are
+    assert any("retained" in t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert loss.get_yscale() == "linear"  # 2.3 to 0.5: less than a decade
+
+
+# A real digits run (sensitivity sweep, IID, seed 0): chance at round 0, 0.90 after round 1, then
+# 0.97 to 0.98; the clients' train loss falls from 0.25 to 5e-4.
+JUMP = pd.DataFrame(
+    {
+        "round": range(8),
+        "test_accuracy": [0.131, 0.900, 0.969, 0.967, 0.973, 0.973, 0.978, 0.978],
+        "test_loss": [2.31, 0.329, 0.136, 0.120, 0.107, 0.096, 0.093, 0.073],
+        "train_loss": [np.nan, 0.253, 0.036, 0.0037, 0.0091, 0.0078, 0.0020, 0.0005],
+        "retained": [False, True, False, True, False, True, False, True],
+    }
+)
+
+
+def test_rounds_after_a_first_jump_get_a_zoomed_panel_and_losses_a_log_axis():
+    """On one linear axis from 0.13 to 0.98, rounds 2 to 7 (within 1.1 points) are a flat line:
+    a second panel shows the rounds after the first on their own axis, and the losses, falling by
+    decades, are on a log axis."""
+    fig = training_curves_figure(JUMP)
+    full, zoom, loss = fig.axes
+    assert full.get_ylim()[0] < 0.2  # the whole story, chance included
+    lines = [line for line in zoom.get_lines() if len(line.get_xdata()) > 1]
+    assert list(lines[0].get_xdata()) == list(range(1, 8))  # round 0 left out
+    low, high = zoom.get_ylim()
+    later = JUMP["test_accuracy"].iloc[1:]
+    assert (later.max() - later.min()) / (high - low) > 0.8  # the later rounds fill the panel
+    assert "zoom" in zoom.get_title()
+    assert loss.get_yscale() == "log"
+    for ax in fig.axes:
+        assert integer_only(ax.xaxis)
+    assert legend_outside_axes(loss)
 
 
 def test_a_count_axis_has_whole_number_ticks():
@@ -323,6 +360,24 @@ def test_certified_figure_marks_retrains_shows_the_budget_and_names_the_run():
     # Without the list, the retrains are read off the table's cumulative count.
     fig = certified_removal_figure(CERTIFIED, budget)
     assert [line for line in fig.axes[0].get_lines() if np.allclose(line.get_xdata(), 30)]
+
+
+def test_a_dip_of_a_point_is_drawn_as_a_point_not_as_a_cliff():
+    """The certified head of a real digits run moved between 91.8 and 93.1 %: the accuracy axis
+    spans at least 5 points (the dip is a quarter of it, not all of it) and the title says how many
+    points apart the values are; values near 100 % keep the axis under 100."""
+    table = CERTIFIED.assign(test_accuracy=[0.929, 0.931, 0.931, 0.918, 0.920, 0.929])
+    accuracy = certified_removal_figure(table, 0.2).axes[0]
+    low, high = accuracy.get_ylim()
+    assert high - low >= ACCURACY_MIN_SPAN_POINTS
+    assert low <= 91.8 and 93.1 <= high
+    (line,) = [line for line in accuracy.get_lines() if len(line.get_xdata()) == len(table)]
+    assert np.allclose(line.get_ydata(), 100 * table["test_accuracy"])  # percent, as the label
+    assert "%" in accuracy.get_ylabel()
+    assert "1.3 points apart" in accuracy.get_title()
+    assert accuracy_limits([99.0, 99.8]) == (95.0, 100.0)
+    assert accuracy_limits([0.0, 0.4]) == (0.0, 5.0)
+    assert accuracy_limits([20.0, 80.0]) == pytest.approx((14.0, 86.0))  # wider: the data's
 
 
 # ------------------------------------------------------------------------ scrubbing_*.png
