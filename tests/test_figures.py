@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
-from matplotlib.colors import to_rgba  # noqa: E402
+from matplotlib.colors import to_rgb, to_rgba  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedunlearn.membership.metrics import roc_points  # noqa: E402
@@ -23,6 +23,7 @@ from fedunlearn.plots import (  # noqa: E402
     certified_removal_figure,
     forgetting_title,
     labelled_bars,
+    marker_boxes,
     method_colour,
     method_colours,
     neuron_angles_figure,
@@ -406,6 +407,77 @@ def test_scrubbing_tradeoff_labels_do_not_overlap_and_d_f_is_defined():
         ]
         assert overlapping == []
     assert any("D_f: the data to forget (class:3, 137 samples)" in t.get_text() for t in fig.texts)
+
+
+# scrubbing_tradeoff.csv of a real run (simulations/scrub_digits.toml, 5 rounds, class 3 forgotten):
+# method, lambda exponent, information (nats), error on D_f, error on D_test.
+SCRUB_TRADEOFF = pd.DataFrame(
+    [
+        {"method": m, "lam": 10.0**e, "information_nats": i, "error_forget": f, "error_test": t}
+        for m, e, i, f, t in [
+            ("newton", -8, 5127.6, 0.2555, 0.0467),
+            ("newton", -7, 1641.6, 0.2336, 0.0511),
+            ("newton", -6, 539.3, 0.2409, 0.0600),
+            ("newton", -5, 190.7, 0.2336, 0.0756),
+            ("newton", -4, 80.48, 0.4234, 0.2378),
+            ("fisher", -9, 4377.1, 0.1533, 0.0956),
+            ("fisher", -8, 1508.8, 0.0730, 0.0956),
+            ("fisher", -7, 601.8, 0.1387, 0.1400),
+            ("fisher", -6, 314.9, 0.5109, 0.3533),
+            ("fisher", -5, 224.2, 0.7956, 0.8200),
+            ("fisher-sqrt", -13, 101664.6, 0.0949, 0.0844),
+            ("fisher-sqrt", -12, 32803.0, 0.1314, 0.0867),
+            ("fisher-sqrt", -11, 11027.0, 0.1752, 0.0867),
+            ("fisher-sqrt", -10, 4140.8, 0.0511, 0.1178),
+            ("fisher-sqrt", -9, 1963.2, 0.6861, 0.2822),
+            ("fisher-reference", -14, 26500.0, 1.0, 0.1756),
+            ("fisher-reference", -13, 8452.0, 1.0, 0.1822),
+            ("fisher-reference", -12, 2744.7, 1.0, 0.1867),
+            ("fisher-reference", -11, 939.9, 1.0, 0.2044),
+            ("fisher-reference", -10, 369.2, 1.0, 0.3644),
+        ]
+    ]
+)
+
+
+def test_scrubbing_tradeoff_of_a_real_run_reads_at_a_glance():
+    """Saved as save_figure saves it (120 dpi), no λ label overlaps another label or a marker; the
+    three Fisher variants differ in colour (at least 0.35 apart in RGB, on 0..1 axes) and in
+    marker; fisher-reference's flat line at 100 % on D_f is explained under the figure."""
+    fig = information_tradeoff_figure(SCRUB_TRADEOFF, forget="class:3, 137 samples")
+    fig.set_dpi(120)
+    fig.tight_layout()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes[:2]:
+        labels = [t for t in ax.texts if t.get_text()]
+        assert len(labels) == len(SCRUB_TRADEOFF)
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        overlapping = [
+            (labels[i].get_text(), labels[j].get_text())
+            for i in range(len(boxes))
+            for j in range(i + 1, len(boxes))
+            if boxes[i].overlaps(boxes[j])
+        ]
+        assert overlapping == [], ax.get_ylabel()
+        on_markers = [
+            t.get_text()
+            for t, b in zip(labels, boxes)
+            if any(b.overlaps(m) for m in marker_boxes(ax))
+        ]
+        assert on_markers == [], ax.get_ylabel()
+    fisher = ["fisher", "fisher-sqrt", "fisher-reference"]
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    for i, a in enumerate(fisher):
+        for b in fisher[i + 1 :]:
+            distance = np.linalg.norm(
+                np.subtract(to_rgb(method_colour(a)), to_rgb(method_colour(b)))
+            )
+            assert distance >= 0.35, (a, b, distance)
+            assert lines[a].get_marker() != lines[b].get_marker()
+    (note,) = [t.get_text() for t in fig.texts if t.get_gid() == "caption"]
+    assert "fisher-reference: 100 % error on D_f at every λ" in note
+    assert "never predicted" in note and "newton:" not in note  # only the flat line is named
 
 
 def test_relearn_zero_bars_and_the_retrain_line_are_visible_and_nothing_is_clipped():
