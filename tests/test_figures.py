@@ -507,6 +507,28 @@ def test_relearn_zero_bars_and_the_retrain_line_are_visible_and_nothing_is_clipp
     assert any(t.get_text().startswith("D_f: ") for t in fig.texts)
 
 
+def test_no_relearn_value_is_written_on_the_retrain_line():
+    """A bar just under retrain's (0.47 vs 0.5 epochs) has its value where the dashed line runs,
+    as retrain's own value sits on it: both are lifted clear of the line, at the dpi of the save."""
+    frame = RELEARN.assign(relearn_epochs=[0.0, 0.5, 0.47, np.nan, 0.05])
+    fig = relearn_figure(frame)
+    (ax,) = fig.axes
+    fig.set_dpi(120)
+    fig.tight_layout()
+    fig.canvas.draw()
+    (line,) = [line for line in ax.get_lines() if "retrain" in line.get_label()]
+    y = ax.transData.transform((0.0, line.get_ydata()[0]))[1]
+    clearance = 2.0 * fig.dpi / 72.0  # two points
+    crossed = [
+        t.get_text()
+        for t in ax.texts
+        if t.get_window_extent().y0 - clearance < y < t.get_window_extent().y1 + clearance
+    ]
+    assert crossed == []
+    box = ax.get_window_extent()
+    assert all(box.y0 <= t.get_window_extent().y1 <= box.y1 for t in ax.texts)  # still inside
+
+
 def test_entropy_is_one_readable_panel_on_a_log_axis():
     rng = np.random.default_rng(1)
     methods = ["original", "retrain", "newton", "newton-finite", "fisher", "finetune", "hiding"]

@@ -241,12 +241,14 @@ def relearn_figure(frame: pd.DataFrame, *, forget: str | None = None):
 
     A method that relearned at once (0 epochs: it kept D_f) is an outlined bar of height 0 with
     its "0", drawn above the axis (the y axis starts a little below 0), as is the retrain line.
+    A value the retrain line would cross is lifted above it (:func:`lift_off_line`).
     """
     _check_columns(frame, ("method", "relearn_epochs"))
     methods = [str(m) for m in frame["method"]]
     lengths, reached = _relearn_lengths(frame)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(methods) + 2.5), 4.4))
     top = max(float(lengths.max()) if lengths.size else 1.0, 1e-12)
+    labels = []
     for position, method, length, hit in zip(range(len(methods)), methods, lengths, reached):
         colour = method_colour(method)
         if hit:  # the outline keeps a bar of height 0 (relearned at once) visible
@@ -255,15 +257,18 @@ def relearn_figure(frame: pd.DataFrame, *, forget: str | None = None):
         else:
             ax.bar(position, length, 0.7, color="white", edgecolor=colour, hatch="//")
             label = f"not reached\n(> {length:.2g})"
-        ax.annotate(
-            label,
-            (position, length),
-            textcoords="offset points",
-            xytext=(0, 3),
-            ha="center",
-            va="bottom",
-            fontsize=8,
+        labels.append(
+            ax.annotate(
+                label,
+                (position, length),
+                textcoords="offset points",
+                xytext=(0, 3),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         )
+    reference = None
     if "retrain" in methods:
         reference = lengths[methods.index("retrain")]
         ax.axhline(
@@ -290,7 +295,25 @@ def relearn_figure(frame: pd.DataFrame, *, forget: str | None = None):
         fontsize=10,
     )
     caption(fig, d_f_caption(forget))
+    if reference is not None:
+        for _ in range(2):  # a move changes the layout a little: measure again
+            fig.tight_layout()
+            lift_off_line(ax, labels, reference)
     return fig
+
+
+def lift_off_line(ax, texts, y: float, *, margin: float = 3.0) -> None:
+    """Move each annotation of ``ax`` (``textcoords="offset points"``) that the horizontal line at
+    data ``y`` would cross, or pass within ``margin`` points under, up until its bottom clears the
+    line by ``margin`` points: a value is never written on the reference line."""
+    renderer = ax.figure.canvas.get_renderer()
+    pixels = ax.figure.dpi / 72.0
+    line = ax.transData.transform((0.0, y))[1]
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        if box.y0 - margin * pixels <= line <= box.y1 + margin * pixels:
+            x, offset = text.xyann
+            text.xyann = (x, offset + (line - box.y0) / pixels + margin)
 
 
 def _relearn_lengths(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
