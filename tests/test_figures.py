@@ -33,6 +33,7 @@ from fedunlearn.plots import (  # noqa: E402
     unlearning_figure,
 )
 from fedunlearn.plots.certified import ACCURACY_MIN_SPAN_POINTS, accuracy_limits  # noqa: E402
+from fedunlearn.plots.unlearning import MAX_ANGLE_BINS, angle_bins  # noqa: E402
 from fedunlearn.registry import AUDITED, SCRUBBING, UNLEARNING  # noqa: E402
 from fedunlearn.scrubbing.readout_figures import (  # noqa: E402
     entropy_figure,
@@ -247,7 +248,7 @@ def test_the_same_method_has_the_same_colour_in_every_figure():
     points = dict(zip(["federaser", "fedaccum", "fedretrain"], trade.collections))
     assert tuple(points["federaser"].get_facecolors()[0]) == expected
     angles = neuron_angles_figure(ANGLES).axes[0]
-    by_label = {h.get_label(): h for h in angles.get_legend_handles_labels()[0]}
+    by_label = {c.get_label(): c.patches[0] for c in angles.containers}
     assert tuple(by_label["federaser"].get_facecolor()) == expected
     assert tuple(by_label["original"].get_facecolor()) == to_rgba(METHOD_COLOURS["original"])
     roc = roc_figure(CURVES).axes[0]
@@ -573,4 +574,40 @@ def test_angles_with_ten_neurons_have_opaque_bars_that_do_not_overlap_and_a_capt
             inter_width = min(boxes[i].x1, boxes[j].x1) - max(boxes[i].x0, boxes[j].x0)
             assert inter_width <= 0.5, (i, j)  # side by side, at most touching
     (caption,) = [t for t in fig.texts if t.get_gid() == "caption"]
-    assert caption.get_text() and "\n" not in caption.get_text() and "10" in caption.get_text()
+    text = caption.get_text()
+    assert text.startswith("Angle between each of the 10 output neurons' weights")
+    # Why the original (grey) sits near 0: it shares FedRetrain's start and schedule.
+    assert "same initial model" in text and "only lacks the targets' data" in text
+    without = neuron_angles_figure({m: v for m, v in ANGLES.items() if m != "fedavg"})
+    assert "initial model" not in without.texts[0].get_text()
+
+
+def test_angle_bars_sit_on_their_bins_ticks():
+    """Round bins whose ticks name their range; each bin's bars are a group centred on the bin's
+    tick (a bar alone in its bin sits on it), and every neuron is counted once, the largest angle
+    included."""
+    angles = {
+        "fedavg": [2.5] * 8 + [4.4] * 2,
+        "federaser": [3.0, 5.0, 5.5, 7.0, 7.1, 7.2, 6.9, 6.5, 9.0, 5.2],
+        "sifu": [14.7, 14.9, 15.0, 16.8, 16.9, 18.8, 18.9, 19.0, 20.95, 21.0],
+    }
+    (ax,) = neuron_angles_figure(angles).axes
+    ticks = list(ax.get_xticks())
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[:3] == ["0–2", "2–4", "4–6"] and labels[-1] == "20–22"
+    assert ticks == pytest.approx([1.0 + 2 * k for k in range(len(ticks))])
+    by_bin: dict[float, list] = {}
+    for container in ax.containers:
+        for patch in container:
+            centre = patch.get_x() + patch.get_width() / 2
+            tick = min(ticks, key=lambda t: abs(t - centre))
+            assert abs(centre - tick) < 1.0  # inside its bin
+            by_bin.setdefault(tick, []).append(centre)
+    for tick, centres in by_bin.items():
+        assert np.mean(centres) == pytest.approx(tick), tick
+    assert by_bin[21.0] == pytest.approx([21.0])  # sifu alone in 20-22: on the tick
+    counts = {c.get_label(): sum(p.get_height() for p in c) for c in ax.containers}
+    assert counts == {"original": 10, "federaser": 10, "sifu": 10}
+    assert list(angle_bins(0.0)) == [0.0, 0.5]
+    assert list(angle_bins(20.0))[-2:] == [20.0, 22.0]  # 20 falls in the bin above its edge
+    assert len(angle_bins(179.0)) - 1 <= MAX_ANGLE_BINS
