@@ -182,6 +182,20 @@ def _label_moves(boxes, avoid) -> list[int | None]:
     return moves
 
 
+def lift_off_line(ax, texts, y: float, *, margin: float = 3.0) -> None:
+    """Move each annotation of ``ax`` (``textcoords="offset points"``) that the horizontal line at
+    data ``y`` would cross, or pass within ``margin`` points under, up until its bottom clears the
+    line by ``margin`` points: a value is never written on the reference line."""
+    renderer = ax.figure.canvas.get_renderer()
+    pixels = ax.figure.dpi / 72.0
+    line = ax.transData.transform((0.0, y))[1]
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        if box.y0 - margin * pixels <= line <= box.y1 + margin * pixels:
+            x, offset = text.xyann
+            text.xyann = (x, offset + (line - box.y0) / pixels + margin)
+
+
 def marker_boxes(ax, *, size: float | None = None) -> list:
     """The display-pixel box of every marker of ``ax``'s lines (``size``: the marker's width in
     points; each line's own when not given), for :func:`spread_labels`' ``avoid``."""

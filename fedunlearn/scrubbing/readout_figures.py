@@ -31,6 +31,7 @@ from fedunlearn.plots import (
     caption,
     display_name,
     legend_outside,
+    lift_off_line,
     marker_boxes,
     method_colour,
     place_labels,
@@ -300,20 +301,6 @@ def relearn_figure(frame: pd.DataFrame, *, forget: str | None = None):
             fig.tight_layout()
             lift_off_line(ax, labels, reference)
     return fig
-
-
-def lift_off_line(ax, texts, y: float, *, margin: float = 3.0) -> None:
-    """Move each annotation of ``ax`` (``textcoords="offset points"``) that the horizontal line at
-    data ``y`` would cross, or pass within ``margin`` points under, up until its bottom clears the
-    line by ``margin`` points: a value is never written on the reference line."""
-    renderer = ax.figure.canvas.get_renderer()
-    pixels = ax.figure.dpi / 72.0
-    line = ax.transData.transform((0.0, y))[1]
-    for text in texts:
-        box = text.get_window_extent(renderer)
-        if box.y0 - margin * pixels <= line <= box.y1 + margin * pixels:
-            x, offset = text.xyann
-            text.xyann = (x, offset + (line - box.y0) / pixels + margin)
 
 
 def _relearn_lengths(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
