@@ -6,7 +6,9 @@ method in every figure (:func:`method_colour`) and the name shown for it (:func:
 rounds and counts get integer ticks (:func:`integer_ticks`), bars carry their values and a bar of
 height zero stays visible as an outline with its "0" (:func:`labelled_bars`), legends sit outside
 the axes (:func:`legend_outside`), a figure about a forgetting request names every target forgotten
-so far (:func:`forgetting_title`), and flagged rows are marked in red (:func:`mark_flagged_ticks`).
+so far (:func:`forgetting_title`), flagged rows are marked in red (:func:`mark_flagged_ticks`),
+and point labels sit beside their point, over no other label or marker (:func:`place_labels`,
+:func:`spread_labels`), and off a reference line (:func:`lift_off_line`).
 """
 
 from __future__ import annotations
