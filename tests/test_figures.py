@@ -574,7 +574,7 @@ def test_angles_with_ten_neurons_have_opaque_bars_that_do_not_overlap_and_a_capt
             inter_width = min(boxes[i].x1, boxes[j].x1) - max(boxes[i].x0, boxes[j].x0)
             assert inter_width <= 0.5, (i, j)  # side by side, at most touching
     (caption,) = [t for t in fig.texts if t.get_gid() == "caption"]
-    text = caption.get_text()
+    text = " ".join(caption.get_text().split())  # wrapped to the figure's width
     assert text.startswith("Angle between each of the 10 output neurons' weights")
     # Why the original (grey) sits near 0: it shares FedRetrain's start and schedule.
     assert "same initial model" in text and "only lacks the targets' data" in text

@@ -5,6 +5,7 @@ that stay (:func:`client_accuracy_figure`)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -190,19 +191,20 @@ def _grouped_places(counts: dict, centres: np.ndarray, bar: float) -> dict[str, 
 
 
 def _angles_caption(neurons: int, with_original: bool) -> str:
-    """What the angles are, and, with the original model drawn, why it is often close to 0."""
+    """What the angles are, and, with the original model drawn, why it is often close to 0
+    (wrapped to the figure's width)."""
     text = (
         f"Angle between each of the {neurons} output neurons' weights and FedRetrain's: "
         "0° = the direction retraining gives."
     )
     if with_original:
         text += (
-            "\noriginal (no unlearning) and FedRetrain start from the same initial model with "
-            "the same seeds, rounds and local epochs, and FedRetrain only lacks the targets' data:"
-            "\nthe original's neurons are often close to retraining's. A method right of the "
+            " original (no unlearning) and FedRetrain start from the same initial model with the "
+            "same seeds, rounds and local epochs, and FedRetrain only lacks the targets' data: "
+            "the original's neurons are often close to retraining's. A method right of the "
             "original ends further from retraining than not unlearning at all."
         )
-    return text
+    return textwrap.fill(text, width=110)
 
 
 def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = "") -> Path:
