@@ -153,14 +153,13 @@ def place_labels(ax, texts, *, avoid=(), margin: float = 2.0) -> None:
     frame = ax.get_window_extent(renderer)
     placed = list(avoid)
     for text in texts:
-        for offset, ha, va in LABEL_PLACES:
-            text.xyann, _ = offset, text.set(ha=ha, va=va)
+        for place in (*LABEL_PLACES, LABEL_PLACES[0]):  # no place free: above, for spread_labels
+            (text.xyann, ha, va) = place
+            text.set(ha=ha, va=va)
             box = text.get_window_extent(renderer).padded(pad)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
             if inside and box.y1 <= frame.y1 and not any(box.overlaps(b) for b in placed):
                 break
-        else:
-            text.xyann, _ = LABEL_PLACES[0][0], text.set(ha="center", va="bottom")
         placed.append(text.get_window_extent(renderer).padded(pad))
     spread_labels(ax, texts, avoid=avoid, margin=margin)
 
