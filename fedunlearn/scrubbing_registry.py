@@ -48,7 +48,7 @@ SCRUBBING.register(
 for _name, _colour, _options, _description in (
     ("fisher", "#e377c2", {"power": -0.25}, "eq. 8: Fisher forgetting, std F^(-1/4)"),
     ("fisher-sqrt", "#9c2f7f", {"power": -0.5}, "the appendix's Fisher forgetting, std F^(-1/2)"),
-    ("fisher-reference", "#f2a9d7", {"reference": True}, "the authors' released Fisher recipe"),
+    ("fisher-reference", "#9400d3", {"reference": True}, "the authors' released Fisher recipe"),
 ):
     SCRUBBING.register(
         _name,

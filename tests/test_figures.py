@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
-from matplotlib.colors import to_rgba  # noqa: E402
+from matplotlib.colors import to_rgb, to_rgba  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedunlearn.membership.metrics import roc_points  # noqa: E402
@@ -23,6 +23,7 @@ from fedunlearn.plots import (  # noqa: E402
     certified_removal_figure,
     forgetting_title,
     labelled_bars,
+    marker_boxes,
     method_colour,
     method_colours,
     neuron_angles_figure,
@@ -31,6 +32,8 @@ from fedunlearn.plots import (  # noqa: E402
     training_curves_figure,
     unlearning_figure,
 )
+from fedunlearn.plots.certified import ACCURACY_MIN_SPAN_POINTS, accuracy_limits  # noqa: E402
+from fedunlearn.plots.unlearning import MAX_ANGLE_BINS, angle_bins  # noqa: E402
 from fedunlearn.registry import AUDITED, SCRUBBING, UNLEARNING  # noqa: E402
 from fedunlearn.scrubbing.readout_figures import (  # noqa: E402
     entropy_figure,
@@ -95,10 +98,46 @@ TABLE = pd.DataFrame(
 
 def test_round_axes_have_whole_number_ticks_and_legends_outside():
     fig = training_curves_figure(METRICS)
+    accuracy, loss = fig.axes  # later rounds spread over a third of the range: no zoom
     for ax in fig.axes:
         assert ax.get_xlabel() == "round"
         assert integer_only(ax.xaxis), ax.xaxis.get_majorticklocs()
-        assert legend_outside_axes(ax)
+    assert legend_outside_axes(loss)
+    assert accuracy.get_legend() is None  # the caption says what the rings are
+    assert any("retained" in t.get_text() for t in fig.texts if t.get_gid() == "caption")
+    assert loss.get_yscale() == "linear"  # 2.3 to 0.5: less than a decade
+
+
+# A real digits run (sensitivity sweep, IID, seed 0): chance at round 0, 0.90 after round 1, then
+# 0.97 to 0.98; the clients' train loss falls from 0.25 to 5e-4.
+JUMP = pd.DataFrame(
+    {
+        "round": range(8),
+        "test_accuracy": [0.131, 0.900, 0.969, 0.967, 0.973, 0.973, 0.978, 0.978],
+        "test_loss": [2.31, 0.329, 0.136, 0.120, 0.107, 0.096, 0.093, 0.073],
+        "train_loss": [np.nan, 0.253, 0.036, 0.0037, 0.0091, 0.0078, 0.0020, 0.0005],
+        "retained": [False, True, False, True, False, True, False, True],
+    }
+)
+
+
+def test_rounds_after_a_first_jump_get_a_zoomed_panel_and_losses_a_log_axis():
+    """On one linear axis from 0.13 to 0.98, rounds 2 to 7 (within 1.1 points) are a flat line:
+    a second panel shows the rounds after the first on their own axis, and the losses, falling by
+    decades, are on a log axis."""
+    fig = training_curves_figure(JUMP)
+    full, zoom, loss = fig.axes
+    assert full.get_ylim()[0] < 0.2  # the whole story, chance included
+    lines = [line for line in zoom.get_lines() if len(line.get_xdata()) > 1]
+    assert list(lines[0].get_xdata()) == list(range(1, 8))  # round 0 left out
+    low, high = zoom.get_ylim()
+    later = JUMP["test_accuracy"].iloc[1:]
+    assert (later.max() - later.min()) / (high - low) > 0.8  # the later rounds fill the panel
+    assert "zoom" in zoom.get_title()
+    assert loss.get_yscale() == "log"
+    for ax in fig.axes:
+        assert integer_only(ax.xaxis)
+    assert legend_outside_axes(loss)
 
 
 def test_a_count_axis_has_whole_number_ticks():
@@ -209,7 +248,7 @@ def test_the_same_method_has_the_same_colour_in_every_figure():
     points = dict(zip(["federaser", "fedaccum", "fedretrain"], trade.collections))
     assert tuple(points["federaser"].get_facecolors()[0]) == expected
     angles = neuron_angles_figure(ANGLES).axes[0]
-    by_label = {h.get_label(): h for h in angles.get_legend_handles_labels()[0]}
+    by_label = {c.get_label(): c.patches[0] for c in angles.containers}
     assert tuple(by_label["federaser"].get_facecolor()) == expected
     assert tuple(by_label["original"].get_facecolor()) == to_rgba(METHOD_COLOURS["original"])
     roc = roc_figure(CURVES).axes[0]
@@ -325,6 +364,24 @@ def test_certified_figure_marks_retrains_shows_the_budget_and_names_the_run():
     assert [line for line in fig.axes[0].get_lines() if np.allclose(line.get_xdata(), 30)]
 
 
+def test_a_dip_of_a_point_is_drawn_as_a_point_not_as_a_cliff():
+    """The certified head of a real digits run moved between 91.8 and 93.1 %: the accuracy axis
+    spans at least 5 points (the dip is a quarter of it, not all of it) and the title says how many
+    points apart the values are; values near 100 % keep the axis under 100."""
+    table = CERTIFIED.assign(test_accuracy=[0.929, 0.931, 0.931, 0.918, 0.920, 0.929])
+    accuracy = certified_removal_figure(table, 0.2).axes[0]
+    low, high = accuracy.get_ylim()
+    assert high - low >= ACCURACY_MIN_SPAN_POINTS
+    assert low <= 91.8 and 93.1 <= high
+    (line,) = [line for line in accuracy.get_lines() if len(line.get_xdata()) == len(table)]
+    assert np.allclose(line.get_ydata(), 100 * table["test_accuracy"])  # percent, as the label
+    assert "%" in accuracy.get_ylabel()
+    assert "1.3 points apart" in accuracy.get_title()
+    assert accuracy_limits([99.0, 99.8]) == (95.0, 100.0)
+    assert accuracy_limits([0.0, 0.4]) == (0.0, 5.0)
+    assert accuracy_limits([20.0, 80.0]) == pytest.approx((14.0, 86.0))  # wider: the data's
+
+
 # ------------------------------------------------------------------------ scrubbing_*.png
 def test_scrubbing_tradeoff_labels_do_not_overlap_and_d_f_is_defined():
     rows = [
@@ -353,6 +410,77 @@ def test_scrubbing_tradeoff_labels_do_not_overlap_and_d_f_is_defined():
     assert any("D_f: the data to forget (class:3, 137 samples)" in t.get_text() for t in fig.texts)
 
 
+# scrubbing_tradeoff.csv of a real run (simulations/scrub_digits.toml, 5 rounds, class 3 forgotten):
+# method, lambda exponent, information (nats), error on D_f, error on D_test.
+SCRUB_TRADEOFF = pd.DataFrame(
+    [
+        {"method": m, "lam": 10.0**e, "information_nats": i, "error_forget": f, "error_test": t}
+        for m, e, i, f, t in [
+            ("newton", -8, 5127.6, 0.2555, 0.0467),
+            ("newton", -7, 1641.6, 0.2336, 0.0511),
+            ("newton", -6, 539.3, 0.2409, 0.0600),
+            ("newton", -5, 190.7, 0.2336, 0.0756),
+            ("newton", -4, 80.48, 0.4234, 0.2378),
+            ("fisher", -9, 4377.1, 0.1533, 0.0956),
+            ("fisher", -8, 1508.8, 0.0730, 0.0956),
+            ("fisher", -7, 601.8, 0.1387, 0.1400),
+            ("fisher", -6, 314.9, 0.5109, 0.3533),
+            ("fisher", -5, 224.2, 0.7956, 0.8200),
+            ("fisher-sqrt", -13, 101664.6, 0.0949, 0.0844),
+            ("fisher-sqrt", -12, 32803.0, 0.1314, 0.0867),
+            ("fisher-sqrt", -11, 11027.0, 0.1752, 0.0867),
+            ("fisher-sqrt", -10, 4140.8, 0.0511, 0.1178),
+            ("fisher-sqrt", -9, 1963.2, 0.6861, 0.2822),
+            ("fisher-reference", -14, 26500.0, 1.0, 0.1756),
+            ("fisher-reference", -13, 8452.0, 1.0, 0.1822),
+            ("fisher-reference", -12, 2744.7, 1.0, 0.1867),
+            ("fisher-reference", -11, 939.9, 1.0, 0.2044),
+            ("fisher-reference", -10, 369.2, 1.0, 0.3644),
+        ]
+    ]
+)
+
+
+def test_scrubbing_tradeoff_of_a_real_run_reads_at_a_glance():
+    """Saved as save_figure saves it (120 dpi), no λ label overlaps another label or a marker; the
+    three Fisher variants differ in colour (at least 0.35 apart in RGB, on 0..1 axes) and in
+    marker; fisher-reference's flat line at 100 % on D_f is explained under the figure."""
+    fig = information_tradeoff_figure(SCRUB_TRADEOFF, forget="class:3, 137 samples")
+    fig.set_dpi(120)
+    fig.tight_layout()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes[:2]:
+        labels = [t for t in ax.texts if t.get_text()]
+        assert len(labels) == len(SCRUB_TRADEOFF)
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        overlapping = [
+            (labels[i].get_text(), labels[j].get_text())
+            for i in range(len(boxes))
+            for j in range(i + 1, len(boxes))
+            if boxes[i].overlaps(boxes[j])
+        ]
+        assert overlapping == [], ax.get_ylabel()
+        on_markers = [
+            t.get_text()
+            for t, b in zip(labels, boxes)
+            if any(b.overlaps(m) for m in marker_boxes(ax))
+        ]
+        assert on_markers == [], ax.get_ylabel()
+    fisher = ["fisher", "fisher-sqrt", "fisher-reference"]
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    for i, a in enumerate(fisher):
+        for b in fisher[i + 1 :]:
+            distance = np.linalg.norm(
+                np.subtract(to_rgb(method_colour(a)), to_rgb(method_colour(b)))
+            )
+            assert distance >= 0.35, (a, b, distance)
+            assert lines[a].get_marker() != lines[b].get_marker()
+    (note,) = [t.get_text() for t in fig.texts if t.get_gid() == "caption"]
+    assert "fisher-reference: 100 % error on D_f at every λ" in note
+    assert "never predicted" in note and "newton:" not in note  # only the flat line is named
+
+
 def test_relearn_zero_bars_and_the_retrain_line_are_visible_and_nothing_is_clipped():
     fig = relearn_figure(RELEARN, forget="class:3")
     (ax,) = fig.axes
@@ -378,6 +506,28 @@ def test_relearn_zero_bars_and_the_retrain_line_are_visible_and_nothing_is_clipp
         assert box.y0 <= extent.y0 and extent.y1 <= box.y1, text.get_text()
     assert "0" in [t.get_text() for t in ax.texts]
     assert any(t.get_text().startswith("D_f: ") for t in fig.texts)
+
+
+def test_no_relearn_value_is_written_on_the_retrain_line():
+    """A bar just under retrain's (0.47 vs 0.5 epochs) has its value where the dashed line runs,
+    as retrain's own value sits on it: both are lifted clear of the line, at the dpi of the save."""
+    frame = RELEARN.assign(relearn_epochs=[0.0, 0.5, 0.47, np.nan, 0.05])
+    fig = relearn_figure(frame)
+    (ax,) = fig.axes
+    fig.set_dpi(120)
+    fig.tight_layout()
+    fig.canvas.draw()
+    (line,) = [line for line in ax.get_lines() if "retrain" in line.get_label()]
+    y = ax.transData.transform((0.0, line.get_ydata()[0]))[1]
+    clearance = 2.0 * fig.dpi / 72.0  # two points
+    crossed = [
+        t.get_text()
+        for t in ax.texts
+        if t.get_window_extent().y0 - clearance < y < t.get_window_extent().y1 + clearance
+    ]
+    assert crossed == []
+    box = ax.get_window_extent()
+    assert all(box.y0 <= t.get_window_extent().y1 <= box.y1 for t in ax.texts)  # still inside
 
 
 def test_entropy_is_one_readable_panel_on_a_log_axis():
@@ -424,4 +574,40 @@ def test_angles_with_ten_neurons_have_opaque_bars_that_do_not_overlap_and_a_capt
             inter_width = min(boxes[i].x1, boxes[j].x1) - max(boxes[i].x0, boxes[j].x0)
             assert inter_width <= 0.5, (i, j)  # side by side, at most touching
     (caption,) = [t for t in fig.texts if t.get_gid() == "caption"]
-    assert caption.get_text() and "\n" not in caption.get_text() and "10" in caption.get_text()
+    text = " ".join(caption.get_text().split())  # wrapped to the figure's width
+    assert text.startswith("Angle between each of the 10 output neurons' weights")
+    # Why the original (grey) sits near 0: it shares FedRetrain's start and schedule.
+    assert "same initial model" in text and "only lacks the targets' data" in text
+    without = neuron_angles_figure({m: v for m, v in ANGLES.items() if m != "fedavg"})
+    assert "initial model" not in without.texts[0].get_text()
+
+
+def test_angle_bars_sit_on_their_bins_ticks():
+    """Round bins whose ticks name their range; each bin's bars are a group centred on the bin's
+    tick (a bar alone in its bin sits on it), and every neuron is counted once, the largest angle
+    included."""
+    angles = {
+        "fedavg": [2.5] * 8 + [4.4] * 2,
+        "federaser": [3.0, 5.0, 5.5, 7.0, 7.1, 7.2, 6.9, 6.5, 9.0, 5.2],
+        "sifu": [14.7, 14.9, 15.0, 16.8, 16.9, 18.8, 18.9, 19.0, 20.95, 21.0],
+    }
+    (ax,) = neuron_angles_figure(angles).axes
+    ticks = list(ax.get_xticks())
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[:3] == ["0–2", "2–4", "4–6"] and labels[-1] == "20–22"
+    assert ticks == pytest.approx([1.0 + 2 * k for k in range(len(ticks))])
+    by_bin: dict[float, list] = {}
+    for container in ax.containers:
+        for patch in container:
+            centre = patch.get_x() + patch.get_width() / 2
+            tick = min(ticks, key=lambda t: abs(t - centre))
+            assert abs(centre - tick) < 1.0  # inside its bin
+            by_bin.setdefault(tick, []).append(centre)
+    for tick, centres in by_bin.items():
+        assert np.mean(centres) == pytest.approx(tick), tick
+    assert by_bin[21.0] == pytest.approx([21.0])  # sifu alone in 20-22: on the tick
+    counts = {c.get_label(): sum(p.get_height() for p in c) for c in ax.containers}
+    assert counts == {"original": 10, "federaser": 10, "sifu": 10}
+    assert list(angle_bins(0.0)) == [0.0, 0.5]
+    assert list(angle_bins(20.0))[-2:] == [20.0, 22.0]  # 20 falls in the bin above its edge
+    assert len(angle_bins(179.0)) - 1 <= MAX_ANGLE_BINS

@@ -11,6 +11,10 @@ import pandas as pd
 
 from fedunlearn.plots.style import caption, integer_ticks, legend_outside, save_figure
 
+#: The accuracy axis spans at least this many points: a dip of half a point must not fill the
+#: panel and look like a cliff.
+ACCURACY_MIN_SPAN_POINTS = 5.0
+
 
 def certified_removal_figure(
     table: pd.DataFrame,
@@ -30,9 +34,7 @@ def certified_removal_figure(
     import numpy as np
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(table["requests"], table["test_accuracy"], marker="o", ms=3, color="#393b79")
-    left.set_ylabel("test accuracy")
-    left.set_title("accuracy of the certified head")
+    _accuracy_panel(left, table)
     beta = table["beta"].to_numpy(dtype=float)
     positive = beta[np.isfinite(beta) & (beta > 0)]
     floor = min(float(positive.min()) if positive.size else budget, budget) / 3
@@ -74,6 +76,34 @@ def certified_removal_figure(
     if title:
         fig.suptitle(title)
     return fig
+
+
+def _accuracy_panel(ax, table: pd.DataFrame) -> None:
+    """Test accuracy in percent per request, on an axis of at least
+    :data:`ACCURACY_MIN_SPAN_POINTS` points (:func:`accuracy_limits`), the spread in the title."""
+    percent = 100.0 * pd.to_numeric(table["test_accuracy"], errors="coerce")
+    ax.plot(table["requests"], percent, marker="o", ms=3, color="#393b79")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(*accuracy_limits(percent))
+    title = "accuracy of the certified head"
+    finite = percent[percent.notna()]
+    if len(finite):
+        low, high = float(finite.min()), float(finite.max())
+        title += f"\n(from {low:.1f} to {high:.1f} %: {high - low:.2g} points apart)"
+    ax.set_title(title, fontsize=10)
+
+
+def accuracy_limits(percent, span: float = ACCURACY_MIN_SPAN_POINTS) -> tuple[float, float]:
+    """The y limits (percent) of an accuracy axis: the values' range with a margin, widened about
+    its middle to at least ``span`` points, shifted back inside [0, 100]."""
+    values = pd.to_numeric(pd.Series(percent), errors="coerce").dropna().to_numpy(dtype=float)
+    if not len(values):
+        return 0.0, 100.0
+    low, high = float(values.min()), float(values.max())
+    width = min(100.0, max(span, 1.2 * (high - low)))
+    bottom = (low + high - width) / 2
+    bottom = min(max(bottom, 0.0), 100.0 - width)
+    return bottom, bottom + width
 
 
 def retrain_requests(table: pd.DataFrame) -> list[int]:

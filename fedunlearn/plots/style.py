@@ -6,12 +6,15 @@ method in every figure (:func:`method_colour`) and the name shown for it (:func:
 rounds and counts get integer ticks (:func:`integer_ticks`), bars carry their values and a bar of
 height zero stays visible as an outline with its "0" (:func:`labelled_bars`), legends sit outside
 the axes (:func:`legend_outside`), a figure about a forgetting request names every target forgotten
-so far (:func:`forgetting_title`), and flagged rows are marked in red (:func:`mark_flagged_ticks`).
+so far (:func:`forgetting_title`), flagged rows are marked in red (:func:`mark_flagged_ticks`),
+and point labels sit beside their point, over no other label or marker (:func:`place_labels`,
+:func:`spread_labels`), and off a reference line (:func:`lift_off_line`).
 """
 
 from __future__ import annotations
 
 import io
+import math
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +22,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import Bbox
 
 from fedunlearn.registry import AUDITED, SCRUBBING, UNLEARNING
 from fedunlearn.store.durable_io import atomic_write_bytes
@@ -94,34 +98,120 @@ def method_colour(method: str) -> str:
 
 
 def caption(fig, text: str, *, y: float = -0.01) -> None:
-    """One line of ``text`` under the figure's axes (kept by :func:`save_figure`'s tight box)."""
+    """``text`` (a line, or lines joined by newlines) under the figure's axes (kept by
+    :func:`save_figure`'s tight box)."""
     fig.text(0.5, y, text, ha="center", va="top", fontsize=8, gid="caption")
 
 
-def spread_labels(ax, texts, *, step: float = 2.0, rounds: int = 300) -> None:
+def spread_labels(
+    ax, texts, *, avoid=(), margin: float = 2.0, step: float = 2.0, rounds: int = 300
+) -> None:
     """Nudge annotations of ``ax`` (placed with ``textcoords="offset points"``) apart vertically,
-    ``step`` points at a time, until no two bounding boxes overlap: the labels of nearby points stay
-    readable. Draws the figure's canvas to measure them."""
+    ``step`` points at a time, until no two bounding boxes, each grown by ``margin`` points, overlap
+    (the margin absorbs the rounding of a save at another dpi): the labels of nearby points stay
+    readable. ``avoid``: boxes in display pixels that stay where they are (the markers of the
+    points, :func:`marker_boxes`); a label over one moves away from it. Draws the figure's canvas
+    to measure them."""
     texts = [t for t in texts if t.get_text()]
-    if len(texts) < 2:
+    if not texts:
         return
     renderer = ax.figure.canvas.get_renderer()
-    pixels = step * ax.figure.dpi / 72.0
+    pixels = ax.figure.dpi / 72.0
+    avoid = list(avoid)
     for _ in range(rounds):
-        boxes = [t.get_window_extent(renderer) for t in texts]
-        moved = False
-        for i in range(len(texts)):
-            for j in range(i + 1, len(texts)):
-                if not boxes[i].overlaps(boxes[j]):
-                    continue
-                upper, lower = (i, j) if boxes[i].y0 >= boxes[j].y0 else (j, i)
-                for k, sign in ((upper, 1), (lower, -1)):
-                    x, y = texts[k].xyann
-                    texts[k].xyann = (x, y + sign * step)
-                    boxes[k] = boxes[k].translated(0, sign * pixels)
-                moved = True
-        if not moved:
+        boxes = [t.get_window_extent(renderer).padded(margin * pixels) for t in texts]
+        moves = _label_moves(boxes, avoid)
+        if all(move is None for move in moves):
             return
+        for text, move in zip(texts, moves):
+            if move is not None:  # pushed both ways as much: up
+                x, y = text.xyann
+                text.xyann = (x, y + (-step if move < 0 else step))
+
+
+#: Where :func:`place_labels` tries a label, in order: (offset in points, ha, va). Above and below
+#: first (the lines of a trade-off run sideways), each clear of a 6-point marker with the margin.
+LABEL_PLACES = (
+    ((0, 6), "center", "bottom"),
+    ((0, -6), "center", "top"),
+    ((7, 0), "left", "center"),
+    ((-7, 0), "right", "center"),
+)
+
+
+def place_labels(ax, texts, *, avoid=(), margin: float = 2.0) -> None:
+    """Put each annotation of ``ax`` (``textcoords="offset points"``) above its point, or else
+    below, right or left of it: the first place where it overlaps neither a label placed before it
+    nor a box of ``avoid`` (:func:`marker_boxes`), each grown by ``margin`` points, and stays inside
+    the axes; then :func:`spread_labels` settles what no place could. A label stays next to its own
+    point wherever there is room."""
+    texts = [t for t in texts if t.get_text()]
+    if not texts:
+        return
+    renderer = ax.figure.canvas.get_renderer()
+    pad = margin * ax.figure.dpi / 72.0
+    frame = ax.get_window_extent(renderer)
+    placed = list(avoid)
+    for text in texts:
+        for place in (*LABEL_PLACES, LABEL_PLACES[0]):  # no place free: above, for spread_labels
+            (text.xyann, ha, va) = place
+            text.set(ha=ha, va=va)
+            box = text.get_window_extent(renderer).padded(pad)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
+            if inside and box.y1 <= frame.y1 and not any(box.overlaps(b) for b in placed):
+                break
+        placed.append(text.get_window_extent(renderer).padded(pad))
+    spread_labels(ax, texts, avoid=avoid, margin=margin)
+
+
+def _label_moves(boxes, avoid) -> list[int | None]:
+    """Per label box, the net push (+1 up, -1 down per overlap) away from the boxes it overlaps,
+    the upper of two labels going up; ``None`` for a label that overlaps nothing."""
+    moves: list[int | None] = [None] * len(boxes)
+
+    def push(k: int, up: bool) -> None:
+        moves[k] = (moves[k] or 0) + (1 if up else -1)
+
+    for i, box in enumerate(boxes):
+        for j in range(i + 1, len(boxes)):
+            if box.overlaps(boxes[j]):
+                push(i, box.y0 >= boxes[j].y0)
+                push(j, box.y0 < boxes[j].y0)
+        for obstacle in avoid:
+            if box.overlaps(obstacle):
+                push(i, box.y0 + box.y1 >= obstacle.y0 + obstacle.y1)
+    return moves
+
+
+def lift_off_line(ax, texts, y: float, *, margin: float = 3.0) -> None:
+    """Move each annotation of ``ax`` (``textcoords="offset points"``) that the horizontal line at
+    data ``y`` would cross, or pass within ``margin`` points under, up until its bottom clears the
+    line by ``margin`` points: a value is never written on the reference line."""
+    renderer = ax.figure.canvas.get_renderer()
+    pixels = ax.figure.dpi / 72.0
+    line = ax.transData.transform((0.0, y))[1]
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        if box.y0 - margin * pixels <= line <= box.y1 + margin * pixels:
+            x, offset = text.xyann
+            text.xyann = (x, offset + (line - box.y0) / pixels + margin)
+
+
+def marker_boxes(ax, *, size: float | None = None) -> list:
+    """The display-pixel box of every marker of ``ax``'s lines (``size``: the marker's width in
+    points; each line's own when not given), for :func:`spread_labels`' ``avoid``."""
+    boxes = []
+    for line in ax.get_lines():
+        if line.get_marker() in (None, "", "None", " "):
+            continue
+        half = (size or line.get_markersize()) * ax.figure.dpi / 72.0 / 2
+        points = ax.transData.transform(line.get_xydata())
+        boxes += [
+            Bbox.from_extents(x - half, y - half, x + half, y + half)
+            for x, y in points
+            if math.isfinite(x) and math.isfinite(y)
+        ]
+    return boxes
 
 
 # ------------------------------------------------------------------------- shared helpers

@@ -5,9 +5,11 @@ that stay (:func:`client_accuracy_figure`)."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 from fedunlearn.plots.style import (
@@ -126,40 +128,83 @@ def plot_unlearning_comparison(table: pd.DataFrame, path: Path, title: str = "")
     return save_figure(unlearning_figure(table, title), path)
 
 
-def neuron_angles_figure(angles: dict[str, list[float]], title: str = ""):
-    """Histogram of per-neuron last-layer angles to the retrained model (Fig. 4 of Liu et al.),
-    every method's bars side by side and opaque (a 10-class head has 10 neurons: overlapping
-    translucent bars would hide them), with a one-line caption."""
-    import numpy as np
+#: Bin widths (degrees) :func:`angle_bins` chooses from: ticks read as whole, round numbers.
+ANGLE_BIN_WIDTHS = (0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0)
+#: The most bins :func:`angle_bins` makes (a group of bars per bin, one bar per method).
+MAX_ANGLE_BINS = 12
 
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+
+def angle_bins(top: float) -> np.ndarray:
+    """Bin edges from 0 past ``top`` degrees: the narrowest of :data:`ANGLE_BIN_WIDTHS` that needs
+    at most :data:`MAX_ANGLE_BINS` bins; the last bin lies wholly above ``top`` (a value on an edge
+    counts in the bin above it)."""
+    top = max(float(top), 0.0)
+    width = next((w for w in ANGLE_BIN_WIDTHS if top < w * MAX_ANGLE_BINS), ANGLE_BIN_WIDTHS[-1])
+    return width * np.arange(int(top // width) + 2)
+
+
+def neuron_angles_figure(angles: dict[str, list[float]], title: str = ""):
+    """Histogram of per-neuron last-layer angles to the retrained model (Fig. 4 of Liu et al.):
+    round bins (:func:`angle_bins`), each a group of opaque bars side by side, one per method with
+    neurons there (a 10-class head has 10 neurons: overlapping translucent bars would hide them),
+    centred on the bin's tick, which names the bin's range; a caption says how to read it."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
     values = {m: np.asarray([a for a in v if a == a], dtype=float) for m, v in angles.items()}
     finite = np.concatenate([v for v in values.values()]) if values else np.empty(0)
-    top = float(finite.max()) if finite.size else 1.0
-    neurons = max((len(v) for v in angles.values()), default=0)
-    count = min(20, max(5, neurons))
-    bins = np.linspace(0.0, top if top > 0 else 1.0, count + 1)
-    if values:
-        ax.hist(
-            list(values.values()),
-            bins=bins,
-            color=[method_colour(m) for m in values],
-            label=[display_name(m) for m in values],
-            rwidth=0.9,
-        )
-    ax.set_xlabel("angle to FedRetrain's neuron (degrees)")
+    edges = angle_bins(float(finite.max()) if finite.size else 1.0)
+    width = edges[1] - edges[0]
+    centres = (edges[:-1] + edges[1:]) / 2
+    counts = {m: np.histogram(v, bins=edges)[0] for m, v in values.items()}
+    bar = 0.85 * width / max(len(values), 1)
+    places = _grouped_places(counts, centres, bar)
+    for method, count in counts.items():
+        shown = count > 0
+        ax.bar(places[method][shown], count[shown], bar, color=method_colour(method),
+               label=display_name(method))  # fmt: skip
+    ax.set_xticks(centres, [f"{a:g}–{b:g}" for a, b in zip(edges[:-1], edges[1:])])
+    ax.set_xticks(edges, minor=True)  # the bins' borders, as light lines
+    ax.tick_params(axis="x", which="minor", length=0)
+    ax.tick_params(axis="x", labelrotation=30 if len(centres) > 8 else 0, labelsize=8)
+    ax.set_xlim(edges[0], edges[-1])
+    ax.set_xlabel("angle to FedRetrain's neuron (degrees; one group of bars per bin)")
     ax.set_ylabel("neurons of the last layer")
     integer_ticks(ax, "y")
-    ax.grid(alpha=0.3)
+    ax.grid(axis="y", alpha=0.3)
+    ax.grid(axis="x", which="minor", alpha=0.5)
     legend_outside(ax)
-    caption(
-        fig,
-        f"Angle between each of the {neurons} output neurons' weights and FedRetrain's: "
-        "0° = the direction retraining gives.",
-    )
+    neurons = max((len(v) for v in angles.values()), default=0)
+    caption(fig, _angles_caption(neurons, "fedavg" in angles or "original" in angles))
     if title:
         ax.set_title(title)
     return fig
+
+
+def _grouped_places(counts: dict, centres: np.ndarray, bar: float) -> dict[str, np.ndarray]:
+    """Each method's bar position in every bin: the bins' non-empty bars side by side in the
+    methods' order, their group centred on the bin's centre (one bar alone sits on the tick)."""
+    places = {method: centres.copy() for method in counts}
+    for b, centre in enumerate(centres):
+        present = [method for method, count in counts.items() if count[b] > 0]
+        for k, method in enumerate(present):
+            places[method][b] = centre + (k - (len(present) - 1) / 2) * bar
+    return places
+
+
+def _angles_caption(neurons: int, with_original: bool) -> str:
+    """What the angles are, and, with the original model drawn, why it is often close to 0
+    (wrapped to the figure's width)."""
+    text = (
+        f"Angle between each of the {neurons} output neurons' weights and FedRetrain's: "
+        "0° = the direction retraining gives."
+    )
+    if with_original:
+        text += (
+            " original (no unlearning) and FedRetrain start from the same initial model with the "
+            "same seeds, rounds and local epochs, and FedRetrain only lacks the targets' data: "
+            "the original's neurons are often close to retraining's. A method right of the "
+            "original ends further from retraining than not unlearning at all."
+        )
+    return textwrap.fill(text, width=110)
 
 
 def plot_neuron_angles(angles: dict[str, list[float]], path: Path, title: str = "") -> Path:
@@ -232,8 +277,6 @@ def client_accuracy_figure(clients: pd.DataFrame, title: str = ""):
     ringed and labelled with its client id.
 
     ``clients`` has columns ``method``, ``client``, ``accuracy`` (the original: ``fedavg``)."""
-    import numpy as np
-
     before = clients[clients["method"] == "fedavg"].set_index("client")["accuracy"]
     methods = [m for m in dict.fromkeys(clients["method"]) if m != "fedavg"]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(methods) + 2), 4.2))

@@ -15,6 +15,7 @@ rules:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,9 +31,11 @@ from fedunlearn.plots import (
     caption,
     display_name,
     legend_outside,
+    lift_off_line,
+    marker_boxes,
     method_colour,
+    place_labels,
     save_figure,
-    spread_labels,
 )
 from fedunlearn.scrubbing.readouts import is_integer, is_real
 
@@ -41,6 +44,20 @@ from fedunlearn.scrubbing.readouts import is_integer, is_real
 ENTROPY_FLOOR = 1e-6
 #: The white box behind a λ label: readable where it crosses a line.
 LABEL_BOX = {"boxstyle": "round,pad=0.05", "facecolor": "white", "edgecolor": "none", "alpha": 0.8}
+#: The trade-off figure's markers, one per method in order: colours alone tell the Fisher variants
+#: apart only at a second look.
+TRADEOFF_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
+#: An error on D_f at least this high (a fraction) reads "100 %": the class is never predicted.
+ALWAYS_FORGETS_ERROR = 0.995
+#: Why a method sits at 100 % error on D_f at every λ, for the trade-off's caption (read with the
+#: method's name and "100 % error on D_f at every λ" before it).
+ALWAYS_FORGETS = {
+    "fisher-reference": (
+        ", as a model retrained without a forgotten class is: the authors' recipe resets that "
+        "class's last-layer row to the prior mean 0\n(as the hiding baseline does), so the class is never "
+        "predicted whatever the noise; λ moves only its error on D_test"
+    ),
+}
 #: The splits' colours (D_r, D_f, D_test in that order): not any method's colour.
 SPLIT_COLOURS = ("#9ecae1", "#fdae6b", "#a1d99b", "#dadaeb", "#fdd0a2")
 
@@ -225,12 +242,14 @@ def relearn_figure(frame: pd.DataFrame, *, forget: str | None = None):
 
     A method that relearned at once (0 epochs: it kept D_f) is an outlined bar of height 0 with
     its "0", drawn above the axis (the y axis starts a little below 0), as is the retrain line.
+    A value the retrain line would cross is lifted above it (:func:`lift_off_line`).
     """
     _check_columns(frame, ("method", "relearn_epochs"))
     methods = [str(m) for m in frame["method"]]
     lengths, reached = _relearn_lengths(frame)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(methods) + 2.5), 4.4))
     top = max(float(lengths.max()) if lengths.size else 1.0, 1e-12)
+    labels = []
     for position, method, length, hit in zip(range(len(methods)), methods, lengths, reached):
         colour = method_colour(method)
         if hit:  # the outline keeps a bar of height 0 (relearned at once) visible
@@ -239,15 +258,18 @@ def relearn_figure(frame: pd.DataFrame, *, forget: str | None = None):
         else:
             ax.bar(position, length, 0.7, color="white", edgecolor=colour, hatch="//")
             label = f"not reached\n(> {length:.2g})"
-        ax.annotate(
-            label,
-            (position, length),
-            textcoords="offset points",
-            xytext=(0, 3),
-            ha="center",
-            va="bottom",
-            fontsize=8,
+        labels.append(
+            ax.annotate(
+                label,
+                (position, length),
+                textcoords="offset points",
+                xytext=(0, 3),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         )
+    reference = None
     if "retrain" in methods:
         reference = lengths[methods.index("retrain")]
         ax.axhline(
@@ -274,6 +296,10 @@ def relearn_figure(frame: pd.DataFrame, *, forget: str | None = None):
         fontsize=10,
     )
     caption(fig, d_f_caption(forget))
+    if reference is not None:
+        for _ in range(2):  # a move changes the layout a little: measure again
+            fig.tight_layout()
+            lift_off_line(ax, labels, reference)
     return fig
 
 
@@ -312,7 +338,9 @@ def information_tradeoff_figure(frame: pd.DataFrame, *, forget: str | None = Non
     forget : str, optional
         Which data D_f is, for the caption.
 
-    Each point is labelled with its λ; labels that would overlap are moved apart.
+    Each method has its colour and its own marker; each point is labelled with its λ, beside it
+    where none overlaps another label or a marker (:func:`place_labels`). A method at 100 % error on D_f
+    at every λ is named under the figure, with the reason where :data:`ALWAYS_FORGETS` knows it.
     """
     _check_columns(frame, ("method", "lam", "information_nats", "error_forget", "error_test"))
     data = frame.copy()
@@ -322,9 +350,10 @@ def information_tradeoff_figure(frame: pd.DataFrame, *, forget: str | None = Non
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharex=True)
     panels = (("error_forget", "error on D_f (%)"), ("error_test", "error on D_test (%)"))
     labels = {ax: [] for ax in axes}
+    markers = dict(zip(data["method"].drop_duplicates(), itertools.cycle(TRADEOFF_MARKERS)))
     for ax, (column, label) in zip(axes, panels):
         for method, rows in data.groupby("method", sort=False):
-            labels[ax] += _tradeoff_line(ax, str(method), rows, column)
+            labels[ax] += _tradeoff_line(ax, str(method), rows, column, markers[method])
         if data.empty:
             ax.text(
                 0.5,
@@ -346,19 +375,34 @@ def information_tradeoff_figure(frame: pd.DataFrame, *, forget: str | None = Non
         "less information about D_f, at the price of more error; points labelled with λ",
         fontsize=10,
     )
-    caption(fig, d_f_caption(forget))
-    fig.tight_layout()
-    for ax in axes:
-        spread_labels(ax, labels[ax])
+    caption(fig, "\n".join([d_f_caption(forget), *_always_forgets_notes(data)]))
+    for _ in range(2):  # the labels' moves change the layout a little: measure again
+        fig.tight_layout()
+        for ax in axes:
+            place_labels(ax, labels[ax], avoid=marker_boxes(ax))
     return fig
 
 
-def _tradeoff_line(ax, method: str, rows: pd.DataFrame, column: str) -> list:
-    """One method's line of λ points in its colour; returns its λ labels."""
+def _always_forgets_notes(data: pd.DataFrame) -> list[str]:
+    """A caption line per method whose error on D_f is 100 % at every λ drawn (a flat line at the
+    top of the D_f panel), with its reason where :data:`ALWAYS_FORGETS` has one."""
+    notes = []
+    for method, rows in data.groupby("method", sort=False):
+        errors = pd.to_numeric(rows["error_forget"], errors="coerce")
+        if len(errors) and (errors >= ALWAYS_FORGETS_ERROR).all():
+            reason = ALWAYS_FORGETS.get(str(method), "")
+            notes.append(f"{display_name(str(method))}: 100 % error on D_f at every λ{reason}")
+    return notes
+
+
+def _tradeoff_line(ax, method: str, rows: pd.DataFrame, column: str, marker: str) -> list:
+    """One method's line of λ points in its colour and marker; returns its λ labels."""
     rows = rows.sort_values("information_nats")
     errors = pd.to_numeric(rows[column], errors="coerce") * 100.0
     colour = method_colour(method)
-    ax.plot(rows["information_nats"], errors, marker="o", color=colour, label=display_name(method))
+    ax.plot(
+        rows["information_nats"], errors, marker=marker, color=colour, label=display_name(method)
+    )
     text = tuple(0.7 * c for c in to_rgb(colour))  # darker: a light line colour reads as text too
     return [
         ax.annotate(
