@@ -57,12 +57,38 @@ class BodyHeadNet(nn.Module):
         return self.head(self.body(x))
 
 
-def as_body_head(module: Any, num_classes: int, name: str = "model") -> BodyHeadNet:
+def _check_forward_is_head_of_body(module, body, head, sample_shape, name: str) -> None:
+    """The user's ``forward`` equals ``head(body(x))`` (in eval mode, on two random samples): the
+    package runs ``head(body(x))``, so another forward would train and certify another model."""
+    was_training = module.training
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            module.eval()
+            x = torch.randn((2, *sample_shape))
+            same = torch.allclose(module(x), head(body(x)), atol=1e-5)
+    except (RuntimeError, ValueError, TypeError) as error:
+        raise ConfigError(
+            "model", name, f"a model that runs on samples of shape {tuple(sample_shape)} ({error})"
+        ) from None
+    finally:
+        module.train(was_training)
+    if not same:
+        raise ConfigError(
+            "model",
+            name,
+            "a model whose output is head(body(x)): the linear head must be its last step",
+        )
+
+
+def as_body_head(
+    module: Any, num_classes: int, name: str = "model", sample_shape: Sequence[int] | None = None
+) -> BodyHeadNet:
     """A builder's result as a :class:`BodyHeadNet` whose ``head`` is one linear layer.
 
     Accepted: a :class:`BodyHeadNet`; ``(body, feature_dim)`` (the built-in convention, topped with
     a new head); a module with a ``body`` module and a ``head`` :class:`torch.nn.Linear` (its
-    ``forward`` must equal ``head(body(x))``, checked by :func:`fedunlearn.config.training_rules.model_problem`);
+    ``forward`` must equal ``head(body(x))``, checked on random samples of ``sample_shape`` when
+    given);
     or an :class:`torch.nn.Sequential` whose last layer is a :class:`torch.nn.Linear` (the rest is
     the body). Anything else is a :class:`ConfigError` on ``model``: the certified head, scrubbing
     and FedAU act on the linear head, and averaging needs one layout for every party.
@@ -80,6 +106,8 @@ def as_body_head(module: Any, num_classes: int, name: str = "model") -> BodyHead
         )
     body, head = getattr(module, "body", None), getattr(module, "head", None)
     if isinstance(body, nn.Module) and isinstance(head, nn.Linear):
+        if sample_shape is not None:
+            _check_forward_is_head_of_body(module, body, head, sample_shape, name)
         return BodyHeadNet.from_parts(body, head)
     if isinstance(module, nn.Sequential) and len(module) > 1 and isinstance(module[-1], nn.Linear):
         return BodyHeadNet.from_parts(nn.Sequential(*list(module)[:-1]), module[-1])
@@ -123,16 +151,17 @@ def build_model(
         raise ConfigError("num_classes", num_classes, "at least 2")
     builder = spec.resolve()
     if seed is None:
-        return as_body_head(builder(shape, num_classes), num_classes, name)
+        return as_body_head(builder(shape, num_classes), num_classes, name, shape)
     # Seed a private generator so building a model never disturbs the caller's global RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return as_body_head(builder(shape, num_classes), num_classes, name)
+        return as_body_head(builder(shape, num_classes), num_classes, name, shape)
 
 
 def resolve_model_name(model: str, dataset: str, sample_shape: Sequence[int] | None = None) -> str:
     """``model`` itself, or, for ``model == "auto"``, the dataset's default model (picked by the
-    samples' shape for a dataset that names none: :func:`fedunlearn.dataset_spec.auto_model_for`)."""
+    samples' shape for a dataset that names none: :func:`fedunlearn.dataset_spec.auto_model_for`;
+    still ``auto`` when that shape is not given and the dataset does not state it)."""
     if model != "auto":
         return model
     from fedunlearn.dataset_registry import DATASETS
@@ -142,11 +171,9 @@ def resolve_model_name(model: str, dataset: str, sample_shape: Sequence[int] | N
     if spec.default_model:
         return spec.default_model
     shape = sample_shape if sample_shape is not None else spec.sample_shape
-    if shape is None:
-        raise ConfigError(
-            "model", model, f"a model named for dataset {dataset!r}: auto needs its samples' shape"
-        )
-    return auto_model_for(shape)
+    # A file's or a user's data: auto is resolved where the samples are known (building the
+    # model); a record written before that keeps "auto", which resolves the same way again.
+    return model if shape is None else auto_model_for(shape)
 
 
 def build_dataset_model(
