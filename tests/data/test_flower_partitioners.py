@@ -119,3 +119,19 @@ def test_without_flwr_datasets_the_error_names_the_extra(labels, monkeypatch):
     monkeypatch.setitem(sys.modules, "flwr_datasets", None)
     with pytest.raises(ConfigError, match=r"pip install 'fedunlearn\[flower-datasets\]'"):
         flower_partition(labels, 5, "iid")
+
+
+def test_a_runs_flower_dirichlet_partitions_are_the_baselines(labels, label_file):
+    """``partitioning = "flower-dirichlet"`` in a run config: each client holds exactly the
+    samples FederatedDataset gives that partition id for the same seed and alpha."""
+    from fedunlearn.config import ExperimentConfig
+    from fedunlearn.data.federated_data import load_federated_data
+
+    config = ExperimentConfig.from_run_config(
+        {"num-clients": 5, "partitioning": "flower-dirichlet", "alpha": 0.3, "seed": 0}
+    )
+    partitioner = partitioner_module.DirichletPartitioner(
+        num_partitions=5, partition_by="label", alpha=0.3, seed=0
+    )
+    theirs = _as_a_baseline_does(label_file, partitioner, 5)
+    assert _same([np.sort(part) for part in load_federated_data(config).partitions], theirs)
