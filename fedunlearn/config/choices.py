@@ -17,7 +17,15 @@ PARTITIONINGS = ("iid", "dirichlet", "shards")
 STORE_DTYPES = ("float32", "float16")
 RETAIN_MODES = RETAIN_MODES  # full | norms (fedunlearn.store.retention)
 DEVICES = ("auto", "cpu", "cuda")
-MODELS = ("auto", "digits-cnn", "mnist-cnn", "cifar10-cnn", "adult-mlp")
+MODELS = (
+    "auto",
+    "digits-cnn",
+    "mnist-cnn",
+    "cifar10-cnn",
+    "adult-mlp",
+    "resnet18-cifar",
+    "resnet18-cifar-gn",
+)
 CALIBRATION_ORDERS = ("client", "average")
 AGGREGATIONS = AGGREGATIONS  # the Flower strategies of ``strategy`` (fedunlearn.registry)
 #: What the malicious clients of a poisoning run do (``attack``): plant a backdoor or flip labels in

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.training.architectures.resnet import resnet18_cifar, resnet18_cifar_gn
 
 #: The model each dataset uses when ``model = "auto"``.
 DEFAULT_MODEL = {
@@ -109,6 +110,9 @@ _BUILDERS = {
     "mnist-cnn": (_mnist_cnn, 3),
     "cifar10-cnn": (_cifar10_cnn, 3),
     "adult-mlp": (_adult_mlp, 1),
+    # Temporary, until the model registry lands (issue 44): ResNet-18, CIFAR variant.
+    "resnet18-cifar": (resnet18_cifar, 3),
+    "resnet18-cifar-gn": (resnet18_cifar_gn, 3),
 }
 MODEL_NAMES = tuple(_BUILDERS)
 
