@@ -12,7 +12,7 @@ from fedunlearn.registry import AGGREGATIONS, SCRUBBING, UNLEARNING
 from fedunlearn.registry import JUDGE_METRICS as _JUDGE_REGISTRY
 from fedunlearn.store.retention import RETAIN_MODES
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "adult", "cifar100")
 PARTITIONINGS = ("iid", "dirichlet", "shards")
 STORE_DTYPES = ("float32", "float16")
 RETAIN_MODES = RETAIN_MODES  # full | norms (fedunlearn.store.retention)
@@ -81,11 +81,19 @@ INT64 = INT64  # Flower's run config holds 64-bit integers (fedunlearn.config.co
 #: The input shape of one sample of each dataset, to check a model fits before any data is loaded
 #: (Adult's width depends on its categories; only its rank matters to the model).
 #: Classes of each dataset (the backdoor's target class is one of them).
-NUM_CLASSES = {"digits": 10, "mnist": 10, "fashion-mnist": 10, "cifar10": 10, "adult": 2}
+NUM_CLASSES = {
+    "digits": 10,
+    "mnist": 10,
+    "fashion-mnist": 10,
+    "cifar10": 10,
+    "adult": 2,
+    "cifar100": 100,
+}
 SAMPLE_SHAPES = {
     "digits": (1, 8, 8),
     "mnist": (1, 28, 28),
     "fashion-mnist": (1, 28, 28),
     "cifar10": (3, 32, 32),
     "adult": (100,),
+    "cifar100": (3, 32, 32),
 }

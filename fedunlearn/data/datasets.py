@@ -30,7 +30,7 @@ import torch
 
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
 
-DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "adult")
+DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "adult", "cifar100")
 
 # What each dataset expects under the data root, quoted in error messages.
 _EXPECTED_LAYOUT = {
@@ -38,6 +38,7 @@ _EXPECTED_LAYOUT = {
     "fashion-mnist": "FashionMNIST/raw/ (the un-gzipped IDX files)",
     "cifar10": "cifar-10-batches-py/ (data_batch_1..5 and test_batch)",
     "adult": "adult/adult.data and adult/adult.test",
+    "cifar100": "cifar-100-python/ (the pickled train and test files)",  # until the registry
 }
 _IDX_FOLDERS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
 _IDX_FILES = (
@@ -174,6 +175,10 @@ def load_dataset(
         return _load_idx_dataset(name, root, download)
     if name == "cifar10":
         return _load_cifar10(root, download)
+    if name == "cifar100":  # until the dataset registry lands (issue 44)
+        from fedunlearn.data.cifar100 import load_cifar100
+
+        return load_cifar100(root, download)
     return _load_adult(root, download)
 
 

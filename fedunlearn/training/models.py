@@ -24,6 +24,7 @@ DEFAULT_MODEL = {
     "fashion-mnist": "mnist-cnn",
     "cifar10": "cifar10-cnn",
     "adult": "adult-mlp",
+    "cifar100": "resnet18-cifar",  # until the registry lands (issue 44)
 }
 
 
