@@ -139,3 +139,20 @@ def test_judge_stack_refuses_batchnorm_and_names_the_groupnorm_variant():
 def test_resnet_needs_image_samples():
     with pytest.raises(ConfigError, match="rank 3"):
         build_model("resnet18-cifar", (100,), 2)
+
+
+def test_the_cifar_setting_config_is_accepted_and_refuses_full_participation_methods(tmp_path):
+    import tomllib
+    from pathlib import Path
+
+    from fedunlearn.config import ExperimentConfig
+
+    path = Path(__file__).resolve().parents[2] / "simulations" / "cifar10_resnet18.toml"
+    values = tomllib.loads(path.read_text()) | {"data-root": str(tmp_path)}
+    config = ExperimentConfig.from_run_config(values)
+    assert (config.model, config.num_clients, config.fraction_train) == ("resnet18-cifar", 100, 0.1)
+    with pytest.raises(ConfigError) as refused:
+        ExperimentConfig.from_run_config(
+            values | {"retain-mode": "full", "unlearn-methods": "federaser,fedretrain,pga"}
+        )
+    assert refused.value.parameter == "fraction-train"
