@@ -156,3 +156,29 @@ def test_the_cifar_setting_config_is_accepted_and_refuses_full_participation_met
             values | {"retain-mode": "full", "unlearn-methods": "federaser,fedretrain,pga"}
         )
     assert refused.value.parameter == "fraction-train"
+
+
+def test_flowers_fedavg_of_batchnorm_states_goes_back_in_the_sent_dtypes():
+    """Flower's weighted mean turns BatchNorm's int64 counter into float64; the server rounds it
+    back so that the next round's replies (int64) match the model it sends."""
+    from flwr.app import ArrayRecord, MetricRecord, RecordDict
+    from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+    from server.training.round_step import in_sent_dtypes
+
+    sent = ArrayRecord(build_model("resnet18-cifar", SMALL, 3, seed=0).state_dict())
+    replies = []
+    for tracked, n in ((1, 8), (2, 16)):
+        state = build_model("resnet18-cifar", SMALL, 3, seed=tracked).state_dict()
+        state["body.1.num_batches_tracked"].fill_(tracked)
+        replies.append(
+            RecordDict({"arrays": ArrayRecord(state), "metrics": MetricRecord({"n": n})})
+        )
+    averaged = aggregate_arrayrecords(replies, "n")
+    assert averaged["body.1.num_batches_tracked"].dtype == "float64"  # Flower's own result
+    fixed = in_sent_dtypes(averaged, sent)
+    assert {name: (a.dtype, a.shape) for name, a in fixed.items()} == {
+        name: (a.dtype, a.shape) for name, a in sent.items()
+    }
+    assert fixed["body.1.num_batches_tracked"].numpy().item() == round((8 * 1 + 16 * 2) / 24)
+    np.testing.assert_array_equal(fixed["head.weight"].numpy(), averaged["head.weight"].numpy())
