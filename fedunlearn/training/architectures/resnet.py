@@ -14,10 +14,14 @@ Normalisation, two choices:
   variances are buffers: FedAvg averages them with the weights (state arithmetic in
   :mod:`fedunlearn.training.model_state` covers every tensor of the state dict, counters exactly),
   and the judge's stacked training (:mod:`fedunlearn.training.stacked`) refuses a model with
-  buffers. Under label skew the clients' batch statistics disagree and averaging them hurts
-  (Hsieh, Phanishayee, Mutlu, Gibbons, *The Non-IID Data Quagmire of Decentralized Machine
-  Learning*, ICML 2020, Sec. 5); Zhong, Chen, Chao (*Making Batch Normalization Great in Federated
-  Deep Learning*, 2023) find BN still ahead of GroupNorm outside extreme skew.
+  buffers. Update arithmetic treats the running variances as any other tensor, and a variance is
+  not additive across trajectories: FedAccum's uncalibrated sum of retained updates left the stem's
+  running variance negative (-0.025) on digits, 4 clients, 3 rounds, and its model's loss NaN
+  (FedEraser's calibrated steps stayed finite there). Under label skew the clients' batch
+  statistics disagree and averaging them hurts (Hsieh, Phanishayee, Mutlu, Gibbons, *The Non-IID
+  Data Quagmire of Decentralized Machine Learning*, ICML 2020, Sec. 5); Zhong, Chen, Chao (*Making
+  Batch Normalization Great in Federated Deep Learning*, 2023) find BN still ahead of GroupNorm
+  outside extreme skew.
 - ``resnet18_cifar_gn``: GroupNorm (Wu and He, ECCV 2018) with 2 groups per layer, Hsieh et al.'s
   remedy, used with ResNet-18 on CIFAR by Reddi et al. (*Adaptive Federated Optimization*, ICLR
   2021). No buffers: the state is the parameters, and the judge's stack takes it.
