@@ -66,6 +66,16 @@ DATASETS.register(
     layout="adult/adult.data and adult/adult.test",
     downloads="adult.data and adult.test from the UCI archive",
 )
+DATASETS.register(
+    "cifar100",
+    "fedunlearn.data.sources.cifar100:load",
+    description="CIFAR-100 colour images, 32x32, fine labels (50,000 + 10,000)",
+    num_classes=100,
+    sample_shape=(3, 32, 32),
+    default_model="resnet18-cifar",
+    layout="cifar-100-python/ (the pickled train and test files)",
+    downloads="cifar-100-python.tar.gz from torchvision's mirror",
+)
 
 # Data in common forms, no code: data-root names the file or folder; the classes and the sample
 # shape come from the data, and model = auto picks by that shape (docs/data-formats.md).

@@ -38,6 +38,18 @@ MODELS.register(
     description="FedEraser's Adult network: FC 64 on feature vectors (Liu et al. 2021)",
     input_rank=1,
 )
+MODELS.register(
+    "resnet18-cifar",
+    f"{_ARCHITECTURES}.resnet:resnet18_cifar",
+    description="ResNet-18, CIFAR variant, BatchNorm (He et al. 2016): 11.2M parameters; give it a GPU",
+    input_rank=3,
+)
+MODELS.register(
+    "resnet18-cifar-gn",
+    f"{_ARCHITECTURES}.resnet:resnet18_cifar_gn",
+    description="ResNet-18, CIFAR variant, GroupNorm for label skew (Hsieh et al. 2020); stacks for the judge",
+    input_rank=3,
+)
 
 # ---------------------------------------------------------------------- models a user adds
 # One line each, e.g.

@@ -261,8 +261,12 @@ def check_run(
     if config.num_clients == ADOPT_FEDERATION_SIZE:
         values["num-clients"] = _unset_num_clients(config)
         config = ExperimentConfig.from_run_config(values)
-    if not (math.isfinite(args.num_cpus) and args.num_cpus > 0):
-        raise ConfigError("--num-cpus", args.num_cpus, "a finite number > 0")
+    if not (math.isfinite(args.num_cpus) and args.num_cpus >= 1 and args.num_cpus % 1 == 0):
+        # Flower's simulation config holds client-resources-num-cpus as an unsigned integer: a
+        # fraction would pass here and fail inside `flwr run` with a bare TypeError.
+        raise ConfigError(
+            "--num-cpus", args.num_cpus, "a whole number >= 1 (Flower's CPUs per client)"
+        )
     if not 0 <= args.num_gpus <= 1:
         raise ConfigError("--num-gpus", args.num_gpus, "a GPU fraction in [0, 1]")
     timeout = start_timeout(args.start_timeout, os.environ)

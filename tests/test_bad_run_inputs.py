@@ -679,6 +679,7 @@ SPECIFIC = [
     ("num-cpus-0", ["--num-cpus", "0"], "--num-cpus", None),
     ("num-cpus-nan", ["--num-cpus", "nan"], "--num-cpus", None),
     ("num-cpus-inf", ["--num-cpus", "inf"], "--num-cpus", None),
+    ("num-cpus-half", ["--num-cpus", "0.5"], "--num-cpus", None),
     ("app-without-pyproject", ["--app", "{root}"], "--app", None),
     ("config-file-missing", ["{root}/absent.toml"], "config", None),
     ("config-file-nested", ["{root}/nested.toml"], "config", "config-files"),

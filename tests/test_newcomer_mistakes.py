@@ -30,7 +30,7 @@ MISTAKES = [
     (["--set", "unlearn-clients=10"], ["unlearn-clients", "[0, 9]"]),
     (["--set", "num-clients=1"], ["unlearn-clients=''", "raise num-clients"]),
     (["--set", "rounds", "5"], ["--set rounds=5"]),
-    (["--num-cpus", "0"], ["--num-cpus", "a finite number > 0"]),
+    (["--num-cpus", "0"], ["--num-cpus", "a whole number >= 1"]),
     # missing paths
     (["simulations/digit.toml"], ["did you mean", "simulations/digits.toml?"]),
     (

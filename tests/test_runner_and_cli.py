@@ -93,6 +93,24 @@ def test_dry_run_sizes_the_federation_to_num_clients(tmp_path, capsys, no_flower
     assert "num-clients = 7" in out and f'output-dir = "{tmp_path}"' in out
 
 
+def test_the_gpu_fraction_per_client_reaches_rays_client_resources():
+    """--num-gpus G is what Ray reserves per ClientApp actor: the launcher's federation config,
+    read by Flower's own parser and simulation settings (flwr 1.42), gives Ray's backend
+    ``client_resources = {"num_cpus": C, "num_gpus": G}``."""
+    from flwr.common.config import parse_config_args
+    from flwr.simulation.app import _run_simulation_settings
+    from flwr.supercore.utils import simulation_config_from_json
+
+    command = runner.build_flwr_command(pathlib.Path("."), "run.toml", 100, 2, 0.25)
+    federation = command[command.index("--federation-config") + 1]
+    fields = {k.replace("-", "_"): v for k, v in parse_config_args([federation]).items()}
+    supernodes, backend, config, _, _ = _run_simulation_settings(
+        simulation_config_from_json(fields)
+    )
+    assert (supernodes, backend) == (100, "ray")
+    assert config["client_resources"] == {"num_cpus": 2, "num_gpus": 0.25}
+
+
 def test_without_num_clients_the_runner_trains_the_main_jobs_federation(
     tmp_path, capsys, no_flower
 ):

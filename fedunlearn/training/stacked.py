@@ -43,8 +43,13 @@ def _refuse_buffers(model: nn.Module) -> None:
     # vmap; none of our models has one, so refusing is safer than silently freezing them.
     names = [name for name, _ in model.named_buffers()]
     if names:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         raise ConfigError(
-            "model", type(model).__name__, f"a model without buffers to stack; it has {names}"
+            "model",
+            type(model).__name__,
+            f"a model without buffers to stack (it has {len(names)}: {shown}); batch-norm "
+            "statistics cannot be stacked: use a model without BatchNorm, e.g. resnet18-cifar-gn "
+            "(GroupNorm) for resnet18-cifar",
         )
 
 

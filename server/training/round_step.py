@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
-from flwr.app import ConfigRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 
 from fedunlearn.errors import TooFewReplies
 from server.federation.members import failure_reasons
@@ -48,9 +49,10 @@ def train_round(grid, strategy, config, server_round, arrays, train_config, scre
         messages = screen.active(messages)
     folding = _folding(strategy, server_round, messages, screen)
     if folding is not None:
-        return _folded_round(
+        new_arrays, train_metrics, valid = _folded_round(
             grid, folding, config, server_round, arrays, messages, screen, phase, log
         )
+        return in_sent_dtypes(new_arrays, arrays), train_metrics, valid
     label = round_label(phase, server_round)
     replies = collect_replies(grid, messages, timeout=config.reply_timeout, label=label, log=log)
     failed = [r for r in replies if r.has_error()]
@@ -62,7 +64,23 @@ def train_round(grid, strategy, config, server_round, arrays, train_config, scre
     new_arrays, train_metrics = strategy.aggregate_train(server_round, valid)
     if new_arrays is None:
         raise TooFewReplies(f"{phase} round {server_round}: no client returned an update")
-    return new_arrays, train_metrics, len(valid)
+    return in_sent_dtypes(new_arrays, arrays), train_metrics, len(valid)
+
+
+def in_sent_dtypes(new: ArrayRecord, sent: ArrayRecord) -> ArrayRecord:
+    """``new`` with each integer array in the dtype of the model sent. A weighted mean multiplies
+    every array by a float (Flower's ``aggregate_arrayrecords``, the folded sum, the robust rules),
+    so an integer buffer, BatchNorm's ``num_batches_tracked``, comes back float64 and the next
+    round's replies (int64) would no longer match the model sent; it is rounded back, as
+    :class:`fedunlearn.training.model_state.RunningAverage` does."""
+    changed = {}
+    for name, array in new.items():
+        dtype = np.dtype(sent[name].dtype) if name in sent else None
+        if dtype is not None and dtype.kind in "iu" and np.dtype(array.dtype) != dtype:
+            changed[name] = Array(np.asarray(np.rint(array.numpy()), dtype=dtype))
+    if not changed:
+        return new
+    return ArrayRecord({name: changed.get(name, array) for name, array in new.items()})
 
 
 def _folding(strategy, server_round: int, messages: list[Message], screen):
