@@ -37,6 +37,17 @@ from server.training.rounds import DivergedRound
 CANNOT_GO_ON = (TooFewReplies, OfflineClients)
 
 
+def non_finite_tensors(state: State) -> list[str]:
+    """The names of ``state``'s floating tensors holding NaN or inf (a model that is no result)."""
+    return [
+        key
+        for key, value in state.items()
+        if hasattr(value, "is_floating_point")
+        and value.is_floating_point()
+        and not bool(value.isfinite().all())
+    ]
+
+
 def diverged_methods(details: Mapping[str, Mapping]) -> dict[str, str]:
     """Why each method whose rounds diverged did (its ``details["diverged"]``), by method."""
     return {m: str(d["diverged"]) for m, d in details.items() if d.get("diverged")}
@@ -118,6 +129,12 @@ class MethodRunner:
         shared = sum(self.shared.seconds.get(key, 0.0) for key in needs)
         self.models[name] = state
         self.seconds[name] = elapsed - fresh + shared
+        broken = non_finite_tensors(state) if self.flag_divergence else []
+        if broken and not (details or {}).get("diverged"):
+            # e.g. FedAccum's uncalibrated sum on BatchNorm: a negative running variance, NaN loss
+            why = f"its model holds non-finite values (NaN or inf) in {', '.join(broken[:3])}"
+            details = {**(details or {}), "diverged": why}
+            self.log(f"{self.label}{name}: {why}; its row is flagged")
         if details is not None:
             self.details[name] = details
         self.run.save_model(f"{model_file}{self.suffix}", state)

@@ -183,3 +183,24 @@ def test_fedretrain_diverging_leaves_the_other_rows_and_the_request_is_refused_w
     assert after == blobs
     log = outcome.run.path / "unlearning_log.jsonl"
     assert not log.exists() or not [json.loads(line) for line in log.open() if line.strip()]
+
+
+def test_a_model_with_non_finite_values_is_flagged_diverged_not_a_result():
+    """FedAccum's uncalibrated sum on a BatchNorm model once left a running variance negative and
+    its loss NaN: a method whose model holds NaN or inf gets the "diverged" detail, as a method
+    whose rounds diverged, so its row is flagged and no request adopts it."""
+    broken = {"bn.running_var": torch.tensor([0.1, float("nan")]), "steps": torch.tensor(3)}
+    lines, run = [], _Run()
+    runner = MethodRunner(run, log=lines.append, flag_divergence=True)
+    runner.run_all(
+        [
+            _spec("fedaccum", lambda c, n: broken),
+            _spec("federaser", lambda c, n: {"w": torch.ones(2)}),
+        ],
+        SimpleNamespace(),
+    )
+    assert (
+        "non-finite values (NaN or inf) in bn.running_var" in runner.details["fedaccum"]["diverged"]
+    )
+    assert "federaser" not in runner.details
+    assert any("fedaccum: its model holds non-finite" in line for line in lines)
