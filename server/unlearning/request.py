@@ -34,6 +34,7 @@ from fedunlearn.plots import (
     plot_tradeoff,
     plot_unlearning_comparison,
 )
+from fedunlearn.progress import Progress
 from fedunlearn.registry import UNLEARNING, run_retention, trajectory_serves
 from fedunlearn.store.history import check_retained, history
 from fedunlearn.store.run_directory import UNLEARNING_LOG
@@ -165,7 +166,9 @@ def run_unlearning(
     runner.add("fedavg", outcome.final_state)
     context.costs = runner.costs
     rule = refusal_rule(config, missing, context, runner.refused)
-    runner.run_all(keep_training_last(specs), context, refusal=rule)
+    specs = keep_training_last(specs)
+    methods = Progress("unlearning", len(specs), unit="methods", log=log)
+    runner.run_all(specs, context, refusal=rule, progress=methods.start())
     for staging in context.staging.values():
         staging.close()
     missing.refused_methods = {**refused, **runner.refused}
@@ -388,6 +391,7 @@ def _federaser(
 
     peaks: list[float] = []
     take_interval_peak_rss_bytes()  # each step's peak from here
+    steps = Progress("federaser", len(store.rounds()), log=log).start()
 
     def progress(step):
         peaks.append(megabytes(take_interval_peak_rss_bytes()))
@@ -397,10 +401,12 @@ def _federaser(
             f"federaser: retained round {step.retained_round}, {count(len(step.clients), 'client')}, {kind}"
             f", server peak RSS {peaks[-1]:,.0f} MiB"
         )
+        steps.advance()
 
     reconstruction = eraser.unlearn(
         store, excluded, scaled_keys=parameters, progress=progress, trajectory=trajectory
     )
+    steps.finish()  # a retained round without remaining clients is no step
     calibrated = sum(1 for step in reconstruction.steps if step.calibrated)
     return reconstruction.model, {
         "steps": len(reconstruction.steps),

@@ -14,6 +14,7 @@ from federation_grid import ClientAppGrid, K
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.messages import CALIBRATE
+from fedunlearn.progress import parse_progress
 from fedunlearn.store.retention import PARTICIPANTS_KEY
 from fedunlearn.training.sampling import round_seed, sample_partitions
 from server.training.original import train_federated
@@ -116,6 +117,14 @@ def test_unlearning_draws_from_the_remaining_and_calibrates_over_each_rounds_par
         r: _draw("fedretrain", r, [1, 2, 3]) for r in range(1, 5)
     }
     assert "0.5 of them a round" in table.loc["fedretrain", "did"]
+    # a progress line with an ETA for the request's methods and each method's rounds, each
+    # task ending at 100%
+    ended = {p.task: p for p in map(parse_progress, lines) if p is not None and p.finished}
+    assert {t: (p.done, p.eta) for t, p in ended.items()} == {
+        "unlearning": (3, 0.0),
+        "federaser": (4, 0.0),
+        "fedretrain": (4, 0.0),
+    }
     assert (
         table.loc["federaser", "test_accuracy"] > 0.3
         and table.loc["fedaccum", "client_epochs"] == 0
