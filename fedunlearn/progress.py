@@ -15,6 +15,7 @@ before the first step of this session, 0 once every step is done.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -72,8 +73,10 @@ class ProgressLine:
         return self.done >= self.total
 
     def format(self) -> str:
-        """The line as logged: ``progress: TASK DONE/TOTAL UNIT, elapsed M:SS, ETA M:SS``."""
-        eta = "?" if self.eta is None else format_duration(self.eta)
+        """The line as logged: ``progress: TASK DONE/TOTAL UNIT, elapsed M:SS, ETA M:SS``; the
+        elapsed time rounded down, the ETA up (a task not done never says 0:00 left, unless its
+        steps take no measurable time)."""
+        eta = "?" if self.eta is None else format_duration(math.ceil(self.eta))
         return (
             f"progress: {self.task} {self.done}/{self.total} {self.unit}, "
             f"elapsed {format_duration(self.elapsed)}, ETA {eta}"

@@ -13,6 +13,7 @@ task, so that a log stays readable. ``FEDUNLEARN_PROGRESS=0`` turns the bars off
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -113,7 +114,7 @@ class ProgressDisplay:
         if line.task in tasks:  # inner tasks left unfinished (a method refused) are over
             for task in reversed(tasks[tasks.index(line.task) + 1 :]):
                 self._open.pop(task).close()
-        eta = "?" if line.eta is None else format_duration(line.eta)
+        eta = "?" if line.eta is None else format_duration(math.ceil(line.eta))
         postfix = f"elapsed {format_duration(line.elapsed)}, ETA {eta}"
         bar = self._open.get(line.task)
         if bar is None:

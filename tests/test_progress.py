@@ -86,6 +86,9 @@ def test_a_line_reads_as_plain_text_and_other_lines_are_no_progress():
     line = ProgressLine("fedretrain", 7, 20, "rounds", 21.4, 3725.0)
     assert line.format() == "progress: fedretrain 7/20 rounds, elapsed 0:21, ETA 1:02:05"
     assert format_duration(59.99) == "0:59"
+    # a task not done never says 0:00 left: the ETA is rounded up, the elapsed time down
+    short = ProgressLine("federaser", 1, 10, "rounds", 0.4, 3.6).format()
+    assert short.endswith("1/10 rounds, elapsed 0:00, ETA 0:04")
     for other in (
         "[fedunlearn] round 7/20  test accuracy 0.98",
         "[fedunlearn] fedretrain: round 1/20, 9 clients, test accuracy 0.9044, 0.6s",
