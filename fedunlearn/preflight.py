@@ -63,6 +63,8 @@ REQUEST_FIELDS = (
     "max_refusals",
     "min_reply_fraction",
     "max_update_ratio",
+    "log_tensorboard",  # where the request's comparison is logged too (fedunlearn.tracking)
+    "log_mlflow",
 ) + tuple(  # the later phases a request runs (certified head, scrubbing, audit), as it asks
     f.name
     for f in dataclasses.fields(ExperimentConfig)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 import pandas as pd
 
 from fedunlearn.errors import TooFewReplies
+from fedunlearn.progress import Progress
 from fedunlearn.registry import MethodSpec
 from fedunlearn.store.run_directory import RunDirectory
 from fedunlearn.training.model_state import State
@@ -147,19 +148,23 @@ class MethodRunner:
         context,
         *,
         refusal: Callable[[MethodSpec], str | None] | None = None,
+        progress: Progress | None = None,
     ) -> None:
         """Run every registered method of ``specs`` on ``context``, in order; a context with a
         ``grid`` gives each method a metered one (its clients' work and traffic: ``costs``).
 
         ``refusal(spec)``: why ``spec`` is refused now (None: it runs), asked before each method;
         with it, a method that raises one of :data:`CANNOT_GO_ON` is refused too. A refused
-        method has no model and no row; :attr:`refused` says why."""
+        method has no model and no row; :attr:`refused` says why. ``progress`` counts each
+        method done or refused."""
         grid = getattr(context, "grid", None)
         try:
             for spec in specs:
                 why = refusal(spec) if refusal is not None else None
                 if why is not None:
                     self._refuse(spec.name, why)
+                    if progress is not None:
+                        progress.advance()
                     continue
                 implementation = spec.resolve()
                 if grid is not None:
@@ -173,6 +178,8 @@ class MethodRunner:
                     model_file=spec.model_file or f"model_{spec.name}",
                     needs=spec.needs,
                 )
+                if progress is not None:
+                    progress.advance()
         finally:
             if grid is not None:
                 context.grid = grid

@@ -14,7 +14,9 @@ It is ``flwr run <app> --stream`` plus what that command cannot do for you:
   (plain ``flwr run`` keeps the app's default: adopt the federation's size);
 * exits non-zero when the run fails (``flwr run`` itself exits 0), quoting the failure;
 * shows our progress lines only: Flower's log lines and Ray's warnings with ``--verbose``
-  (:mod:`simulations.console`), and no ANSI colour codes unless the output is a terminal.
+  (:mod:`simulations.console`), and no ANSI colour codes unless the output is a terminal;
+* draws the ServerApp's progress (training rounds, methods, calibration) as bars with an ETA on
+  a terminal (:mod:`simulations.progress_display`; ``FEDUNLEARN_PROGRESS=0``: none).
 
 Examples
 --------
@@ -44,6 +46,7 @@ from typing import Any, TextIO
 from fedunlearn.config import ADOPT_FEDERATION_SIZE, ExperimentConfig, check_path_text
 from fedunlearn.config.paths import expand_path
 from fedunlearn.errors import ConfigError, FedUnlearnError, did_you_mean
+from fedunlearn.progress import parse_progress
 from simulations.attempts import run_until_started
 from simulations.console import ConsoleFilter, strip_ansi, use_color
 from simulations.local_superlink import (
@@ -52,6 +55,7 @@ from simulations.local_superlink import (
     launch_environment,
     start_timeout,
 )
+from simulations.progress_display import ProgressDisplay, bars_wanted
 from simulations.run_parser import PROJECT_ROOT, parser
 
 PATH_KEYS = ("data-root", "output-dir", "code-path")
@@ -304,14 +308,26 @@ def stream_run(
     console: ConsoleFilter,
     out: TextIO,
     seen: MutableSequence[str] | None = None,
+    display: ProgressDisplay | None = None,
 ) -> tuple[int, str | None]:
     """Run ``command`` (``flwr run --stream``), copy what ``console`` lets through to ``out`` as it
     comes (and every line, without colour codes, to ``seen``); returns its exit status and the run
-    id it announced (None if it did not). Ctrl-C ends the command and raises
-    :class:`RunInterrupted`."""
+    id it announced (None if it did not). The app's progress lines go to ``display`` (default:
+    bars when standard error is a terminal, :func:`bars_wanted`). Ctrl-C ends the command and
+    raises :class:`RunInterrupted`."""
+    if display is None:
+        display = ProgressDisplay(out, bars=bars_wanted(sys.stderr))
     process = subprocess.Popen(
         list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(env)
     )
+    try:
+        return _stream_lines(process, console, display, seen)
+    finally:
+        display.close()
+
+
+def _stream_lines(process, console: ConsoleFilter, display: ProgressDisplay, seen):
+    """:func:`stream_run`'s loop over the lines of ``process``."""
     run_id = run_directory = None
     assert process.stdout is not None
     try:
@@ -324,11 +340,15 @@ def stream_run(
             run_id = run_id or (match.group(1) if match else None)
             found = re.match(r"\[fedunlearn\] run directory: (.+)$", plain)
             run_directory = run_directory or (found.group(1) if found else None)
+            progress = parse_progress(plain)
+            if progress is not None:
+                display.update(progress, plain)
+                continue
             shown = console(line)
             if shown is not None:
-                out.write(shown)
-                out.flush()
-        out.write(console.finish())
+                display.write(shown)
+        display.close()
+        display.write(console.finish())
     except KeyboardInterrupt:
         process.terminate()
         process.wait()

@@ -287,3 +287,41 @@ def _coerce_int(key: str, value: Any) -> int:
     if not INT64[0] <= number <= INT64[1]:
         raise ConfigError(key, value, f"{allowed} between -2^63 and 2^63-1 (a 64-bit integer)")
     return number
+
+
+class TrackingUri(Constraint):
+    """Empty, ``run`` or a URI with its scheme (``log-mlflow``: :mod:`fedunlearn.tracking`)."""
+
+    allowed = (
+        "empty (off), run (an SQLite store in the run directory, RUN/mlflow.db) or an MLflow "
+        "tracking URI with its scheme, e.g. http://localhost:5000 or sqlite:///mlflow.db"
+    )
+
+    def check(self, key: str, value: str) -> None:
+        if value in ("", "run"):
+            return
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:\S+", value):
+            self._refuse(key, value)
+
+
+class NeedsExtra(Constraint):
+    """What ``inner`` allows; a value that turns the key on (true, a non-empty text) also needs
+    the key's optional package, installed by the extra ``extra``
+    (:func:`fedunlearn.tracking.missing_module`): a run asking for a missing one is refused
+    before it starts."""
+
+    def __init__(self, inner: Constraint, extra: str) -> None:
+        self.inner, self.extra = inner, extra
+
+    @property
+    def allowed(self) -> str:
+        return f"{self.inner.allowed}; on, it needs pip install 'fedunlearn[{self.extra}]'"
+
+    def check(self, key: str, value: Any) -> None:
+        self.inner.check(key, value)
+        if value:
+            from fedunlearn.tracking import missing_module
+
+            missing = missing_module(key)
+            if missing is not None:
+                raise ConfigError(key, value, missing)

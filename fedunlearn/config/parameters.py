@@ -39,10 +39,12 @@ from fedunlearn.config.constraints import (
     Interval,
     NameList,
     NameOrImport,
+    NeedsExtra,
     Options,
     PositiveNumbers,
     RunName,
     Text,
+    TrackingUri,
 )
 from fedunlearn.config.fields import (
     AT_LEAST_1,
@@ -252,6 +254,18 @@ class RunParameters:
     run_name: str = federation("", RunName(), "run directory name; empty: <dataset>-<timestamp>")
     resume: bool = federation(
         False, Flag(), "continue output-dir/run-name from its last completed round (after a crash)"
+    )
+    log_tensorboard: bool = federation(
+        False,
+        NeedsExtra(Flag(), "tensorboard"),
+        "also write each round's metrics and each request's comparison as TensorBoard event "
+        "files under RUN/tensorboard/",
+    )
+    log_mlflow: str = federation(
+        "",
+        NeedsExtra(TrackingUri(), "mlflow"),
+        "also log the run config, each round's metrics and each request's comparison to an "
+        "MLflow run (one per run directory); run: an SQLite store RUN/mlflow.db",
     )
     node_wait_seconds: float = federation(
         120.0,

@@ -30,6 +30,7 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.data.federated_data import FederatedData
 from fedunlearn.judge import INDEPENDENT, ORIGINAL, JudgeData, Outputs
 from fedunlearn.judge.report import judge_table, separated, write_judge_report
+from fedunlearn.progress import Progress
 from fedunlearn.registry import UNLEARNING, retention_policies
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.history import forget_clients
@@ -91,13 +92,17 @@ def run_judge(grid: Grid, config: ExperimentConfig, *, log: Log = print) -> Judg
     runner.add(ORIGINAL, outcome.final_state)
     runner.seconds[ORIGINAL] = training_seconds
     context.costs = runner.costs  # keep-training spends another method's client-epochs
-    runner.run_all(keep_training_last([UNLEARNING[name] for name in config.methods]), context)
+    specs = keep_training_last([UNLEARNING[name] for name in config.methods])
+    # the procedures of the N federations: every method, then the independent retraining
+    procedures = Progress("judge", len(specs) + 1, unit="procedures", log=log).start()
+    runner.run_all(specs, context, progress=procedures)
     diverged = drop_diverged(runner, log)
     runner.time(
         INDEPENDENT,
         lambda: independent_retrain(grid, outcome, remaining, log=log),
         model_file=f"model_{INDEPENDENT}",
     )
+    procedures.advance()
     deleted = forget_clients(outcome.store, [target], retention_policies())
     log(f"judge: deleted {deleted} retained update(s) of client {target}; reading every model")
     data = judge_data(outcome, runner.models, runner.seconds, judge_sets(outcome, target))

@@ -32,6 +32,7 @@ from fedunlearn.data.federated_data import run_settings
 from fedunlearn.data.forget_sets import ForgetSet
 from fedunlearn.messages import SCRUB_QUERY
 from fedunlearn.preflight import cohort_masks
+from fedunlearn.progress import Progress
 from fedunlearn.registry import SCRUBBING
 from fedunlearn.reply_checks import (
     RefusedReply,
@@ -216,12 +217,16 @@ def run_scrubbing(
     )
     runner = MethodRunner(outcome.run, log=log, label="scrub ", shared=context.shared)
     runner.add("original", outcome.final_state)
+    specs = [spec for spec in SCRUBBING if spec.name in selected]
+    methods = Progress("scrubbing", len(specs) + 1, unit="methods", log=log).start()
     runner.time("retrain", lambda: retrain(context), model_file="model_scrub_retrain")
+    methods.advance()
     # In the registry's order: methods sharing statistics run one after the other.
     runner.run_all(
-        [spec for spec in SCRUBBING if spec.name in selected],
+        specs,
         context,
         refusal=None if missing is None else lambda spec: _missing_refusal(missing),
+        progress=methods,
     )
 
     data = readout_data(outcome, masks, forget)

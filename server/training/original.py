@@ -29,6 +29,7 @@ from fedunlearn.plots import plot_training_curves
 from fedunlearn.registry import run_retention
 from fedunlearn.store.run_directory import RECOVERY_LOG, RunDirectory
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.tracking import open_tracker
 from fedunlearn.training.local import resolve_device
 from fedunlearn.training.models import resolve_model_name
 from fedunlearn.unlearning.verdicts import training_flag
@@ -114,6 +115,7 @@ def train_federated(grid: Grid, config: ExperimentConfig, *, log: Log = print) -
         screen=screen,
         log=log,
     )
+    recorder.tracker.close()
     _finish(run, store, config, members, final_state, recorder.elapsed, resuming, log)
     return TrainingOutcome(config, run, data, members, store, initial_state, final_state, screen)
 
@@ -200,7 +202,8 @@ def _training_strategy(
 
 
 class _RoundRecorder:
-    """What each completed round leaves: a ``metrics.csv`` row, a checkpoint, a console line.
+    """What each completed round leaves: a ``metrics.csv`` row (also to TensorBoard and MLflow
+    when asked: :mod:`fedunlearn.tracking`), a checkpoint, a console line.
 
     Called as ``fedavg_rounds``'s ``on_round``; the elapsed time continues a resumed run's.
     """
@@ -209,6 +212,11 @@ class _RoundRecorder:
         self.config, self.run, self.store, self.model = config, run, store, model
         self.retaining, self.started, self.log = retaining, started, log
         self.elapsed_before = 0.0
+        self.tracker = open_tracker(config, run.path)
+
+    def _record(self, row: dict) -> None:
+        self.run.append_metrics(row)
+        self.tracker.log_round(row)
 
     def resumed(self) -> None:
         """Continue the elapsed time from the last recorded round."""
@@ -228,7 +236,7 @@ class _RoundRecorder:
         device = resolve_device(self.config.device)
         initial = evaluate_run_model(self.model, splits.test.x, splits.test.y, device=device)
         row = _row(0, initial, MetricRecord(), 0, False, 0.0, self.elapsed())
-        self.run.append_metrics({**row, **self._store_size(), "refused": 0, "check_seconds": 0.0})
+        self._record({**row, **self._store_size(), "refused": 0, "check_seconds": 0.0})
         self.log(
             f"round 0/{self.config.rounds}  test accuracy {initial.accuracy:.4f}  "
             f"test loss {initial.loss:.4f}"
@@ -243,7 +251,7 @@ class _RoundRecorder:
         if "client-eval-accuracy" in train_metrics:
             row["client_eval_accuracy"] = float(train_metrics["client-eval-accuracy"])
         # Metrics first, checkpoint last: the checkpoint's round is the last completed round.
-        self.run.append_metrics(row)
+        self._record(row)
         self.run.save_checkpoint(server_round, self.model.state_dict())
         self.log(
             f"round {server_round}/{self.config.rounds}  test accuracy {result.accuracy:.4f}  "

@@ -24,6 +24,7 @@ from fedunlearn.data.federated_data import FederatedData, run_settings
 from fedunlearn.memory import (
     release_free_memory,
 )
+from fedunlearn.progress import Progress
 from fedunlearn.seeding import derive_seed
 from fedunlearn.store.retention import RetentionPolicy
 from fedunlearn.store.run_directory import RunDirectory
@@ -180,12 +181,18 @@ def fedavg_rounds(
     baseline's ``objective`` and ``forget``). ``screen`` checks every reply before it is aggregated
     or retained (:mod:`server.federation.reply_screening`); ``phase`` names the rounds in its log. Every
     round waits ``reply-timeout`` seconds at most for its replies, with a heartbeat line to ``log``
-    while it waits (:mod:`server.federation.queries`).
+    while it waits (:mod:`server.federation.queries`), and a progress line with its ETA
+    (:mod:`fedunlearn.progress`: the task ``training`` for ``phase`` = ``train``, else the phase).
     """
     device = resolve_device(config.device)
     arrays = ArrayRecord(model.state_dict())
     train_config = {**train_config_record(config), **dict(extra_config or {})}
-    for server_round in range(first_round, (config.rounds if rounds is None else rounds) + 1):
+    last_round = config.rounds if rounds is None else rounds
+    task = "training" if phase == "train" else phase
+    progress = Progress(task, last_round, log=log, initial=min(first_round - 1, last_round))
+    if first_round <= last_round:
+        progress.start()
+    for server_round in range(first_round, last_round + 1):
         started = time.perf_counter()
         refused_before = screen.refused if screen is not None else 0
         checks_before = screen.seconds if screen is not None else 0.0
@@ -220,6 +227,7 @@ def fedavg_rounds(
                 metrics["refused"] = screen.refused - refused_before
                 metrics["check-seconds"] = screen.seconds - checks_before
             on_round(server_round, result, metrics, replied, time.perf_counter() - started)
+        progress.advance()
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 

@@ -34,9 +34,11 @@ from fedunlearn.plots import (
     plot_tradeoff,
     plot_unlearning_comparison,
 )
+from fedunlearn.progress import Progress
 from fedunlearn.registry import UNLEARNING, run_retention, trajectory_serves
 from fedunlearn.store.history import check_retained, history
 from fedunlearn.store.run_directory import UNLEARNING_LOG
+from fedunlearn.tracking import open_tracker
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
 from fedunlearn.unlearning.verdicts import (
     Adoption,
@@ -165,11 +167,13 @@ def run_unlearning(
     runner.add("fedavg", outcome.final_state)
     context.costs = runner.costs
     rule = refusal_rule(config, missing, context, runner.refused)
-    runner.run_all(keep_training_last(specs), context, refusal=rule)
+    specs = keep_training_last(specs)
+    methods = Progress("unlearning", len(specs), unit="methods", log=log)
+    runner.run_all(specs, context, refusal=rule, progress=methods.start())
     for staging in context.staging.values():
         staging.close()
     missing.refused_methods = {**refused, **runner.refused}
-    table = _compare(outcome, runner, targets, already, suffix, log)
+    table = _compare(outcome, runner, targets, already, suffix, log, request=request)
     adoption = _adopt_one(outcome, context, table, request, log)
     deleted = retained_blobs_of(outcome.store, targets)
     request_journal.decide(outcome.run)
@@ -227,9 +231,10 @@ def _accounted(missing: MissingClients, log: Log) -> dict:
     return account
 
 
-def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: Log):
+def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: Log, *, request):
     """Measure every model, say what each method did and flag the rows that must not read as
-    results; publish the table and the figures."""
+    results; publish the table (to TensorBoard and MLflow too when asked: request ``request`` is
+    their step) and the figures."""
     config = outcome.config
     excluded = sorted(set(targets) | set(already))
     table, angles, clients = measure(outcome, runner.models, runner.seconds, targets, excluded)
@@ -248,6 +253,7 @@ def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: 
         floatfmt=".4f",
         console=console_table,
     )
+    _track(outcome, table, request)
     for method, flag in zip(table["method"], table["flag"]):
         if flag:
             log(f"FLAGGED {method}: {flag}; its row is not a result")
@@ -262,6 +268,15 @@ def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: 
             clients, outcome.run.path / f"client_accuracy{suffix}.png", title=title
         )
     return table
+
+
+def _track(outcome, table: pd.DataFrame, request: int) -> None:
+    """The request's comparison, one row per method, to TensorBoard and MLflow when the run
+    config asks for them (:mod:`fedunlearn.tracking`)."""
+    tracker = open_tracker(outcome.config, outcome.run.path)
+    if tracker.active:
+        tracker.log_comparison(table.to_dict("records"), request=request)
+    tracker.close()
 
 
 def _adopt_one(outcome, context: UnlearningContext, table, request: int, log: Log) -> Adoption:
@@ -388,6 +403,7 @@ def _federaser(
 
     peaks: list[float] = []
     take_interval_peak_rss_bytes()  # each step's peak from here
+    steps = Progress("federaser", len(store.rounds()), log=log).start()
 
     def progress(step):
         peaks.append(megabytes(take_interval_peak_rss_bytes()))
@@ -397,10 +413,12 @@ def _federaser(
             f"federaser: retained round {step.retained_round}, {count(len(step.clients), 'client')}, {kind}"
             f", server peak RSS {peaks[-1]:,.0f} MiB"
         )
+        steps.advance()
 
     reconstruction = eraser.unlearn(
         store, excluded, scaled_keys=parameters, progress=progress, trajectory=trajectory
     )
+    steps.finish()  # a retained round without remaining clients is no step
     calibrated = sum(1 for step in reconstruction.steps if step.calibrated)
     return reconstruction.model, {
         "steps": len(reconstruction.steps),

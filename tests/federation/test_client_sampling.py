@@ -5,8 +5,10 @@ retained round over that round's remaining participants; the forgotten client re
 
 from __future__ import annotations
 
+import json
 import re
 
+import pandas as pd
 import pytest
 import torch
 from fake_grid import stamp
@@ -14,6 +16,7 @@ from federation_grid import ClientAppGrid, K
 
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.messages import CALIBRATE
+from fedunlearn.progress import parse_progress
 from fedunlearn.store.retention import PARTICIPANTS_KEY
 from fedunlearn.training.sampling import round_seed, sample_partitions
 from server.training.original import train_federated
@@ -70,8 +73,49 @@ def _by_round(sent, phase: str) -> dict[int, list[int]]:
     return {r: sorted(p) for r, p in rounds.items()}
 
 
-def _trained(tmp_path, name: str, **grid):
-    values = {**VALUES, "output-dir": str(tmp_path), "run-name": name}
+#: TensorBoard and MLflow (a SQLite store in the run directory) log what metrics.csv and the
+#: comparison hold
+TRACKING = {"log-tensorboard": True, "log-mlflow": "run"}
+
+
+def tracked_as_written(run, table) -> None:
+    """The TensorBoard events and the MLflow run of ``run`` hold every round of its metrics.csv
+    and every method's row of its comparison ``table``."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    metrics = run.metrics
+    events = EventAccumulator(str(run.path / "tensorboard")).Reload()
+    for column in ("test_accuracy", "train_loss", "round_seconds", "store_bytes"):
+        logged = {e.step: e.value for e in events.Scalars(f"train/{column}")}
+        # round 0 (the initial model) has no train loss: a blank is not logged
+        written = {r: v for r, v in zip(metrics["round"], metrics[column]) if pd.notna(v)}
+        assert logged.keys() == written.keys() and set(range(1, 5)) <= logged.keys()
+        assert all(v == pytest.approx(written[r], rel=1e-6) for r, v in logged.items())
+    assert [e.step for e in events.Scalars("train/test_accuracy")] == list(range(5))
+    for method, accuracy in zip(table["method"], table["test_accuracy"]):
+        scalars = events.Scalars(f"unlearning/{method}/test_accuracy")
+        assert [(e.step, e.value) for e in scalars] == [(1, pytest.approx(accuracy))]
+    kept = json.loads((run.path / "mlflow.json").read_text())
+    client = MlflowClient(kept["tracking_uri"])
+    history = client.get_metric_history(kept["run_id"], "train/test_accuracy")
+    assert sorted((m.step, m.value) for m in history) == list(
+        zip(metrics["round"], metrics["test_accuracy"].map(pytest.approx))
+    )
+    logged = client.get_run(kept["run_id"]).data
+    assert logged.params["rounds"] == "4" and logged.params["log-mlflow"] == "run"
+    for row in table.to_dict("records"):  # accuracies, time, distance; fedavg has no time
+        for column in ("test_accuracy", "target_accuracy", "seconds", "l2_to_fedretrain"):
+            name = f"unlearning/{row['method']}/{column}"
+            if pd.isna(row[column]):
+                assert name not in logged.metrics
+            else:
+                assert logged.metrics[name] == pytest.approx(row[column])
+        assert logged.tags[f"unlearning.{row['method']}.did"] == row["did"]
+
+
+def _trained(tmp_path, name: str, tracking: dict | None = None, **grid):
+    values = {**VALUES, "output-dir": str(tmp_path), "run-name": name, **(tracking or {})}
     spy = SampledGrid(values, **grid)
     outcome = train_federated(spy, ExperimentConfig.from_run_config(values), log=lambda _: None)
     return spy, outcome
@@ -94,7 +138,7 @@ def test_each_round_trains_the_seeded_draw_and_the_store_records_it(tmp_path):
 def test_unlearning_draws_from_the_remaining_and_calibrates_over_each_rounds_participants(
     tmp_path,
 ):
-    spy, outcome = _trained(tmp_path, "forget")
+    spy, outcome = _trained(tmp_path, "forget", TRACKING)
     recorded = outcome.store.metadata[PARTICIPANTS_KEY]
     spy.phase, lines = "unlearn", []
     table = run_unlearning(spy, outcome, [0], log=lines.append).set_index("method")
@@ -116,6 +160,15 @@ def test_unlearning_draws_from_the_remaining_and_calibrates_over_each_rounds_par
         r: _draw("fedretrain", r, [1, 2, 3]) for r in range(1, 5)
     }
     assert "0.5 of them a round" in table.loc["fedretrain", "did"]
+    # a progress line with an ETA for the request's methods and each method's rounds, each
+    # task ending at 100%
+    ended = {p.task: p for p in map(parse_progress, lines) if p is not None and p.finished}
+    assert {t: (p.done, p.eta) for t, p in ended.items()} == {
+        "unlearning": (3, 0.0),
+        "federaser": (4, 0.0),
+        "fedretrain": (4, 0.0),
+    }
+    tracked_as_written(outcome.run, table.reset_index())
     assert (
         table.loc["federaser", "test_accuracy"] > 0.3
         and table.loc["fedaccum", "client_epochs"] == 0
