@@ -14,31 +14,23 @@ checked without them.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
 import math
-import re
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedunlearn.errors import ConfigError
+from fedunlearn.spec_registry import SPEC_NAME, SpecRegistry, is_import_reference
 
-#: A registered dataset's or model's name: lower-case letters, digits and '-'.
-SPEC_NAME = re.compile(r"[a-z][a-z0-9-]*")
-#: A user's own loader or builder: ``package.module:function``.
-IMPORT_REFERENCE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+__all__ = ["SPEC_NAME", "DataSource", "DatasetRegistry", "DatasetSpec", "is_import_reference"]
+
 #: Models ``auto`` picks for a dataset whose samples are only known once loaded (a file's data):
 #: by sample rank, then for images by the smaller side (the 5x5 convolutions of mnist-cnn and
 #: cifar10-cnn need sides of at least 16).
 _AUTO_BY_RANK = {1: "adult-mlp"}
-
-
-def is_import_reference(value: object) -> bool:
-    """Whether ``value`` reads ``module:function`` (a user's own loader or model builder)."""
-    return isinstance(value, str) and bool(IMPORT_REFERENCE.fullmatch(value))
 
 
 def imported(key: str, reference: str) -> Callable[..., Any]:
@@ -178,59 +170,13 @@ class DatasetSpec:
         return as_splits(self.name, self.resolve()(source))
 
 
-@dataclass
-class DatasetRegistry:
+class DatasetRegistry(SpecRegistry[DatasetSpec]):
     """Name -> :class:`DatasetSpec`, in registration order (the ``dataset`` key's choices)."""
 
-    _specs: dict[str, DatasetSpec] = field(default_factory=dict)
+    key, spec_class, user_description = "dataset", DatasetSpec, "a user's loader"
 
-    def register(self, name: str, loader: str | Callable[..., Any], **facts: Any) -> DatasetSpec:
-        """Add a dataset; returns its spec. A name already registered is refused."""
-        if not isinstance(name, str) or not SPEC_NAME.fullmatch(name):
-            raise ConfigError(
-                "name", name, "lower-case letters, digits and '-', starting with a letter"
-            )
-        if name in self._specs:
-            raise ConfigError(
-                "name", name, f"a dataset name not registered yet ({', '.join(self.names())})"
-            )
-        spec = DatasetSpec(name, loader, **facts)
-        self._specs[name] = spec
-        return spec
-
-    def unregister(self, name: str) -> DatasetSpec:
-        """Remove a dataset (a test's toy); returns its spec."""
-        return self._specs.pop(self[name].name)
-
-    @contextlib.contextmanager
-    def registered(self, name: str, loader, **facts: Any) -> Iterator[DatasetSpec]:
-        """Register a dataset for the duration of a ``with`` block (tests)."""
-        spec = self.register(name, loader, **facts)
-        try:
-            yield spec
-        finally:
-            self._specs.pop(name, None)
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(self._specs)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._specs
-
-    def __iter__(self) -> Iterator[DatasetSpec]:
-        return iter(list(self._specs.values()))
-
-    def __getitem__(self, name: str) -> DatasetSpec:
-        if name not in self._specs:
-            raise ConfigError("dataset", name, allowed_datasets(self))
-        return self._specs[name]
-
-    def spec(self, value: str) -> DatasetSpec:
-        """The spec ``dataset = value`` means: a registered one, or a user's ``module:function``
-        (its facts unknown until it is loaded)."""
-        if is_import_reference(value):
-            return DatasetSpec(value, value, description="a user's loader")
-        return self[value]
+    def allowed(self) -> str:
+        return allowed_datasets(self)
 
 
 def allowed_datasets(registry: DatasetRegistry) -> str:

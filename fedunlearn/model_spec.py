@@ -16,18 +16,12 @@ This module imports no PyTorch, so the run config can be checked without it.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from fedunlearn.dataset_spec import (
-    SPEC_NAME,
-    check_signature,
-    imported,
-    is_import_reference,
-)
-from fedunlearn.errors import ConfigError
+from fedunlearn.dataset_spec import check_signature, imported
+from fedunlearn.spec_registry import SpecRegistry
 
 #: ``model = "auto"``: the dataset's own model (its spec's ``default_model``).
 AUTO = "auto"
@@ -60,55 +54,14 @@ class ModelSpec:
         return self.builder if callable(self.builder) else imported("model", self.builder)
 
 
-@dataclass
-class ModelRegistry:
-    """Name -> :class:`ModelSpec`, in registration order (the ``model`` key's choices)."""
+class ModelRegistry(SpecRegistry[ModelSpec]):
+    """Name -> :class:`ModelSpec`, in registration order (the ``model`` key's choices; ``auto``
+    is no entry's name)."""
 
-    _specs: dict[str, ModelSpec] = field(default_factory=dict)
+    key, spec_class, reserved, user_description = "model", ModelSpec, (AUTO,), "a user's model"
 
-    def register(self, name: str, builder: str | Callable[..., Any], **facts: Any) -> ModelSpec:
-        """Add a model; returns its spec. A name already registered (or ``auto``) is refused."""
-        if not isinstance(name, str) or not SPEC_NAME.fullmatch(name) or name == AUTO:
-            raise ConfigError(
-                "name", name, "lower-case letters, digits and '-', starting with a letter, not auto"
-            )
-        if name in self._specs:
-            raise ConfigError(
-                "name", name, f"a model name not registered yet ({', '.join(self.names())})"
-            )
-        spec = ModelSpec(name, builder, **facts)
-        self._specs[name] = spec
-        return spec
-
-    @contextlib.contextmanager
-    def registered(self, name: str, builder, **facts: Any) -> Iterator[ModelSpec]:
-        """Register a model for the duration of a ``with`` block (tests)."""
-        spec = self.register(name, builder, **facts)
-        try:
-            yield spec
-        finally:
-            self._specs.pop(name, None)
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(self._specs)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._specs
-
-    def __iter__(self) -> Iterator[ModelSpec]:
-        return iter(list(self._specs.values()))
-
-    def __getitem__(self, name: str) -> ModelSpec:
-        if name not in self._specs:
-            raise ConfigError("model", name, allowed_models(self))
-        return self._specs[name]
-
-    def spec(self, value: str) -> ModelSpec:
-        """The spec ``model = value`` means (``value`` not ``auto``): a registered one, or a
-        user's ``module:function``."""
-        if is_import_reference(value):
-            return ModelSpec(value, value, description="a user's model")
-        return self[value]
+    def allowed(self) -> str:
+        return allowed_models(self)
 
 
 def allowed_models(registry: ModelRegistry) -> str:

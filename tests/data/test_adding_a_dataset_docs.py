@@ -65,7 +65,7 @@ def toys(tmp_path, monkeypatch):
         for name in set(DATASETS.names()) - before[0]:
             DATASETS.unregister(name)
         for name in set(MODELS.names()) - before[1]:
-            MODELS._specs.pop(name)
+            MODELS.unregister(name)
 
 
 def test_the_page_has_one_module_and_one_line_for_each_toy():
