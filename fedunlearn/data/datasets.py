@@ -167,6 +167,21 @@ def download_failed(name: str, path: Path, error: Exception) -> DatasetNotFoundE
     return DatasetNotFoundError(name, path, hint=hint)
 
 
+def fetch_with_torchvision(name: str, dataset: str, root: Path, folder: Path, archive: str) -> None:
+    """Download and extract ``archive`` through ``torchvision.datasets.<dataset>`` into ``root``
+    (the only network access of the CIFAR loaders); a failure names ``folder`` and the cause."""
+    import torchvision
+
+    try:
+        getattr(torchvision.datasets, dataset)(str(root), train=True, download=True)
+    except Exception as error:  # network and archive errors alike
+        expected = (
+            f"the files of {archive} (download failed: check the network, or extract the "
+            "archive there by hand)"
+        )
+        raise unreadable_file(name, folder, expected, error) from error
+
+
 def standardize_images(train: torch.Tensor, test: torch.Tensor) -> None:
     """Standardise float images ``(N, C, H, W)`` in place, per channel, with training statistics."""
     channels = train.shape[1]

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fedunlearn.data.datasets import DatasetSplits, image_splits, missing_file, unreadable_file
+from fedunlearn.data.datasets import (
+    DatasetSplits,
+    fetch_with_torchvision,
+    image_splits,
+    missing_file,
+    unreadable_file,
+)
 
 FOLDER = "cifar-10-batches-py"
 BATCHES = tuple(f"data_batch_{number}" for number in range(1, 6))
@@ -45,16 +51,7 @@ def load(source) -> DatasetSplits:
     root, download = source.require_root("cifar10", FOLDER + "/"), source.download
     folder = root / FOLDER
     if download and not folder.is_dir():
-        import torchvision
-
-        try:
-            torchvision.datasets.CIFAR10(str(root), train=True, download=True)
-        except Exception as error:  # network and archive errors alike
-            expected = (
-                "the batches of cifar-10-python.tar.gz (download failed: check the network, or "
-                "extract the archive there by hand)"
-            )
-            raise unreadable_file("cifar10", folder, expected, error) from error
+        fetch_with_torchvision("cifar10", "CIFAR10", root, folder, "cifar-10-python.tar.gz")
     train_parts = [_read_cifar_batch(folder / batch_name) for batch_name in BATCHES]
     test = _read_cifar_batch(folder / "test_batch")
     train_images = np.concatenate([images for images, _ in train_parts])

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fedunlearn.data.datasets import DatasetSplits, image_splits, missing_file, unreadable_file
+from fedunlearn.data.datasets import (
+    DatasetSplits,
+    fetch_with_torchvision,
+    image_splits,
+    missing_file,
+    unreadable_file,
+)
 
 NAME = "cifar100"
 NUM_CLASSES = 100
@@ -46,20 +52,6 @@ def _read_split(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, _SIDE, _SIDE), labels
 
 
-def _download(root: Path, folder: Path) -> None:
-    """torchvision's CIFAR-100 archive, fetched and extracted into ``root``."""
-    import torchvision
-
-    try:
-        torchvision.datasets.CIFAR100(str(root), train=True, download=True)
-    except Exception as error:  # network and archive errors alike
-        expected = (
-            "the files of cifar-100-python.tar.gz (download failed: check the network, or "
-            "extract the archive there by hand)"
-        )
-        raise unreadable_file(NAME, folder, expected, error) from error
-
-
 def load_cifar100(root: Path, download: bool) -> DatasetSplits:
     """CIFAR-100's 50,000 training and 10,000 test images with their 100 fine labels.
 
@@ -82,7 +74,7 @@ def load_cifar100(root: Path, download: bool) -> DatasetSplits:
     """
     folder = Path(root) / FOLDER
     if download and not folder.is_dir():
-        _download(Path(root), folder)
+        fetch_with_torchvision(NAME, "CIFAR100", Path(root), folder, "cifar-100-python.tar.gz")
     train = _read_split(folder / "train")
     test = _read_split(folder / "test")
     return image_splits(NAME, train, test, scale=255.0, num_classes=NUM_CLASSES)
