@@ -184,7 +184,8 @@ def _certificates(args: argparse.Namespace) -> int:
 def _data(args: argparse.Namespace) -> int:
     from fedunlearn.data.datasets import load_dataset
 
-    splits = load_dataset(args.name, args.root, download=args.command == "download")
+    options = {"label_column": args.label_column, "test_fraction": args.test_fraction}
+    splits = load_dataset(args.name, args.root, download=args.command == "download", **options)
     print(
         f"{splits.name}: {len(splits.train)} training and {len(splits.test)} test samples, "
         f"{splits.num_classes} classes, sample shape {tuple(splits.input_shape)}"
@@ -350,7 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
             "--root",
             type=lambda text: Path(text).expanduser(),
             default=str(DEFAULT_DATA_ROOT),
-            help="data root in torchvision's layout (default: ~/data)",
+            help="data root in torchvision's layout, or a data file (default: ~/data)",
+        )
+        command.add_argument("--label-column", default="label", help="a table's label column")
+        command.add_argument(
+            "--test-fraction",
+            type=float,
+            default=0.2,
+            help="held out when the data has no test split",
         )
         command.set_defaults(handler=_data)
     listing = data_commands.add_parser("list", help="the registered datasets")
