@@ -44,8 +44,8 @@ def imported(key: str, reference: str) -> Callable[..., Any]:
         raise ConfigError(
             key,
             reference,
-            f"an importable module:function; importing {module_name!r} failed ({reason}); put its "
-            "folder on PYTHONPATH or run from the folder that holds it",
+            f"an importable module:function; importing {module_name!r} failed ({reason}); name "
+            "its folder with code-path (or put it on PYTHONPATH)",
         ) from None
     target = getattr(module, attribute, None)
     if not callable(target):
@@ -174,6 +174,7 @@ class DatasetRegistry(SpecRegistry[DatasetSpec]):
     """Name -> :class:`DatasetSpec`, in registration order (the ``dataset`` key's choices)."""
 
     key, spec_class, user_description = "dataset", DatasetSpec, "a user's loader"
+    entry_point_group, installed_facts = "fedunlearn.datasets", {"needs_root": False}
 
     def allowed(self) -> str:
         return allowed_datasets(self)
@@ -187,9 +188,10 @@ def allowed_datasets(registry: DatasetRegistry) -> str:
     )
 
 
-def check_loader(reference: str) -> None:
-    """A user's ``dataset = "module:function"`` imports and takes one argument (the source)."""
-    check_signature("dataset", reference, imported("dataset", reference), 1)
+def check_loader(reference: str, value: str | None = None) -> None:
+    """A user's loader (``reference``: ``module:function``) imports and takes one argument (the
+    source); errors name ``dataset = value`` (the entry's name when a package installed it)."""
+    check_signature("dataset", value or reference, imported("dataset", reference), 1)
 
 
 def auto_model_for(sample_shape: Sequence[int]) -> str:

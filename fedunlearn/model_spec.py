@@ -59,6 +59,7 @@ class ModelRegistry(SpecRegistry[ModelSpec]):
     is no entry's name)."""
 
     key, spec_class, reserved, user_description = "model", ModelSpec, (AUTO,), "a user's model"
+    entry_point_group = "fedunlearn.models"
 
     def allowed(self) -> str:
         return allowed_models(self)
@@ -72,7 +73,7 @@ def allowed_models(registry: ModelRegistry) -> str:
     )
 
 
-def check_builder(reference: str) -> None:
-    """A user's ``model = "module:function"`` imports and takes two arguments (the sample shape
-    and the number of classes)."""
-    check_signature("model", reference, imported("model", reference), 2)
+def check_builder(reference: str, value: str | None = None) -> None:
+    """A user's builder (``reference``: ``module:function``) imports and takes two arguments (the
+    sample shape and the number of classes); errors name ``model = value``."""
+    check_signature("model", value or reference, imported("model", reference), 2)

@@ -52,21 +52,24 @@ def model_problem(model: str, sample_shape: tuple[int, ...], num_classes: int = 
 
 # ------------------------------------------------------------------ data and training
 def check_user_code(config: RunParameters) -> None:
-    """A user's own loader (``dataset``) or builder (``model``) given as ``module:function``
-    imports and takes the arguments it is called with (one line naming the key otherwise); with
-    ``code-path``, from that folder first. Every party validates its config before it loads data
-    or builds a model, so this also puts the folder on each process's path in time."""
-    from fedunlearn.dataset_spec import check_loader, is_import_reference, on_python_path
-    from fedunlearn.model_spec import check_builder
+    """A user's own loader (``dataset``) or builder (``model``), given as ``module:function`` or
+    named by an installed package's entry point, imports and takes the arguments it is called
+    with (one line naming the key otherwise); with ``code-path``, from that folder first. Every
+    party validates its config before it loads data or builds a model, so this also puts the
+    folder on each process's path in time."""
+    from fedunlearn.dataset_registry import DATASETS
+    from fedunlearn.dataset_spec import check_loader, on_python_path
+    from fedunlearn.model_registry import MODELS
+    from fedunlearn.model_spec import AUTO, check_builder
 
-    if config.code_path and (
-        is_import_reference(config.dataset) or is_import_reference(config.model)
-    ):
+    loader = DATASETS.user_code(config.dataset)
+    builder = MODELS.user_code(config.model) if config.model != AUTO else None
+    if config.code_path and (loader or builder):
         on_python_path(config.code_path)
-    if is_import_reference(config.dataset):
-        check_loader(config.dataset)
-    if is_import_reference(config.model):
-        check_builder(config.model)
+    if loader:
+        check_loader(loader, config.dataset)
+    if builder:
+        check_builder(builder, config.model)
 
 
 def check_optional_packages(config: RunParameters) -> None:

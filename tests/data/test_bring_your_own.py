@@ -296,3 +296,30 @@ def test_every_built_in_dataset_states_what_the_launch_checks():
         if spec.name == "digits":
             splits = spec.load(DataSource(seed=0))
             assert (splits.num_classes, splits.input_shape) == (spec.num_classes, spec.sample_shape)
+
+
+def test_an_installed_package_adds_a_dataset_and_a_model_by_entry_point(user_code, monkeypatch):
+    """A package's ``[project.entry-points."fedunlearn.datasets"]`` (and ``.models``): its names
+    are accepted, listed, checked at launch and loaded, with no line in the registries."""
+    site = user_code.parent / "site"
+    info = site / "blobs_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: blobs-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[fedunlearn.datasets]\nblobs = usr_data:load\nbroken = usr_data:two_arguments\n"
+        "digits = usr_data:load\n\n[fedunlearn.models]\nblob-mlp = usr_models:build\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(user_code))
+    assert "blobs" in DATASETS and "blob-mlp" in MODELS
+    assert DATASETS["digits"].loader == "fedunlearn.data.sources.digits:load"  # no override
+    config = ExperimentConfig.from_run_config(
+        {"dataset": "blobs", "model": "blob-mlp", "num-clients": 3}
+    )
+    assert load_dataset(config.dataset).num_classes == 4
+    assert isinstance(build_model("blob-mlp", (20,), 4).head, nn.Linear)
+    with pytest.raises(ConfigError) as caught:
+        ExperimentConfig.from_run_config({"dataset": "broken", "num-clients": 3})
+    assert caught.value.parameter == "dataset" and "its signature is (root, seed)" in str(
+        caught.value
+    )
