@@ -202,6 +202,11 @@ class ExperimentConfig(RunParameters):
         return expand_path("output-dir", self.output_dir, Path.cwd(), resolve=True)
 
     @property
+    def code_path_folder(self) -> Path:
+        """``code-path`` as a path on this machine (``~`` expanded)."""
+        return Path(self.code_path).expanduser()
+
+    @property
     def _dataset_label(self) -> str:
         """The dataset as a folder name: a user's ``mypkg.data:load`` becomes ``mypkg-data-load``."""
         return self.dataset.replace(".", "-").replace(":", "-").replace("_", "-").lower()

@@ -64,12 +64,23 @@ def check_user_code(config: RunParameters) -> None:
 
     loader = DATASETS.user_code(config.dataset)
     builder = MODELS.user_code(config.model) if config.model != AUTO else None
-    if config.code_path and (loader or builder):
+    if not (loader or builder):
+        return
+    # A folder missing here is no error where the module imports anyway (a SuperNode of a
+    # deployment that installed it): code-path is a path on each machine.
+    here = bool(config.code_path) and config.code_path_folder.is_dir()
+    if here:
         on_python_path(config.code_path)
-    if loader:
-        check_loader(loader, config.dataset)
-    if builder:
-        check_builder(builder, config.model)
+    try:
+        if loader:
+            check_loader(loader, config.dataset)
+        if builder:
+            check_builder(builder, config.model)
+    except ConfigError:
+        if config.code_path and not here:
+            allowed = "an existing folder holding your module(s) on this machine"
+            raise ConfigError("code-path", config.code_path, allowed) from None
+        raise
 
 
 def check_optional_packages(config: RunParameters) -> None:

@@ -149,10 +149,17 @@ def test_a_wrong_loader_or_builder_is_refused_at_validation_naming_the_key(
     assert says in str(caught.value)
 
 
-def test_code_path_must_be_a_folder(tmp_path):
+def test_a_code_path_missing_here_is_named_when_the_module_does_not_import(tmp_path):
     with pytest.raises(ConfigError) as caught:
-        _config(tmp_path / "absent", dataset="usr_data:load")
-    assert caught.value.parameter == "code-path"
+        _config(tmp_path / "absent", dataset="nowhere_but_there:load")
+    assert caught.value.parameter == "code-path" and "on this machine" in str(caught.value)
+
+
+def test_a_code_path_missing_here_is_no_error_where_the_module_is_installed(user_code, tmp_path):
+    """A deployment's SuperNode that installed the module has no folder at the server's path."""
+    sys.path.insert(0, str(user_code))
+    config = _config(tmp_path / "the-servers-folder", dataset="usr_data:load")
+    assert config.dataset == "usr_data:load"
 
 
 @pytest.mark.parametrize(
