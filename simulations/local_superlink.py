@@ -178,6 +178,63 @@ def _say_if_slow(seconds: float) -> None:
         )
 
 
+def listening_process(port: str, proc: Path = Path("/proc")) -> tuple[int, list[str]] | None:
+    """``(process id, command line)`` of the process listening on TCP ``port`` (read from Linux's
+    ``/proc``); None where ``/proc`` does not tell (another system, another user's process)."""
+    sockets = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == int(port)
+            ):
+                sockets.add(f"socket:[{fields[9]}]")
+    for process in proc.iterdir() if sockets else ():
+        if not process.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in sockets for fd in (process / "fd").iterdir()):
+                argv = (process / "cmdline").read_bytes().split(b"\0")
+                return int(process.name), [part.decode(errors="replace") for part in argv if part]
+        except OSError:
+            continue
+    return None
+
+
+def check_environment(superlink: LocalSuperLink, proc: Path = Path("/proc")) -> None:
+    """A SuperLink already up runs runs with its own environment's packages: one whose Python or
+    ``flower-superlink`` no longer exists (its virtual environment deleted) cannot start a run
+    (``flwr run`` would wait for it for ever), so it is a :class:`StartFailure` naming its process;
+    one from another environment gets a warning naming it."""
+    found = listening_process(superlink.control_port, proc)
+    if found is None:
+        return
+    pid, argv = found
+    paths = [Path(part) for part in argv[:2] if part.startswith("/")]
+    gone = [str(path) for path in paths if not path.exists()]
+    if gone:
+        raise StartFailure(
+            f"the local SuperLink on port {superlink.control_port} (process {pid}) runs from "
+            f"{gone[0]}, which no longer exists: it cannot start a run; stop it (kill {pid}) and run "
+            "the command again"
+        )
+    python = next((path for path in paths if path.name.startswith("python")), None)
+    if python is not None and python.parent.parent.resolve() != Path(sys.prefix).resolve():
+        print(
+            f"fedunlearn-run: the local SuperLink (process {pid}) runs from {python.parent.parent}, "
+            f"not this environment ({sys.prefix}): runs take their packages from there; stop it "
+            f"(kill {pid}) to use this one",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def ensure_local_superlink(
     environ: Mapping[str, str],
     timeout: float,
@@ -194,6 +251,7 @@ def ensure_local_superlink(
         return None
     superlink = LocalSuperLink.of(environ, address)
     if superlink.is_up():
+        check_environment(superlink)
         return superlink
     superlink.home.mkdir(parents=True, exist_ok=True)
     env = {**environ, "FLWR_DISABLE_UPDATE_CHECK": "1"}

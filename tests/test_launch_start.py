@@ -75,6 +75,7 @@ def superlink(monkeypatch, tmp_path):
 
     monkeypatch.setattr(link.subprocess, "Popen", popen)
     monkeypatch.setattr(link.LocalSuperLink, "is_up", is_up)
+    monkeypatch.setattr(link, "listening_process", lambda port, proc=None: None)
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr"))
     return state, clock
 
@@ -302,3 +303,56 @@ def test_a_bad_start_timeout_exits_2_before_anything_starts(tmp_path, value, cap
     argv = ["--dry-run", "--output-dir", str(tmp_path), f"--start-timeout={value}"]
     assert runner.main(argv) == 2
     assert "invalid --start-timeout=" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ a SuperLink already up
+def _fake_proc(root, argv, port="39093", inode="424242"):
+    """A /proc with one process (id 4242, command line ``argv``) listening on ``port``."""
+    (root / "net").mkdir(parents=True)
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    row = f"   0: 0100007F:{int(port):04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 {inode} 1\n"
+    (root / "net" / "tcp").write_text(header + row)
+    (root / "4242" / "fd").mkdir(parents=True)
+    os.symlink(f"socket:[{inode}]", root / "4242" / "fd" / "3")
+    (root / "4242" / "cmdline").write_bytes(b"\0".join(part.encode() for part in argv) + b"\0")
+    (root / "self").mkdir()
+    return root
+
+
+def test_a_superlink_whose_environment_was_deleted_is_named_not_waited_for(tmp_path):
+    """Its Python is gone: flwr run would wait for a run it can never start (a 9-minute hang seen
+    after a fresh clone was deleted under its SuperLink); one line names the process to stop."""
+    gone = tmp_path / "deleted-venv" / "bin"
+    proc = _fake_proc(tmp_path / "proc", [str(gone / "python3"), str(gone / "flower-superlink")])
+    assert link.listening_process("39093", proc) == (
+        4242,
+        [str(gone / "python3"), str(gone / "flower-superlink")],
+    )
+    superlink = link.LocalSuperLink.of({"FLWR_HOME": str(tmp_path)}, link.LOCAL_ADDRESSES[0])
+    with pytest.raises(
+        link.StartFailure, match=r"\(process 4242\) runs from .*no longer exists.*kill 4242"
+    ):
+        link.check_environment(superlink, proc)
+
+
+def test_a_superlink_of_another_environment_is_used_with_a_warning(tmp_path, capsys):
+    other = tmp_path / "other-venv" / "bin"
+    other.mkdir(parents=True)
+    for name in ("python3", "flower-superlink"):
+        (other / name).write_text("")
+    proc = _fake_proc(tmp_path / "proc", [str(other / "python3"), str(other / "flower-superlink")])
+    superlink = link.LocalSuperLink.of({"FLWR_HOME": str(tmp_path)}, link.LOCAL_ADDRESSES[0])
+    link.check_environment(superlink, proc)
+    assert "runs from " + str(other.parent) in capsys.readouterr().err
+
+
+def test_a_superlink_of_this_environment_passes_quietly(tmp_path, capsys):
+    proc = _fake_proc(tmp_path / "proc", [sys.executable, os.path.abspath(sys.argv[0])])
+    superlink = link.LocalSuperLink.of({"FLWR_HOME": str(tmp_path)}, link.LOCAL_ADDRESSES[0])
+    link.check_environment(superlink, proc)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_port_no_process_listens_on_tells_nothing(tmp_path):
+    proc = _fake_proc(tmp_path / "proc", ["/usr/bin/python3"], port="39091")
+    assert link.listening_process("39093", proc) is None
