@@ -347,7 +347,8 @@ def test_a_superlink_of_another_environment_is_used_with_a_warning(tmp_path, cap
 
 
 def test_a_superlink_of_this_environment_passes_quietly(tmp_path, capsys):
-    proc = _fake_proc(tmp_path / "proc", [sys.executable, os.path.abspath(sys.argv[0])])
+    script = os.path.join(os.path.dirname(sys.executable), "flower-superlink")  # flwr installs it
+    proc = _fake_proc(tmp_path / "proc", [sys.executable, script])
     superlink = link.LocalSuperLink.of({"FLWR_HOME": str(tmp_path)}, link.LOCAL_ADDRESSES[0])
     link.check_environment(superlink, proc)
     assert capsys.readouterr().err == ""
