@@ -7,11 +7,11 @@ model: training, FedEraser, FedRetrain and the certified head, with no other fil
 from __future__ import annotations
 
 import importlib
-import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from doc_pages import python_blocks
 from federation_grid import serve_in_process
 
 import fedunlearn.dataset_registry as dataset_registry_module
@@ -33,14 +33,7 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 def _blocks() -> list[tuple[str | None, str]]:
-    """``(path, code)`` of each python block; ``path``: the last ``*.py`` the prose before it names."""
-    parts = DOC.read_text(encoding="utf-8").split("```python\n")
-    blocks = []
-    for before, part in zip(parts, parts[1:], strict=False):
-        prose = before.rsplit("```", 1)[-1]
-        paths = re.findall(r"`([\w/]+\.py)`", prose)
-        blocks.append((paths[-1] if paths else None, part.split("```", 1)[0]))
-    return blocks
+    return python_blocks(DOC)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from doc_pages import python_blocks
 from test_malicious_clients import ClientAppGrid
 
 import fedunlearn.registry as registry_module
@@ -35,15 +36,7 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 def _blocks() -> list[tuple[str | None, str]]:
-    """``(path, code)`` of each python block of the page; ``path``: the last ``*.py`` the prose
-    before it names (where the block goes), None when it names none."""
-    parts = DOC.read_text(encoding="utf-8").split("```python\n")
-    blocks = []
-    for before, part in zip(parts, parts[1:], strict=False):
-        prose = before.rsplit("```", 1)[-1]
-        paths = re.findall(r"`([\w/]+\.py)`", prose)
-        blocks.append((paths[-1] if paths else None, part.split("```", 1)[0]))
-    return blocks
+    return python_blocks(DOC)
 
 
 def _modules() -> dict[str, str]:
