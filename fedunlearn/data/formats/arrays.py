@@ -24,10 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedunlearn.data.datasets import DatasetSplits
+from fedunlearn.data.datasets import DatasetSplits, image_splits
 from fedunlearn.data.formats.common import (
     data_path,
-    image_splits,
     label_codes,
     standardize_features,
     stratified_split,
@@ -80,7 +79,7 @@ def read_npz(source) -> tuple[DatasetSplits, list]:
         splits = tabular_splits(NAME, (features[0], train_y), (features[1], test_y), len(classes))
     else:
         scale = 255.0 if train_x.dtype == np.uint8 and test_x.dtype == np.uint8 else 1.0
-        splits = image_splits(NAME, (train_x, train_y), (test_x, test_y), len(classes), scale)
+        splits = image_splits(NAME, (train_x, train_y), (test_x, test_y), scale, len(classes))
     return splits, classes
 
 

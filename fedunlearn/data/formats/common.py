@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedunlearn.data.datasets import MINIMUM_STD, DatasetSplits, TensorSplit, standardize_images
+from fedunlearn.data.datasets import MINIMUM_STD, DatasetSplits, TensorSplit
 from fedunlearn.errors import ConfigError, DatasetNotFoundError
 
 #: Fewest samples of a class that a split of one file into train and test accepts: one for each.
@@ -153,20 +153,6 @@ def standardize_features(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarra
     return ((train - mean) / std).astype(np.float32), ((np.asarray(test) - mean) / std).astype(
         np.float32
     )
-
-
-def image_splits(
-    name: str, train: tuple, test: tuple, num_classes: int, scale: float
-) -> DatasetSplits:
-    """``(images, codes)`` pairs, images ``(N, C, H, W)``, as splits standardised per channel.
-
-    ``scale`` maps raw values into [0, 1] first (255 for 8-bit pixels); the channels' means and
-    standard deviations are the training split's.
-    """
-    train_x = torch.as_tensor(train[0]).to(torch.float32, copy=True).div_(scale)
-    test_x = torch.as_tensor(test[0]).to(torch.float32, copy=True).div_(scale)
-    standardize_images(train_x, test_x)
-    return _splits(name, (train_x, train[1]), (test_x, test[1]), num_classes)
 
 
 def tabular_splits(name: str, train: tuple, test: tuple, num_classes: int) -> DatasetSplits:

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedunlearn.data.datasets import DatasetSplits
+from fedunlearn.data.datasets import DatasetSplits, image_splits
 from fedunlearn.data.formats.common import (
     data_path,
-    image_splits,
     label_codes,
     stratified_split,
     tabular_splits,
@@ -86,7 +85,7 @@ def read_hf_disk(source) -> tuple[DatasetSplits, list]:
             NAME,
             path,
         )
-        splits = image_splits(NAME, (train_x, train_y), (test_x, test_y), len(classes), scale=255.0)
+        splits = image_splits(NAME, (train_x, train_y), (test_x, test_y), 255.0, len(classes))
         return splits, classes
     train_x, test_x = _tabular(train, test, label, path)
     return tabular_splits(NAME, (train_x, train_y), (test_x, test_y), len(classes)), classes

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedunlearn.data.datasets import DatasetSplits
+from fedunlearn.data.datasets import DatasetSplits, image_splits
 from fedunlearn.data.formats.common import (
     data_path,
-    image_splits,
     label_codes,
     stratified_split,
     unusable,
@@ -83,7 +82,7 @@ def read_image_folder(source) -> tuple[DatasetSplits, list[str]]:
         test_files, test_names = [files[i] for i in test], [names[i] for i in test]
     train_y, test_y, classes = label_codes(train_names, test_names, NAME, root)
     train_x, test_x = images_as_arrays([train_files, test_files], NAME, root)
-    splits = image_splits(NAME, (train_x, train_y), (test_x, test_y), len(classes), scale=255.0)
+    splits = image_splits(NAME, (train_x, train_y), (test_x, test_y), 255.0, len(classes))
     return splits, classes
 
 
