@@ -100,6 +100,11 @@ class MethodSpec:
         Unlearning only: whether it goes on when remaining clients are offline at the request,
         with the clients there, and how (else, for a method that messages clients, the request
         refuses it, naming the offline clients, with ``offline_note``).
+    stacks, stacks_note : bool, str
+        Unlearning only: whether it runs over a stack of N federations (``stack-models``) giving
+        each member the model a single run with that member's ``model-seed`` gives (tested member
+        by member), and how, or why not (the refusal's text); a method that does not stack runs one
+        federation per run.
     target_participates : bool
         Unlearning only: the leaving client works for it during the request (PGA, FedOSD, FedQUIT),
         a different promise from the others' (the target receives no message after the request):
@@ -139,6 +144,8 @@ class MethodSpec:
     sampling_note: str = "not verified with clients sampled per round"
     offline: bool = False
     offline_note: str = "it has no rule for a remaining client that cannot be asked"
+    stacks: bool = False
+    stacks_note: str = "not verified to equal single runs member by member"
     target_participates: bool = False
     default: bool = True
     model_file: str | None = None

@@ -40,6 +40,8 @@ UNLEARNING.register(
     aggregations=WEIGHTED_MEAN,  # eq. 2-3 rebuild a weighted mean of the calibrated updates
     sampling=True,
     sampling_note="eq. 2 over each retained round's remaining participants",
+    stacks=True,
+    stacks_note="eq. 2's norms are per tensor, hence per member",
     offline=True,
     offline_note="calibrates each retained round with the remaining participants there",
     colour="#1f77b4",
@@ -52,6 +54,8 @@ UNLEARNING.register(
     aggregations=WEIGHTED_MEAN,  # eq. 5 sums the weighted mean's terms
     sampling=True,
     sampling_note="each retained round adds its remaining participants' updates",
+    stacks=True,
+    stacks_note="a sum of each member's own retained updates",
     colour="#ff7f0e",
     description="the remaining clients' retained updates, accumulated uncalibrated (eq. 5)",
 )
@@ -64,6 +68,8 @@ UNLEARNING.register(
     trajectory_keeps="every",  # it retrains under every policy of the run
     sampling=True,
     sampling_note="retrains sampling the same fraction from the remaining clients",
+    stacks=True,
+    stacks_note="FedAvg from each member's own initial model",
     offline=True,
     offline_note="retrains the remaining clients there",
     colour="#000000",
@@ -424,6 +430,8 @@ UNLEARNING.register(
     messages=_TRAIN,
     default=False,
     sampling_note="its budget is spent over every remaining client each round",
+    stacks=True,
+    stacks_note="FedAvg rounds from each member's trained model, one budget for all",
     offline=True,
     offline_note="trains the remaining clients there",
     keys=(

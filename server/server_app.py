@@ -30,6 +30,7 @@ from server.training.rounds import dp_epsilon_of
 from server.unlearning import journal as request_journal
 from server.unlearning.adoption import adopt, is_adopted
 from server.unlearning.request import run_unlearning, unlearning_done
+from server.unlearning.stacked import run_stacked_comparison
 
 
 def _log(line: str) -> None:
@@ -76,6 +77,9 @@ def serve(grid: Grid, run_config: Mapping[str, Any], *, log=_log) -> None:
         preflight(config)  # the partitions, now that K is known
     if config.judge_models:
         run_judge(grid, config, log=log)
+        return
+    if config.stack_models:
+        run_stacked_comparison(grid, config, log=log)
         return
     if config.unlearn_only:
         outcome = load_trained_run(grid, config, log=log)

@@ -227,6 +227,12 @@ class ExperimentConfig(RunParameters):
         return self.seed if self.model_seed < 0 else self.model_seed
 
     @property
+    def stack_members(self) -> int:
+        """N when the run trains N federations as one stack (``judge-models`` or
+        ``stack-models``), else 0 (one network)."""
+        return self.judge_models or self.stack_models
+
+    @property
     def unlearn_targets(self) -> list[int]:
         """The partition ids to forget, from ``unlearn-clients`` ("" = none, "3" or "0,5"),
         parsed once (a fresh list each read)."""

@@ -214,6 +214,12 @@ class RunParameters:
         Interval(WHOLE, -1, MAX_DERIVED_SEED, note="a judge run's members use derived seeds"),
         "seeds the initial model and the batch order; -1: seed (the split stays seed's)",
     )
+    stack_models: int = training(
+        0,
+        Interval(WHOLE, 0, MAX_JUDGE_MODELS, note="0: off; else at least 2"),
+        "N federations trained as one stack (seed's split; member i's model-seed: stack.json), "
+        "every method's comparison per member",
+    )
     dp_noise_multiplier: float = training(0.0, NON_NEGATIVE, "DP-SGD noise multiplier; 0: no DP")
     dp_clipping_norm: float = training(1.0, POSITIVE, "DP-SGD per-sample clipping norm")
     dp_delta: float = training(

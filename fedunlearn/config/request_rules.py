@@ -197,6 +197,48 @@ def check_judge(config: RunParameters) -> None:
             raise ConfigError(key, refused, f"{allowed} (judge-models > 0)")
 
 
+# ------------------------------------------------------------------ stacked comparison
+#: What ``stack-models`` must not ask for beyond the judge's refusals: the judge itself, and
+#: DP-SGD (its per-sample clipping would clip the N members' gradients as one).
+_STACK_REFUSES = (
+    *(row for row in _JUDGE_REFUSES if row[0] != "mia"),
+    ("mia", True, "false: the membership audit reads one network"),
+)
+
+
+def check_stack(config: RunParameters) -> None:
+    """``stack-models`` = N >= 2 trains N federations as one stack (the judge's, without the
+    judge): every method must stack (:attr:`fedunlearn.method_spec.MethodSpec.stacks`, member i
+    then equals the single run with member i's ``model-seed``), and nothing that would read the N
+    models as one is on."""
+    if not config.stack_models:
+        return
+    if config.stack_models < 2:
+        raise ConfigError("stack-models", config.stack_models, "0 (off) or at least 2")
+    if config.judge_models:
+        raise ConfigError(
+            "stack-models", config.stack_models, "0 when judge-models > 0 (the judge stacks)"
+        )
+    unstacked = [spec for spec in method_specs(config) if not spec.stacks]
+    if unstacked:
+        names = {spec.name for spec in unstacked}
+        stacking = ",".join(m for m in config.methods if m not in names) or "fedretrain"
+        raise ConfigError(
+            "unlearn-methods",
+            config.unlearn_methods,
+            f"methods that stack when stack-models > 0 ({unstacked[0].name}: "
+            f"{unstacked[0].stacks_note}; run such methods one federation per run), "
+            f"e.g. {stacking!r}",
+        )
+    if config.dp_noise_multiplier > 0:
+        raise ConfigError(
+            "dp-noise-multiplier", config.dp_noise_multiplier, "0 when stack-models > 0"
+        )
+    for key, refused, allowed in _STACK_REFUSES:
+        if config.to_run_config()[key] == refused:
+            raise ConfigError(key, refused, f"{allowed} (stack-models > 0)")
+
+
 def check_backdoor_class(config: RunParameters) -> None:
     """The backdoor's target class is one of the dataset's classes."""
     from fedunlearn.config.choices import NUM_CLASSES

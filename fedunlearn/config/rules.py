@@ -37,6 +37,7 @@ from fedunlearn.config.request_rules import (
     check_recipes,
     check_scrub_cohort,
     check_someone_remains,
+    check_stack,
     check_target_participation,
 )
 from fedunlearn.config.table import parameter_constraints
@@ -99,6 +100,7 @@ RULES: tuple[tuple[str | None, Rule], ...] = (
     (None, check_audit_target),
     (None, check_audit_same_target),
     (None, check_judge),
+    (None, check_stack),
     (None, check_backdoor_class),
     (None, check_attack),
     (None, check_attackers_removed),

@@ -234,9 +234,10 @@ def check_aggregation(config: RunParameters) -> None:
                 config.krum_malicious,
                 f"f with num-clients > 2f + 2 (Krum's condition; num-clients = {config.num_clients})",
             )
-    if config.strategy == "fedprox" and config.judge_models:
+    if config.strategy == "fedprox" and (config.judge_models or config.stack_models):
+        key = "judge-models" if config.judge_models else "stack-models"
         raise ConfigError(
-            "strategy", config.strategy, "fedavg for a judge run (its stack has no proximal term)"
+            "strategy", config.strategy, f"fedavg with {key} (a stack has no proximal term)"
         )
 
 
@@ -260,6 +261,7 @@ def check_sampling(config: RunParameters) -> None:
     for on, what in (
         (config.dp_noise_multiplier > 0, "DP-FedAvg (dp-noise-multiplier > 0), whose accountant"),
         (bool(config.judge_models), "a judge run (judge-models), whose stacked federations"),
+        (bool(config.stack_models), "stack-models, whose stacked federations"),
     ):
         if on:
             raise ConfigError(

@@ -381,3 +381,13 @@ def member_groups(state: dict[str, torch.Tensor]) -> list[list[str]] | None:
     for key in state:
         groups[int(key[len(MEMBER_PREFIX) :].split(".", 1)[0])].append(key)
     return groups
+
+
+def member_state(state: dict[str, torch.Tensor], member: int) -> dict[str, torch.Tensor]:
+    """Member ``member``'s own state dict (``members.<member>.`` stripped) of a stack's state dict:
+    the state a single run with that member's seed holds."""
+    members = stack_size(state)
+    if not 0 <= member < members:
+        raise ConfigError("member", member, f"a member index in [0, {members - 1}]")
+    prefix = f"{MEMBER_PREFIX}{member}."
+    return {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}

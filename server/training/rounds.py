@@ -9,6 +9,7 @@ the client settings.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from fedunlearn.training.stacked import (
     evaluate_stack,
     mean_evaluation,
     member_seeds,
+    member_state,
 )
 from server.federation.availability import roster_availability
 from server.federation.members import (
@@ -69,17 +71,31 @@ class TrainingOutcome:
         """The run's network (weights to be loaded), or its stack of N in a judge run."""
         splits, config = self.data.splits, self.config
         shape, classes = splits.input_shape, splits.num_classes
-        if config.judge_models:
-            seeds = list(range(config.judge_models))
+        if config.stack_members:
+            seeds = list(range(config.stack_members))
             return build_model_stack(config.model, config.dataset, shape, classes, seeds)
         return build_dataset_model(config.model, config.dataset, shape, classes)
+
+    def member(self, index: int) -> TrainingOutcome:
+        """Member ``index`` of a ``stack-models`` run as the single run it equals: the config with that
+        member's ``model-seed`` (:func:`stack_seeds`) and no stack, its initial and final
+        states; the run directory, data, store and members stay the stack's (read-only use)."""
+        config = self.config
+        seed = stack_seeds(config)[index]
+        single = config.replace(stack_models=0, model_seed=seed)
+        return dataclasses.replace(
+            self,
+            config=single,
+            initial_state=member_state(self.initial_state, index),
+            final_state=member_state(self.final_state, index),
+        )
 
 
 def stack_seeds(config: ExperimentConfig, population: str = "") -> list[int]:
     """The model seeds of a judge run's N members (:func:`member_seeds` of ``training_seed``);
     ``population`` names an independent set (other seeds, the same partitions)."""
     base = config.training_seed if not population else derive_seed(config.training_seed, population)
-    return member_seeds(base, config.judge_models)
+    return member_seeds(base, config.stack_members)
 
 
 def initial_model(
@@ -88,7 +104,7 @@ def initial_model(
     """M^0: one network seeded by ``training_seed``, or a judge run's stack whose member i is the
     M^0 of a single run with ``model-seed`` = ``seeds[i]`` (default :func:`stack_seeds`)."""
     shape, classes = splits.input_shape, splits.num_classes
-    if not config.judge_models:
+    if not config.stack_members:
         seed = derive_seed(config.training_seed, "initial-model")
         return build_dataset_model(config.model, config.dataset, shape, classes, seed=seed)
     seeds = stack_seeds(config) if seeds is None else seeds
@@ -138,7 +154,7 @@ def train_config_record(config: ExperimentConfig) -> dict[str, int | float | str
     """The client SGD settings sent with every training (and calibration) message (FedProx's mu
     when the run aggregates with FedProx), and the run's data settings
     (:func:`fedunlearn.data.federated_data.run_settings`)."""
-    seeds = {"stack-seeds": stack_seeds(config)} if config.judge_models else {}
+    seeds = {"stack-seeds": stack_seeds(config)} if config.stack_members else {}
     # FedProx's clients train with the proximal term in every training-type message (calibration,
     # exact updates, post-training too), not only in the rounds its strategy configures
     proximal = {"proximal-mu": config.proximal_mu} if config.strategy == "fedprox" else {}

@@ -9,10 +9,13 @@ those a longer training would have drawn). The target receives nothing.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from fedunlearn.errors import ConfigError
 from fedunlearn.seeding import derive_seed
+from fedunlearn.training.stacked import member_state
 from fedunlearn.unlearning.keep_training import CurvePoint, PlannedRound, round_plan
 from server.progress import count
 from server.training.rounds import fedavg_rounds, participant_strategy
@@ -26,20 +29,25 @@ def keep_training(context, name: str):
     ``keep-training-budget`` (a method that ran before it in this request, its client-epochs spent
     exactly: :func:`fedunlearn.unlearning.keep_training.round_plan`) or ``keep-training-rounds``
     rounds; its details hold the ``curve`` (client-epochs, test accuracy, backdoor success) from
-    the original (0 client-epochs) to its end."""
+    the original (0 client-epochs) to its end, and in a ``stack-models`` run each member's
+    (``member_curves``)."""
     outcome, config = context.outcome, context.outcome.config
     plan, budget = _plan(context)
     model = outcome.new_model()
     model.load_state_dict(dict(outcome.final_state))
     state = dict(outcome.final_state)
     curve = [_point(context, state, 0.0, model_accuracy(context, state))]
+    members = [_member_points(context, state, 0.0)]
     spent = 0
     for index, planned in enumerate(plan, start=1):
         server_round = config.rounds + index
         state, accuracy = _round(context, name, model, planned, server_round, index, len(plan))
         spent += planned.client_epochs
         curve.append(_point(context, state, float(spent), accuracy))
+        members.append(_member_points(context, state, float(spent)))
+    stacked = {"member_curves": [list(c) for c in zip(*members)]} if members[0] else {}
     return state, {
+        **stacked,
         "did": (
             f"kept training the original model: {len(plan)} round(s), {spent} client-epochs "
             f"({budget}); no unlearning"
@@ -111,3 +119,16 @@ def _generator(seed: int, server_round: int) -> np.random.Generator:
 
 def _point(context, state, client_epochs: float, accuracy: float) -> CurvePoint:
     return CurvePoint(client_epochs, accuracy, attack_success(context, state))
+
+
+def _member_points(context, state, client_epochs: float) -> list[dict]:
+    """In a ``stack-models`` run, each member's point of the curve, measured as its single run
+    measures it (:meth:`server.training.rounds.TrainingOutcome.member`); else empty."""
+    outcome = context.outcome
+    points = []
+    for index in range(outcome.config.stack_models):
+        member = SimpleNamespace(outcome=outcome.member(index))
+        own = member_state(state, index)
+        accuracy = model_accuracy(member, own)
+        points.append(CurvePoint(client_epochs, accuracy, attack_success(member, own)).as_dict())
+    return points

@@ -58,7 +58,7 @@ def fedrecover_guard(config) -> DivergenceGuard | None:
 def server_loss(outcome):
     """The server-side loss of a model state on the run's evaluation split (what the guard
     watches), or None for a judge run's stack (the guard then watches the steps only)."""
-    if outcome.config.judge_models:
+    if outcome.config.stack_members:
         return None
     device = resolve_device(outcome.config.device)
     model, test = outcome.new_model().to(device), outcome.data.splits.test

@@ -15,17 +15,29 @@ Writes, in ``--output-dir``:
   table) and ``judge_seeds.md`` (per method and seed the verdict, F and U-LiRA; "holds at k of K
   seeds").
 
+**Stacked** (``--stack N``): the seeds are N model seeds of one split instead (``seed`` fixed: the
+split, the target and its backdoor stay seed's; each member's initial model and batch order are
+its own, :func:`fedunlearn.training.stacked.member_seeds`). The methods that stack
+(:attr:`fedunlearn.method_spec.MethodSpec.stacks`) run once over the N federations as one
+``stack-models = N`` run (``stack/``), every member's rows equal to its single run's
+(``tests/unlearning/test_stacked_comparison.py``); every other method runs as before, one
+``fedunlearn-run`` per member with ``model-seed`` = the member's seed (``member-<i>/``), beside
+the stack's FedRetrain. ``seeds.csv``'s ``seed`` is then the member index, ``model_seed`` its seed.
+
 Usage::
 
     python -m simulations.benchmarks.repeat simulations/judge_every_method_digits.toml \\
         --seeds 3 --set judge-models=16 --output-dir results/judge-seeds
     python -m simulations.benchmarks.repeat simulations/digits.toml --seeds 3 \\
         --output-dir results/digits-seeds [--data-root DIR] [--first-seed 0 | --seed-list 0 1 7]
+    python -m simulations.benchmarks.repeat simulations/digits.toml --stack 3 \\
+        --output-dir results/digits-stack
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +45,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedunlearn.config import ExperimentConfig
 from fedunlearn.judge.report import INDISTINGUISHABLE, judge_verdicts
+from fedunlearn.registry import UNLEARNING
 from simulations import run as runner
 from simulations.benchmarks._args import common_args
 
@@ -217,6 +231,47 @@ def summarize(output: Path, seeds: Sequence[int]) -> str:
     return _write(comparison_summary(long), output / "seeds", "Over seeds (mean ± sd)")
 
 
+def split_methods(config: Path, sets: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The run's unlearning methods that stack, and the others (each in run-config order)."""
+    methods = ExperimentConfig.from_run_config(runner.load_run_config(config, sets)).methods
+    stacking = [m for m in methods if UNLEARNING[m].stacks]
+    return stacking, [m for m in methods if m not in stacking]
+
+
+def run_stacked(args, output: Path, members: int) -> list[int]:
+    """``--stack N``: the stacking methods as one ``stack-models = N`` run, every other method one
+    run per member (its ``model-seed``); returns the members' model seeds."""
+    stacking, others = split_methods(args.config, args.set)
+    if "fedretrain" not in stacking:
+        raise SystemExit("--stack: unlearn-methods must include fedretrain (the reference)")
+    sets = [*args.set, f"stack-models={members}", f"unlearn-methods='{','.join(stacking)}'"]
+    stack = run_point(args.config, output, "stack", sets, data_root=args.data_root, app=args.app)
+    seeds = json.loads((stack / "stack.json").read_text(encoding="utf-8"))["model_seeds"]
+    for member, seed in enumerate(seeds if others else []):
+        single = [*args.set, f"model-seed={seed}", f"unlearn-methods='{','.join(others)}'"]
+        name = f"member-{member}"
+        run_point(args.config, output, name, single, data_root=args.data_root, app=args.app)
+    return seeds
+
+
+def summarize_stacked(output: Path, members: int) -> str:
+    """The ``--stack`` runs' rows as one comparison per member (the stack's rows, then the
+    members' single runs' methods beside them), written and summarised as :func:`summarize` does."""
+    stack = pd.read_csv(output / "stack" / "unlearning.csv")
+    parts = [stack]
+    for member in range(members):
+        single = output / f"member-{member}" / "unlearning.csv"
+        if single.is_file():
+            rows = pd.read_csv(single)
+            seed = stack.loc[stack["member"] == member, "model_seed"].iloc[0]
+            parts.append(rows[rows["method"] != "fedavg"].assign(member=member, model_seed=seed))
+    long = pd.concat(parts, ignore_index=True).rename(columns={"member": "seed"})
+    long = with_gaps(long, ["seed"])
+    long.to_csv(output / "seeds.csv", index=False)
+    title = f"Over {members} model seeds of one split, stacked (mean ± sd)"
+    return _write(comparison_summary(long), output / "seeds", title)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path)
@@ -225,11 +280,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed-list", type=int, nargs="+", help="these seeds instead of --seeds/--first-seed"
     )
+    parser.add_argument(
+        "--stack",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N model seeds of one split as one stacked run (stack-models = N, N >= 2)",
+    )
     add_run_options(parser, "results/seeds")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: a whole number >= 1")
+    if args.stack == 1 or args.stack < 0:
+        parser.error(f"--stack {args.stack}: 0 (off) or a whole number >= 2")
     output = args.output_dir.resolve()
+    if args.stack:
+        if not args.summarize_only:
+            run_stacked(args, output, args.stack)
+        print(summarize_stacked(output, args.stack))
+        print(f"results in {output}")
+        return 0
     seeds = args.seed_list or list(range(args.first_seed, args.first_seed + args.seeds))
     for seed in [] if args.summarize_only else seeds:
         run_point(
