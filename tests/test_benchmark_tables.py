@@ -322,3 +322,65 @@ def test_a_benchmark_point_interrupted_before_its_result_is_resumed(tmp_path, mo
     (tmp_path / "cut" / "unlearning.csv").write_text("method\n")
     run_point(tmp_path / "c.toml", tmp_path, "cut", ["seed=1"])
     assert len(seen) == 2  # a point with a result is not run again
+
+
+def _comparison(rows: dict[str, float], **extra) -> pd.DataFrame:
+    """A comparison table: method -> test accuracy, client-epochs 10 (FedRetrain 40)."""
+    return pd.DataFrame(
+        [
+            {
+                "method": m,
+                "test_accuracy": a,
+                "client_epochs": 40 if m == "fedretrain" else 10,
+                "flag": "",
+                **extra,
+            }
+            for m, a in rows.items()
+        ]
+    )
+
+
+def test_a_stacked_repeat_puts_each_members_single_runs_beside_its_stacked_rows(tmp_path):
+    from simulations.benchmarks.repeat import summarize_stacked
+
+    stack = pd.concat(
+        [
+            _comparison({"fedavg": 0.9, "federaser": 0.8, "fedretrain": 0.85}).assign(
+                member=m, model_seed=seed
+            )
+            for m, seed in ((0, 11), (1, 22))
+        ]
+    )
+    stack.loc[(stack["member"] == 1) & (stack["method"] == "fedretrain"), "test_accuracy"] = 0.95
+    (tmp_path / "stack").mkdir()
+    stack.to_csv(tmp_path / "stack" / "unlearning.csv", index=False)
+    for member in (0, 1):
+        (tmp_path / f"member-{member}").mkdir()
+        single = _comparison({"fedavg": 0.5, "crab": 0.7 + member / 10})
+        single.to_csv(tmp_path / f"member-{member}" / "unlearning.csv", index=False)
+    summarize_stacked(tmp_path, 2)
+    long = pd.read_csv(tmp_path / "seeds.csv")
+    # the members' own fedavg rows are the stack's (a single run's duplicate is dropped)
+    assert (long["method"] == "fedavg").sum() == 2 and set(long["model_seed"]) == {11, 22}
+    crab = long[long["method"] == "crab"].set_index("seed")
+    # each member's gap is to its own FedRetrain in the stack (0.85, then 0.95)
+    assert crab.loc[0, "gap_points"] == pytest.approx(100 * (0.7 - 0.85))
+    assert crab.loc[1, "gap_points"] == pytest.approx(100 * (0.8 - 0.95))
+    assert crab.loc[1, "model_seed"] == 22
+    assert "crab" in (tmp_path / "seeds.md").read_text()
+
+
+def test_the_suite_floor_counts_each_regimes_training_and_every_methods_client_epochs(tmp_path):
+    from simulations.benchmarks.suite_floor import method_client_epochs, training_client_epochs
+
+    assert training_client_epochs("short") == 10 * 10 * 2
+    assert training_client_epochs("papers") == 20 * 10 * 10
+    for name, epochs in (("digits-iid-s0", 10), ("digits-iid-s1", 30), ("adult-iid-s0", 1000)):
+        (tmp_path / "short" / name).mkdir(parents=True)
+        table = _comparison({"fedavg": 0.9, "federaser": 0.8}).assign(client_epochs=[0, epochs])
+        table.to_csv(tmp_path / "short" / name / "unlearning.csv", index=False)
+    assert method_client_epochs(tmp_path, "short", "digits") == (20.0, 2)
+    # a dataset with no point of its own reads the regime's mean over every point
+    assert method_client_epochs(tmp_path, "short", "mnist") == (pytest.approx(1040 / 3), 3)
+    with pytest.raises(SystemExit, match="papers"):
+        method_client_epochs(tmp_path, "papers", "digits")

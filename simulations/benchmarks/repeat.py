@@ -9,11 +9,11 @@ every one of at least three seeds.
 Writes, in ``--output-dir``:
 
 * a comparison (``unlearning.csv`` per seed): ``seeds.csv`` (every seed's rows, a ``seed``
-  column), ``seeds.md`` (per method: mean ± sd of test accuracy, gap to FedRetrain, client-epochs,
-  then each seed's value and flag);
+  column), ``seeds.md`` and ``seeds_summary.csv`` (per method: mean ± sd of test accuracy, gap to
+  FedRetrain, client-epochs, then each seed's value and flag);
 * a judge run (``judge.csv`` per seed, ``judge-models`` > 0): ``judge_seeds.csv`` (every seed's
-  table) and ``judge_seeds.md`` (per method and seed the verdict, F and U-LiRA; "holds at k of K
-  seeds").
+  table), ``judge_seeds.md`` and ``judge_seeds_summary.csv`` (per method and seed the verdict, F
+  and U-LiRA), ``judge_seeds_holds.md`` ("holds at k of K seeds").
 
 **Stacked** (``--stack N``): the seeds are N model seeds of one split instead (``seed`` fixed: the
 split, the target and its backdoor stay seed's; each member's initial model and batch order are
@@ -203,8 +203,10 @@ def _removed_count(part: pd.DataFrame, removed: pd.Series) -> str:
 
 
 def _write(table: pd.DataFrame, path: Path, title: str = "") -> str:
+    """``path``.md (``title``, then ``table``) and the table as ``path``_summary.csv (``path``.csv
+    keeps every seed's rows)."""
     markdown = (f"{title}\n\n" if title else "") + table.to_markdown(index=False) + "\n"
-    table.to_csv(path.with_suffix(".csv"), index=False)
+    table.to_csv(path.with_name(f"{path.name}_summary.csv"), index=False)
     path.with_suffix(".md").write_text(markdown, encoding="utf-8")
     return markdown
 
