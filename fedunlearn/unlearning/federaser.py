@@ -25,6 +25,14 @@ recorded ‖U_k^{t_j}‖² per tensor, which is all eq. (2) reads with ``calibra
 the reconstruction is then the same, bit for bit, as from the whole updates. (Should every client
 of t_1 be a target, the first step falls on a round kept as norms: it is calibrated, since no
 uncalibrated update of it was kept.)
+
+Under client sampling (``fraction-train`` < 1) a retained round holds its participants only, and
+Algorithm 1, read as it is, calibrates the round over its remaining participants. ``TopUp``
+(``calibration-clients = m``, ours, off by default) adds remaining clients that did not take part
+until m calibrate the round: drawn with the run's seed, each steps by the participants'
+sample-weighted mean norm per tensor (:func:`borrowed_squares`), since it has no retained U_k of
+its own. A round with m or more remaining participants (every round when every client trains) is
+calibrated as the paper's rule has it, bit for bit.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from fedunlearn.errors import ConfigError, TooFewReplies
 from fedunlearn.store.retention import INTERVAL, Plan, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import RunningAverage, State, state_sum, weighted_average
+from fedunlearn.training.sampling import round_seed
 
 #: ``calibrate(retained_round, model, clients) -> {client: Û_k}``: the remaining clients' updates
 #: after E_cali epochs of training from ``model`` (Û_k = M̂_k − M̃).
@@ -167,6 +176,71 @@ def _remaining(store_clients: Iterable[int], excluded: set[int]) -> list[int]:
     return sorted(set(store_clients) - excluded)
 
 
+@dataclass(frozen=True)
+class TopUp:
+    """``calibration-clients``: each calibrated round is calibrated by at least ``minimum``
+    remaining clients, its remaining participants first, then clients of ``pool`` (client ->
+    N_k: the remaining clients that may be asked) that did not take part in it, drawn with
+    ``seed`` (:func:`top_up_clients`)."""
+
+    minimum: int
+    pool: Mapping[int, int]
+    seed: int = 0
+
+
+def top_up_clients(
+    participants: Collection[int], pool: Collection[int], minimum: int, seed: int
+) -> list[int]:
+    """The clients added to a retained round's calibration, sorted: ``minimum`` less the
+    participants' count (none when there are enough), drawn uniformly without replacement from
+    the clients of ``pool`` that did not take part, by a generator seeded with ``seed`` over them
+    sorted; all of them when fewer are left."""
+    if minimum < 0:
+        raise ConfigError("calibration-clients", minimum, "a whole number >= 0")
+    taken = set(participants)
+    others = sorted(set(pool) - taken)
+    wanted = min(len(others), max(0, minimum - len(taken)))
+    if wanted == 0:
+        return []
+    order = torch.randperm(len(others), generator=torch.Generator().manual_seed(int(seed)))
+    return sorted(others[int(i)] for i in order[:wanted])
+
+
+def borrowed_squares(
+    squares: Mapping[int, Mapping[str, float]], num_examples: Mapping[int, int]
+) -> dict[str, float]:
+    """The step size, per tensor, given to a client calibrating a round it did not take part in
+    (ours, :class:`TopUp`): the participants' sample-weighted mean norm,
+    (Σ_k N_k ‖U_k[tensor]‖ / Σ_k N_k)², as a squared norm (what eq. 2 reads of a retained U)."""
+    if not squares:
+        raise ValueError("borrowed_squares: no participant to take the step size from")
+    clients = sorted(squares)
+    total = sum(num_examples[k] for k in clients)
+    keys = squares[clients[0]].keys()
+    return {
+        key: (sum(num_examples[k] * math.sqrt(squares[k][key]) for k in clients) / total) ** 2
+        for key in keys
+    }
+
+
+def _top_up(store, retained, clients: list[int], top_up: TopUp, excluded: set[int]) -> set[int]:
+    """Add :func:`top_up_clients` to ``retained`` (their N_k and borrowed squares, as if it kept
+    their norms); returns them. The participants' squares are read from the store."""
+    pool = {k: n for k, n in top_up.pool.items() if k not in excluded}
+    seed = round_seed(top_up.seed, "calibration", retained.round)
+    extra = top_up_clients(clients, pool, top_up.minimum, seed)
+    if not extra:
+        return set()
+    squares = {k: retained.squares[k] for k in clients if k not in retained.unread}
+    unread = [k for k in clients if k in retained.unread]
+    squares.update({k: s for k, _, s in store.iter_updates(retained.round, unread)})
+    borrowed = borrowed_squares(squares, retained.num_examples)
+    for k in extra:
+        retained.num_examples[k] = pool[k]
+        retained.squares[k] = dict(borrowed)
+    return set(extra)
+
+
 @dataclass
 class ReconstructionStep:
     """What one step of the reconstruction used."""
@@ -175,6 +249,8 @@ class ReconstructionStep:
     clients: list[int]
     calibrated: bool
     update_norm: float
+    #: Remaining clients that calibrated this round without having taken part in it (TopUp).
+    topped_up: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -224,6 +300,7 @@ def federaser(
     calibration_order: str = "client",
     progress: Callable[[ReconstructionStep], None] | None = None,
     trajectory: UpdateStore | None = None,
+    top_up: TopUp | None = None,
 ) -> Reconstruction:
     """Algorithm 1 of Liu et al.: the global model reconstructed without ``targets``.
 
@@ -245,9 +322,18 @@ def federaser(
     applied: round t_1's retained U_k (computed from M^{t_1}, which never saw a target), then the
     calibrated Ũ_k (with ``"average"``, Û_k rescaled by the average's factors), each recorded with
     the norms of the U_k it stands for, so that a later request calibrates with the same step sizes.
+
+    ``top_up`` (ours, for sampled rounds; ``calibration_order="client"`` only): each calibrated
+    round is calibrated by at least ``top_up.minimum`` remaining clients (:class:`TopUp`); a
+    round with that many remaining participants is untouched. The uncalibrated first step adds
+    round t_1's retained updates only.
     """
     if calibration_order not in ("client", "average"):
         raise ConfigError("calibration-order", calibration_order, "one of client, average")
+    if top_up is not None and top_up.minimum > 0 and calibration_order != "client":
+        raise ConfigError(
+            "calibration-clients", top_up.minimum, "0 with calibration-order = average"
+        )
     excluded = set(targets)
     model = _initial_model(store)
     steps: list[ReconstructionStep] = []
@@ -255,9 +341,14 @@ def federaser(
         clients = _remaining(retained.clients, excluded)
         if not clients:
             continue
-        step = _Step(retained, clients, trajectory, model)
+        calibrated = bool(steps) or bool(retained.norms_only)
+        topped_up = set()
+        if calibrated and top_up is not None:
+            topped_up = _top_up(store, retained, clients, top_up, excluded)
+            clients = _remaining(retained.clients, excluded)
+        step = _Step(retained, clients, trajectory, model, topped_up)
         with step:
-            if not steps and not retained.norms_only:  # the first step: no calibration
+            if not calibrated:  # the first step: no calibration
                 for k, update, squares in store.iter_updates(retained.round, clients):
                     step.add(k, update, squares)
             elif calibration_order == "client":
@@ -272,7 +363,11 @@ def federaser(
                 raise TooFewReplies(f"no client answered the calibration of round {retained.round}")
         update = step.result()
         record = ReconstructionStep(
-            retained.round, step.clients, bool(steps), _norm(update.values())
+            retained.round,
+            step.clients,
+            bool(steps),
+            _norm(update.values()),
+            sorted(topped_up & set(step.clients)),
         )
         model = state_sum(model, update)
         steps.append(record)
@@ -286,11 +381,15 @@ class _Step:
     ascending order (the same sum, bit for bit, as :func:`aggregate_updates` over the clients
     that answered, when all answered), and each Ũ_k written to ``trajectory`` as it is added."""
 
-    def __init__(self, retained, clients: list[int], trajectory=None, model=None) -> None:
+    def __init__(
+        self, retained, clients: list[int], trajectory=None, model=None, topped_up=frozenset()
+    ) -> None:
         self.retained, self.asked = retained, set(clients)
         self.average = RunningAverage(sum(retained.num_examples[k] for k in clients))
         self.clients: list[int] = []
-        self._norms = set(retained.norms_only)
+        # a topped-up client is recorded as the round's participants are: whole, or norms only
+        participants_norms = set(retained.norms_only) - set(topped_up)
+        self._norms = participants_norms | (set(topped_up) if participants_norms else set())
         self._trajectory, self._model, self._writer = trajectory, model, None
 
     def __enter__(self) -> _Step:
