@@ -17,10 +17,10 @@ from flwr.app import ArrayRecord, Message
 
 from fedunlearn.messages import CALIBRATE
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.unlearning.calibration_top_up import TopUp
 from fedunlearn.unlearning.federaser import (
     Reconstruction,
     ReconstructionStep,
-    TopUp,
     calibration_epochs,
     federaser,
 )

@@ -27,12 +27,9 @@ of t_1 be a target, the first step falls on a round kept as norms: it is calibra
 uncalibrated update of it was kept.)
 
 Under client sampling (``fraction-train`` < 1) a retained round holds its participants only, and
-Algorithm 1, read as it is, calibrates the round over its remaining participants. ``TopUp``
-(``calibration-clients = m``, ours, off by default) adds remaining clients that did not take part
-until m calibrate the round: drawn with the run's seed, each steps by the participants'
-sample-weighted mean norm per tensor (:func:`borrowed_squares`), since it has no retained U_k of
-its own. A round with m or more remaining participants (every round when every client trains) is
-calibrated as the paper's rule has it, bit for bit.
+Algorithm 1, read as it is, calibrates the round over its remaining participants; ours, off by
+default, tops thin rounds up with remaining non-participants (``calibration-clients``,
+:mod:`fedunlearn.unlearning.calibration_top_up`).
 """
 
 from __future__ import annotations
@@ -48,7 +45,7 @@ from fedunlearn.errors import ConfigError, TooFewReplies
 from fedunlearn.store.retention import INTERVAL, Plan, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import RunningAverage, State, state_sum, weighted_average
-from fedunlearn.training.sampling import round_seed
+from fedunlearn.unlearning.calibration_top_up import TopUp, check_order, top_up_round
 
 #: ``calibrate(retained_round, model, clients) -> {client: Û_k}``: the remaining clients' updates
 #: after E_cali epochs of training from ``model`` (Û_k = M̂_k − M̃).
@@ -176,71 +173,6 @@ def _remaining(store_clients: Iterable[int], excluded: set[int]) -> list[int]:
     return sorted(set(store_clients) - excluded)
 
 
-@dataclass(frozen=True)
-class TopUp:
-    """``calibration-clients``: each calibrated round is calibrated by at least ``minimum``
-    remaining clients, its remaining participants first, then clients of ``pool`` (client ->
-    N_k: the remaining clients that may be asked) that did not take part in it, drawn with
-    ``seed`` (:func:`top_up_clients`)."""
-
-    minimum: int
-    pool: Mapping[int, int]
-    seed: int = 0
-
-
-def top_up_clients(
-    participants: Collection[int], pool: Collection[int], minimum: int, seed: int
-) -> list[int]:
-    """The clients added to a retained round's calibration, sorted: ``minimum`` less the
-    participants' count (none when there are enough), drawn uniformly without replacement from
-    the clients of ``pool`` that did not take part, by a generator seeded with ``seed`` over them
-    sorted; all of them when fewer are left."""
-    if minimum < 0:
-        raise ConfigError("calibration-clients", minimum, "a whole number >= 0")
-    taken = set(participants)
-    others = sorted(set(pool) - taken)
-    wanted = min(len(others), max(0, minimum - len(taken)))
-    if wanted == 0:
-        return []
-    order = torch.randperm(len(others), generator=torch.Generator().manual_seed(int(seed)))
-    return sorted(others[int(i)] for i in order[:wanted])
-
-
-def borrowed_squares(
-    squares: Mapping[int, Mapping[str, float]], num_examples: Mapping[int, int]
-) -> dict[str, float]:
-    """The step size, per tensor, given to a client calibrating a round it did not take part in
-    (ours, :class:`TopUp`): the participants' sample-weighted mean norm,
-    (Σ_k N_k ‖U_k[tensor]‖ / Σ_k N_k)², as a squared norm (what eq. 2 reads of a retained U)."""
-    if not squares:
-        raise ValueError("borrowed_squares: no participant to take the step size from")
-    clients = sorted(squares)
-    total = sum(num_examples[k] for k in clients)
-    keys = squares[clients[0]].keys()
-    return {
-        key: (sum(num_examples[k] * math.sqrt(squares[k][key]) for k in clients) / total) ** 2
-        for key in keys
-    }
-
-
-def _top_up(store, retained, clients: list[int], top_up: TopUp, excluded: set[int]) -> set[int]:
-    """Add :func:`top_up_clients` to ``retained`` (their N_k and borrowed squares, as if it kept
-    their norms); returns them. The participants' squares are read from the store."""
-    pool = {k: n for k, n in top_up.pool.items() if k not in excluded}
-    seed = round_seed(top_up.seed, "calibration", retained.round)
-    extra = top_up_clients(clients, pool, top_up.minimum, seed)
-    if not extra:
-        return set()
-    squares = {k: retained.squares[k] for k in clients if k not in retained.unread}
-    unread = [k for k in clients if k in retained.unread]
-    squares.update({k: s for k, _, s in store.iter_updates(retained.round, unread)})
-    borrowed = borrowed_squares(squares, retained.num_examples)
-    for k in extra:
-        retained.num_examples[k] = pool[k]
-        retained.squares[k] = dict(borrowed)
-    return set(extra)
-
-
 @dataclass
 class ReconstructionStep:
     """What one step of the reconstruction used."""
@@ -330,10 +262,7 @@ def federaser(
     """
     if calibration_order not in ("client", "average"):
         raise ConfigError("calibration-order", calibration_order, "one of client, average")
-    if top_up is not None and top_up.minimum > 0 and calibration_order != "client":
-        raise ConfigError(
-            "calibration-clients", top_up.minimum, "0 with calibration-order = average"
-        )
+    check_order(top_up, calibration_order)
     excluded = set(targets)
     model = _initial_model(store)
     steps: list[ReconstructionStep] = []
@@ -341,11 +270,9 @@ def federaser(
         clients = _remaining(retained.clients, excluded)
         if not clients:
             continue
-        calibrated = bool(steps) or bool(retained.norms_only)
-        topped_up = set()
-        if calibrated and top_up is not None:
-            topped_up = _top_up(store, retained, clients, top_up, excluded)
-            clients = _remaining(retained.clients, excluded)
+        calibrated, topped_up = bool(steps) or bool(retained.norms_only), set()
+        if calibrated:
+            clients, topped_up = top_up_round(store, retained, clients, top_up, excluded)
         step = _Step(retained, clients, trajectory, model, topped_up)
         with step:
             if not calibrated:  # the first step: no calibration

@@ -39,7 +39,7 @@ from fedunlearn.registry import UNLEARNING, run_retention, trajectory_serves
 from fedunlearn.store.history import check_retained, history
 from fedunlearn.store.run_directory import UNLEARNING_LOG
 from fedunlearn.tracking import open_tracker
-from fedunlearn.unlearning.federaser import TopUp
+from fedunlearn.unlearning.calibration_top_up import TopUp
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
 from fedunlearn.unlearning.verdicts import (
     Adoption,

@@ -15,15 +15,13 @@ from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.local import train_epochs
 from fedunlearn.training.model_state import state_difference, state_sum, weighted_average
 from fedunlearn.training.models import build_model
+from fedunlearn.unlearning.calibration_top_up import TopUp, borrowed_squares, top_up_clients
 from fedunlearn.unlearning.federaser import (
-    TopUp,
     aggregate_updates,
-    borrowed_squares,
     calibrate_update,
     calibration_epochs,
     fedaccum,
     federaser,
-    top_up_clients,
 )
 
 T = torch.tensor
