@@ -16,7 +16,8 @@ into ``--output-dir``:
   ``<method>_gap``) and flag, FedRetrain's accuracy, FedEraser's client-epochs as a share of
   FedRetrain's; then per method, partition and fraction the mean and the worst gap;
 * ``sampling.png``: per partition, each method's gap to FedRetrain at each fraction, each seed a
-  dot, the ±1 point band shaded (with several ``--calibration-clients``, FedEraser once per value).
+  dot, the ±1 point band shaded (with several ``--calibration-clients``: FedEraser alone, once
+  per value).
 
 Usage::
 
@@ -129,19 +130,27 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
 
 
 def _series(rows: pd.DataFrame) -> list:
-    """(label, gap column, row selector) per dot series: each method, FedEraser (and FedAccum,
-    FedRetrain's comparisons alike) once per calibration-clients value when there are several."""
+    """(label, gap column, row selector) per dot series: each method; with several
+    calibration-clients values, FedEraser alone, once per value (the comparison's subject)."""
     values = sorted(set(rows["calibration_clients"]))
     series = []
     for column in _gap_columns(rows):
         method = column.removesuffix("_gap")
-        if len(values) == 1 or method != "federaser":
+        if len(values) == 1:
             series.append((method, column, lambda part: part.index == part.index))
+            continue
+        if method != "federaser":
             continue
         for value in values:
             label = f"{method}, calibration-clients {value}" + (" (paper)" if value == 0 else "")
             series.append((label, column, lambda part, v=value: part["calibration_clients"] == v))
     return series
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    """The table in markdown: accuracies to 4 decimals, gaps (points) and shares to 2."""
+    formats = [".4f" if c.endswith("_accuracy") else ".2f" for c in table.columns]
+    return table.to_markdown(index=False, floatfmt=formats)
 
 
 def run_name(partitioning: str, fraction: float, seed: int, calibration: int) -> str:
@@ -189,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(output / "sampling.csv", index=False)
     text = (
         "## The methods with the clients sampled per round\n\n"
-        + table.to_markdown(index=False, floatfmt=".2f")
+        + _markdown(table)
         + "\n\n"
-        + summary(table).to_markdown(index=False, floatfmt=".2f")
+        + _markdown(summary(table))
     )
     (output / "sampling.md").write_text(text + "\n")
     figure(table, output / "sampling.png")
