@@ -120,11 +120,14 @@ def figure(rows: pd.DataFrame, path: Path) -> None:
             x = [fractions.index(f) + offset for f in shown["fraction_train"]]
             axis.scatter(x, shown[column], color=f"C{index}", label=f"{label}, a seed", s=18)
         axis.set_xticks(range(len(fractions)), [f"{f:g}" for f in fractions])
+        axis.set_xlim(-0.5, len(fractions) - 0.5)
         axis.axhline(0, color="black", linewidth=0.8)
         axis.set_title(f"{partitioning}")
         axis.set_xlabel("fraction-train (clients a round)")
         axis.set_ylabel("test accuracy gap to FedRetrain (points)")
-    axes[0][0].legend(loc="lower left", fontsize="small")
+    # below the panels, where it hides no dot (tight bounding box: save_figure keeps it)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3)
     fig.suptitle("Each method vs FedRetrain, both with the clients sampled per round (digits)")
     save_figure(fig, path)
 
