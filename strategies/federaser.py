@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, Message
 
 from fedunlearn.messages import CALIBRATE
 from fedunlearn.store.update_store import UpdateStore
+from fedunlearn.unlearning.calibration_top_up import TopUp
 from fedunlearn.unlearning.federaser import (
     Reconstruction,
     ReconstructionStep,
@@ -64,6 +65,9 @@ class FedEraser:
         (``ReplyScreen.training_screening``); with it each calibration reply is folded into the
         step as it comes (:meth:`strategies.client_updates.ClientUpdates.stream`), and the
         server holds a few updates at a time, not one per client.
+    top_up : TopUp, optional
+        ``calibration-clients`` (ours, for sampled rounds): each calibrated round is calibrated by
+        at least ``top_up.minimum`` remaining clients (:class:`fedunlearn.unlearning.federaser.TopUp`).
     """
 
     def __init__(
@@ -79,11 +83,13 @@ class FedEraser:
         screen: Callable[[str, int, ArrayRecord, list[Message]], list[Message]] | None = None,
         is_dropped: Callable[[int], bool] | None = None,
         screening: Callable | None = None,
+        top_up: TopUp | None = None,
     ) -> None:
         self.calibration_epochs = calibration_epochs(local_epochs, calibration_ratio)
         self.calibration_ratio = calibration_ratio
         self.layerwise = layerwise
         self.calibration_order = calibration_order
+        self.top_up = top_up
         self.requests = ClientUpdates(
             send,
             node_of_partition,
@@ -118,6 +124,7 @@ class FedEraser:
                 calibration_order=self.calibration_order,
                 progress=progress,
                 trajectory=trajectory,
+                top_up=self.top_up,
             )
         finally:
             self.requests.forbid(())

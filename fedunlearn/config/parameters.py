@@ -327,6 +327,14 @@ class RunParameters:
         Options(CALIBRATION_ORDERS),
         "client: eq. 2 per client, then aggregate; average: the paper's code",
     )
+    calibration_clients: int = unlearning(
+        0,
+        Interval(WHOLE, 0),
+        "FedEraser under client sampling (ours): each calibrated retained round with fewer remaining "
+        "participants is topped up to this many with remaining clients drawn by the run's seed, "
+        "each stepping by the participants' mean norm; 0: its participants only (the paper's "
+        "rule read as it is); no effect when every client trains every round (docs/scale.md)",
+    )
     unlearn_only: bool = unlearning(
         False, Flag(), "reopen the trained run output-dir/run-name and forget more clients"
     )

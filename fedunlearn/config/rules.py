@@ -43,6 +43,7 @@ from fedunlearn.config.request_rules import (
 from fedunlearn.config.table import parameter_constraints
 from fedunlearn.config.training_rules import (
     check_aggregation,
+    check_calibration_clients,
     check_data_root,
     check_dp_delta,
     check_model_fits_dataset,
@@ -88,6 +89,7 @@ RULES: tuple[tuple[str | None, Rule], ...] = (
     (None, check_someone_remains),
     (None, check_retention_for_methods),
     (None, check_retain_mode),
+    (None, check_calibration_clients),
     (None, check_aggregation),
     (None, check_sampling),
     (None, check_target_participation),

@@ -207,6 +207,17 @@ def check_retain_mode(config: RunParameters) -> None:
         )
 
 
+def check_calibration_clients(config: RunParameters) -> None:
+    """``calibration-clients`` tops up eq. 2's per-client calibration: the paper code's average
+    calibration (``calibration-order = average``) has no per-client step to borrow."""
+    if config.calibration_clients > 0 and config.calibration_order == "average":
+        raise ConfigError(
+            "calibration-clients",
+            config.calibration_clients,
+            "0 with calibration-order = average (the top-up calibrates each client's update)",
+        )
+
+
 def method_specs(config: RunParameters) -> list:
     """The registry entries of the run's unlearning methods (a name the choices list but no entry
     holds is the constraint's to report)."""

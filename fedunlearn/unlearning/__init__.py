@@ -25,6 +25,7 @@ _HOMES = {
         "excluded_sensitivities",
         "rollback_rounds",
     ),
+    "calibration_top_up": ("TopUp", "borrowed_squares", "top_up_clients"),
     "federaser": (
         "ExactUpdatesFn",
         "Reconstruction",

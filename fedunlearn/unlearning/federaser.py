@@ -25,6 +25,11 @@ recorded ‖U_k^{t_j}‖² per tensor, which is all eq. (2) reads with ``calibra
 the reconstruction is then the same, bit for bit, as from the whole updates. (Should every client
 of t_1 be a target, the first step falls on a round kept as norms: it is calibrated, since no
 uncalibrated update of it was kept.)
+
+Under client sampling (``fraction-train`` < 1) a retained round holds its participants only, and
+Algorithm 1, read as it is, calibrates the round over its remaining participants; ours, off by
+default, tops thin rounds up with remaining non-participants (``calibration-clients``,
+:mod:`fedunlearn.unlearning.calibration_top_up`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from fedunlearn.errors import ConfigError, TooFewReplies
 from fedunlearn.store.retention import INTERVAL, Plan, RetentionPolicy, Selection
 from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.model_state import RunningAverage, State, state_sum, weighted_average
+from fedunlearn.unlearning.calibration_top_up import TopUp, check_order, top_up_round
 
 #: ``calibrate(retained_round, model, clients) -> {client: Û_k}``: the remaining clients' updates
 #: after E_cali epochs of training from ``model`` (Û_k = M̂_k − M̃).
@@ -175,6 +181,8 @@ class ReconstructionStep:
     clients: list[int]
     calibrated: bool
     update_norm: float
+    #: Remaining clients that calibrated this round without having taken part in it (TopUp).
+    topped_up: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -224,6 +232,7 @@ def federaser(
     calibration_order: str = "client",
     progress: Callable[[ReconstructionStep], None] | None = None,
     trajectory: UpdateStore | None = None,
+    top_up: TopUp | None = None,
 ) -> Reconstruction:
     """Algorithm 1 of Liu et al.: the global model reconstructed without ``targets``.
 
@@ -245,9 +254,15 @@ def federaser(
     applied: round t_1's retained U_k (computed from M^{t_1}, which never saw a target), then the
     calibrated Ũ_k (with ``"average"``, Û_k rescaled by the average's factors), each recorded with
     the norms of the U_k it stands for, so that a later request calibrates with the same step sizes.
+
+    ``top_up`` (ours, for sampled rounds; ``calibration_order="client"`` only): each calibrated
+    round is calibrated by at least ``top_up.minimum`` remaining clients (:class:`TopUp`); a
+    round with that many remaining participants is untouched. The uncalibrated first step adds
+    round t_1's retained updates only.
     """
     if calibration_order not in ("client", "average"):
         raise ConfigError("calibration-order", calibration_order, "one of client, average")
+    check_order(top_up, calibration_order)
     excluded = set(targets)
     model = _initial_model(store)
     steps: list[ReconstructionStep] = []
@@ -255,9 +270,12 @@ def federaser(
         clients = _remaining(retained.clients, excluded)
         if not clients:
             continue
-        step = _Step(retained, clients, trajectory, model)
+        calibrated, topped_up = bool(steps) or bool(retained.norms_only), set()
+        if calibrated:
+            clients, topped_up = top_up_round(store, retained, clients, top_up, excluded)
+        step = _Step(retained, clients, trajectory, model, topped_up)
         with step:
-            if not steps and not retained.norms_only:  # the first step: no calibration
+            if not calibrated:  # the first step: no calibration
                 for k, update, squares in store.iter_updates(retained.round, clients):
                     step.add(k, update, squares)
             elif calibration_order == "client":
@@ -272,7 +290,11 @@ def federaser(
                 raise TooFewReplies(f"no client answered the calibration of round {retained.round}")
         update = step.result()
         record = ReconstructionStep(
-            retained.round, step.clients, bool(steps), _norm(update.values())
+            retained.round,
+            step.clients,
+            bool(steps),
+            _norm(update.values()),
+            sorted(topped_up & set(step.clients)),
         )
         model = state_sum(model, update)
         steps.append(record)
@@ -286,11 +308,15 @@ class _Step:
     ascending order (the same sum, bit for bit, as :func:`aggregate_updates` over the clients
     that answered, when all answered), and each Ũ_k written to ``trajectory`` as it is added."""
 
-    def __init__(self, retained, clients: list[int], trajectory=None, model=None) -> None:
+    def __init__(
+        self, retained, clients: list[int], trajectory=None, model=None, topped_up=frozenset()
+    ) -> None:
         self.retained, self.asked = retained, set(clients)
         self.average = RunningAverage(sum(retained.num_examples[k] for k in clients))
         self.clients: list[int] = []
-        self._norms = set(retained.norms_only)
+        # a topped-up client is recorded as the round's participants are: whole, or norms only
+        participants_norms = set(retained.norms_only) - set(topped_up)
+        self._norms = participants_norms | (set(topped_up) if participants_norms else set())
         self._trajectory, self._model, self._writer = trajectory, model, None
 
     def __enter__(self) -> _Step:

@@ -39,6 +39,7 @@ from fedunlearn.registry import UNLEARNING, run_retention, trajectory_serves
 from fedunlearn.store.history import check_retained, history
 from fedunlearn.store.run_directory import UNLEARNING_LOG
 from fedunlearn.tracking import open_tracker
+from fedunlearn.unlearning.calibration_top_up import TopUp
 from fedunlearn.unlearning.federaser import fedaccum as accumulate_retained
 from fedunlearn.unlearning.verdicts import (
     Adoption,
@@ -329,6 +330,7 @@ def _parameters(config) -> dict:
         "calibration_ratio": config.calibration_ratio,
         "calibration_layerwise": config.calibration_layerwise,
         "calibration_order": config.calibration_order,
+        "calibration_clients": config.calibration_clients,
         "retain_interval": config.retain_interval,
         "retain_mode": config.retain_mode,
         "strategy": config.strategy,
@@ -398,6 +400,7 @@ def _federaser(
         screen=outcome.screen.training if outcome.screen is not None else None,
         is_dropped=lambda partition: partition in offline or partition in outcome.members.dropped,
         screening=outcome.screen.training_screening if outcome.screen is not None else None,
+        top_up=_top_up(config, outcome.members, set(excluded) | offline),
     )
     parameters = {name for name, _ in outcome.new_model().named_parameters()}
 
@@ -420,17 +423,37 @@ def _federaser(
     )
     steps.finish()  # a retained round without remaining clients is no step
     calibrated = sum(1 for step in reconstruction.steps if step.calibrated)
+    topped_up = sum(len(step.topped_up) for step in reconstruction.steps)
     return reconstruction.model, {
         "steps": len(reconstruction.steps),
         "calibrated_rounds": calibrated,
         "calibration_epochs": eraser.calibration_epochs,
         "step_peak_rss_mb": peaks,
         "calibration_updates": sum(len(s.clients) for s in reconstruction.steps if s.calibrated),
+        "topped_up_updates": topped_up,
         "did": (
             f"{len(reconstruction.steps)} retained round(s): {calibrated} calibrated "
             f"({eraser.calibration_epochs} epoch(s) each), the first uncalibrated"
+            + (
+                f"; {topped_up} calibration(s) by non-participants (calibration-clients)"
+                if topped_up
+                else ""
+            )
         ),
     }
+
+
+def _top_up(config, members, unavailable: set[int]) -> TopUp | None:
+    """``calibration-clients`` as a :class:`TopUp` over the remaining clients that can be asked
+    (``unavailable``: the targets, earlier ones and those offline; dropped ones are left out)."""
+    if config.calibration_clients <= 0:
+        return None
+    pool = {
+        k: n
+        for k, n in members.num_examples.items()
+        if k not in unavailable and k not in members.dropped
+    }
+    return TopUp(config.calibration_clients, pool, config.seed)
 
 
 def _fedretrain(

@@ -15,6 +15,7 @@ from fedunlearn.store.update_store import UpdateStore
 from fedunlearn.training.local import train_epochs
 from fedunlearn.training.model_state import state_difference, state_sum, weighted_average
 from fedunlearn.training.models import build_model
+from fedunlearn.unlearning.calibration_top_up import TopUp, borrowed_squares, top_up_clients
 from fedunlearn.unlearning.federaser import (
     aggregate_updates,
     calibrate_update,
@@ -289,3 +290,121 @@ def test_recorded_norms_set_the_step_size_not_the_stored_values(tmp_path):
     with pytest.raises(ConfigError, match="squares"):
         with store.begin_round(3, {"w": torch.zeros(2)}) as writer:
             writer.add_update(0, update, 1, squares={"w": float("nan")})
+
+
+# ------------------------------------------- calibration-clients: thin sampled rounds topped up
+
+
+def _sampled_store(tmp_path, participants):
+    """Rounds ``{t: [clients]}`` of a sampled run: each round holds its participants only."""
+    store = UpdateStore(tmp_path / "sampled")
+    g = torch.Generator().manual_seed(3)
+    for t, clients in participants.items():
+        updates = {k: ({"w": torch.randn(4, generator=g)}, 10 + k) for k in clients}
+        store.write_round(t, {"w": torch.full((4,), float(t))}, updates)
+    return store
+
+
+POOL = {k: 10 + k for k in range(6)}
+
+
+def test_top_up_draws_only_non_participants_and_only_what_is_missing():
+    assert top_up_clients([1, 2, 3], POOL, 3, seed=5) == []
+    extra = top_up_clients([1, 2], POOL, 4, seed=5)
+    assert len(extra) == 2 and not set(extra) & {1, 2} and set(extra) <= set(POOL)
+    assert extra == top_up_clients([2, 1], POOL, 4, seed=5)  # the same draw, whatever the order
+    assert top_up_clients([1], POOL, 100, seed=5) == [0, 2, 3, 4, 5]  # every one left
+    draws = {tuple(top_up_clients([1], POOL, 2, seed=s)) for s in range(20)}
+    assert len(draws) > 1  # the seed decides
+
+
+def test_borrowed_step_is_the_participants_sample_weighted_mean_norm():
+    squares = {1: {"w": 9.0, "b": 1.0}, 2: {"w": 36.0, "b": 4.0}}
+    got = borrowed_squares(squares, {1: 10, 2: 30})
+    assert got["w"] == pytest.approx(((10 * 3 + 30 * 6) / 40) ** 2)
+    assert got["b"] == pytest.approx(((10 * 1 + 30 * 2) / 40) ** 2)
+
+
+def test_a_thin_round_is_topped_up_with_remaining_non_participants_never_the_target(tmp_path):
+    store = _sampled_store(tmp_path, {1: [0, 1, 2], 3: [0, 1], 5: [2, 3, 4]})
+    calls = []
+
+    def calibrate(t, model, clients):
+        calls.append((t, list(clients)))
+        return {k: {"w": torch.ones(4)} for k in clients}
+
+    result = federaser(store, [0], calibrate, top_up=TopUp(3, POOL, seed=7))
+    (thin_round, thin), (full_round, full) = calls  # round 1: the uncalibrated first step
+    assert (thin_round, full_round) == (3, 5)
+    assert 1 in thin and len(thin) == 3 and 0 not in thin  # client 1 and two non-participants
+    assert full == [2, 3, 4]  # three remaining participants: untouched
+    assert result.steps[0].topped_up == []  # the first step adds round 1's updates only
+    assert result.steps[1].topped_up == sorted(set(thin) - {1})
+    assert result.steps[2].topped_up == []
+
+
+def test_a_topped_up_client_steps_by_the_participants_mean_norm(tmp_path):
+    store = _sampled_store(tmp_path, {1: [1, 2], 2: [1]})
+    direction = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    answers = lambda t, m, c: {k: {"w": direction * (k + 1)} for k in c}  # noqa: E731
+    result = federaser(store, [0], answers, top_up=TopUp(2, {1: 11, 2: 12}))
+    assert result.steps[1].clients == [1, 2] and result.steps[1].topped_up == [2]
+    norm_1 = float(store.read_update(2, 1)["w"].norm())
+    before = federaser(store, [0], answers).model["w"]  # the same first step, then client 1 alone
+    start = before - norm_1 * direction
+    # client 2 borrows client 1's norm: the step is norm_1 in the same direction either way
+    assert torch.allclose(result.model["w"], start + norm_1 * direction, atol=1e-5)
+
+
+def test_every_client_every_round_is_unchanged_bit_for_bit(tmp_path):
+    store = _handmade_store(tmp_path, rounds=(1, 3, 5, 7), clients=(0, 1, 2, 3))
+    g = torch.Generator().manual_seed(4)
+    answers = {t: {k: {"w": torch.randn(4, generator=g)} for k in (1, 2, 3)} for t in (3, 5, 7)}
+    calls = {}
+
+    def calibrate(name):
+        def ask(t, model, clients):
+            calls.setdefault(name, []).append((t, list(clients)))
+            return {k: answers[t][k] for k in clients}
+
+        return ask
+
+    paper = federaser(store, [0], calibrate("paper"))
+    topped = federaser(
+        store, [0], calibrate("topped"), top_up=TopUp(10, {k: 10 + k for k in range(4)})
+    )
+    assert calls["paper"] == calls["topped"]
+    assert torch.equal(paper.model["w"], topped.model["w"])
+    assert all(step.topped_up == [] for step in topped.steps)
+
+
+def test_the_trajectory_records_a_topped_up_client_with_its_borrowed_norm(tmp_path):
+    store = _sampled_store(tmp_path, {1: [1, 2], 3: [0, 1, 2], 5: [0, 1]})
+    trajectory = UpdateStore(tmp_path / "trajectory")
+    answers = lambda t, m, c: {k: {"w": torch.ones(4) * k} for k in c}  # noqa: E731
+    federaser(store, [0], answers, top_up=TopUp(2, {1: 11, 2: 12, 3: 13}, seed=1),
+              trajectory=trajectory)  # fmt: skip
+    fifth = trajectory.read_round(5)
+    extra = [k for k in fifth.clients if k != 1]
+    assert len(extra) == 1 and extra[0] in (2, 3)
+    assert fifth.squares[extra[0]]["w"] == pytest.approx(store.read_round(5).squares[1]["w"])
+    assert fifth.num_examples[extra[0]] == {2: 12, 3: 13}[extra[0]]  # its own N_k
+
+
+def test_top_up_with_the_average_order_is_refused(tmp_path):
+    store = _handmade_store(tmp_path)
+    with pytest.raises(ConfigError, match="calibration-clients"):
+        federaser(store, [1], lambda t, m, c: {}, calibration_order="average",
+                  top_up=TopUp(3, POOL))  # fmt: skip
+
+
+def test_the_config_refuses_a_top_up_of_the_average_order_and_a_negative_count():
+    from fedunlearn.config import ExperimentConfig
+
+    assert ExperimentConfig.from_run_config({}).calibration_clients == 0  # the paper's rule
+    config = ExperimentConfig.from_run_config({"calibration-clients": 9})
+    assert config.calibration_clients == 9
+    with pytest.raises(ConfigError, match="calibration-clients"):
+        ExperimentConfig.from_run_config({"calibration-clients": 3, "calibration-order": "average"})
+    with pytest.raises(ConfigError, match="calibration-clients"):
+        ExperimentConfig.from_run_config({"calibration-clients": -1})

@@ -215,3 +215,24 @@ def test_streamed_unlearning_never_addresses_the_target_and_equals_the_collected
     assert streamed == [3, 5]
     assert torch.equal(results["streamed"].model["w"], results["collected"].model["w"])
     assert [s.clients for s in results["streamed"].steps] == [[0, 2]] * 3
+
+
+def test_a_thin_sampled_round_is_topped_up_over_flower_and_the_target_never_hears(tmp_path):
+    """calibration-clients: round 3 trained clients 1 (the target) and 2 only; with a top-up to 2
+    remaining clients, client 0 (who missed round 3) calibrates it too; the target hears nothing."""
+    from fedunlearn.unlearning.calibration_top_up import TopUp
+
+    store = UpdateStore(tmp_path / "store")
+    for t, clients in ((1, (0, 1, 2)), (3, (1, 2)), (5, (0, 2))):
+        updates = {k: ({"w": torch.ones(3) * (k + 1)}, 10) for k in clients}
+        store.write_round(t, {"w": torch.zeros(3)}, updates)
+    pool = dict.fromkeys(NODES, 10)
+    grid = SpyGrid()
+    eraser = FedEraser(_send(grid), NODES, local_epochs=2, top_up=TopUp(2, pool, seed=0))
+    result = eraser.unlearn(store, targets=[1])
+    assert NODES[1] not in {node for node, _, _ in grid.sent}
+    assert [s.clients for s in result.steps] == [[0, 2], [0, 2], [0, 2]]
+    assert [s.topped_up for s in result.steps] == [[], [0], []]
+    plain = SpyGrid()
+    FedEraser(_send(plain), NODES, local_epochs=2).unlearn(store, targets=[1])
+    assert len(grid.sent) == len(plain.sent) + 1  # one calibration more: client 0 in round 3
