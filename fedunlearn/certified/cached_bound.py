@@ -147,7 +147,8 @@ def _frobenius(matrix: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class RowSketch:
-    """A rank-k sketch of the rows: ``basis`` V (d, k), ``scores`` z (n, k) and, per row,
+    """A rank-k sketch of the rows: ``basis`` V (d, k), ``scores`` z (n, k) in float32 (the
+    sketch's own values: ``r_i = x_i - V z_i`` is formed from them, so the identity is exact) and, per row,
     ``residual`` >= ``||x_i - V z_i||`` (exactly, rounding included); ``score_max`` >= max
     ``||z_i||``, ``basis_frobenius`` >= ``||V||_F``, ``row_max`` >= max ``||x_i||``."""
 
@@ -168,10 +169,11 @@ def row_sketch(features: np.ndarray, basis: np.ndarray) -> RowSketch:
     features = np.asarray(features, dtype=np.float64)
     basis = np.ascontiguousarray(basis, dtype=np.float64)
     d, k = basis.shape
-    scores = features @ basis
+    scores = (features @ basis).astype(np.float32)  # half the bytes read per request
     basis_frobenius = _frobenius(basis)
-    score_norms = np.linalg.norm(scores, axis=1) * (1.0 + gamma64(k + 1))
-    computed = np.linalg.norm(features - scores @ basis.T, axis=1) * (1.0 + gamma64(d + 1))
+    exact_scores = scores.astype(np.float64)
+    score_norms = np.linalg.norm(exact_scores, axis=1) * (1.0 + gamma64(k + 1))
+    computed = np.linalg.norm(features - exact_scores @ basis.T, axis=1) * (1.0 + gamma64(d + 1))
     rows = np.linalg.norm(features, axis=1) * (1.0 + gamma64(d + 1))
     residual = computed + gamma64(k + 1) * (rows + basis_frobenius * score_norms)
     score_max = float(np.max(score_norms)) if len(score_norms) else 0.0
@@ -185,7 +187,8 @@ def reach_bounds(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per head k, upper bounds of ``max_{i in D'} (|x_i^T u_k| + |x_i^T v_k| / 2)`` and of
     ``max_{i in D'} |x_i^T v_k| / 2`` (its part without the drift), for ``u = drift = w - w0``
-    and ``v = step`` (K, d), from the sketch in O(n k) (module docstring).
+    and ``v = step`` (K, d), from the sketch in O(n k) (module docstring); the (n, k) product is
+    in float32, with the a priori bound of its rounding added.
 
     ``|x_i^T u| <= |fl(z_i^T c^)| + ||z_i|| (gamma_k ||c^|| + gamma_d ||V||_F ||u||) + rho_i ||u||``
     with ``c^ = fl(V^T u)``: ``c^`` errs by ``gamma_d |V|^T |u|`` and the product by
@@ -195,11 +198,19 @@ def reach_bounds(
     d, k = sketch.basis.shape
     both = np.concatenate([drift, step])  # (2K, d)
     coefficients = both @ sketch.basis  # (2K, k)
-    projected = np.abs(sketch.scores @ coefficients.T)  # (n, 2K)
+    single = coefficients.astype(np.float32)
+    projected = np.abs(sketch.scores @ single.T).astype(np.float64)  # (n, 2K), float32 products
     norms = np.linalg.norm(both, axis=1)
-    slack = sketch.score_max * (
-        gamma64(k + 1) * np.linalg.norm(coefficients, axis=1)
-        + gamma64(d + 1) * sketch.basis_frobenius * norms
+    # float32: rounding c^ to float32 and a k-term dot product (Higham gamma_{k+1}, u = 2^-24),
+    # plus underflow 2^-125 (||z||_1 + ||c||_1 + k) (fedunlearn.certified.staleness)
+    coefficient_norms = np.linalg.norm(coefficients, axis=1)
+    single_error = rounding_gamma(
+        k + 2
+    ) * sketch.score_max * coefficient_norms * 1.01 + 2.0**-125 * (
+        np.sqrt(k) * sketch.score_max + np.sum(np.abs(coefficients), axis=1) + k + 1
+    )
+    slack = single_error + sketch.score_max * (
+        gamma64(k + 1) * coefficient_norms + gamma64(d + 1) * sketch.basis_frobenius * norms
     )
     heads = len(step)
     full, own = np.empty(heads), np.empty(heads)

@@ -120,7 +120,7 @@ def test_a_full_rank_sketch_is_nearly_exact():
     u, v = np.ones((1, 8)), np.arange(8.0)[None, :]
     full, _ = reach_bounds(sketch, np.ones(300, bool), u, v)
     exact = np.max(np.abs(x @ u[0]) + np.abs(x @ v[0]) / 2)
-    assert exact <= full[0] <= exact * (1 + 1e-9)
+    assert exact <= full[0] <= exact * (1 + 1e-5)  # the products are float32
 
 
 # ------------------------------------------------------------------ the engine, adversarially
