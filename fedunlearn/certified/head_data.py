@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from fedunlearn.certified.cached_bound import RowSketch, reach_bounds, row_sketch
 from fedunlearn.certified.losses import (
     check_features,
     check_loss,
@@ -32,7 +33,7 @@ from fedunlearn.certified.statistics import (
     step_sums,
     weighted_grams,
 )
-from fedunlearn.errors import ConfigError
+from fedunlearn.errors import ConfigError, FedUnlearnError
 
 
 def is_integer_id(value: object) -> bool:
@@ -143,6 +144,7 @@ class CentralHeadData:
         self._full_gram: np.ndarray | None = None
         self._anchor_scores: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._drift_cache: tuple | None = None  # (w0, w, (X (w - w0)^T, its error bound))
+        self._sketch: RowSketch | None = None  # the cached bound's sketch of X's rows
 
     #: :meth:`step` measures the anchor's stale vector in float32 (``stale=True``).
     measures_staleness = True
@@ -183,6 +185,29 @@ class CentralHeadData:
         rows = self.features[removed]
         return self._full_gram - rows.T @ rows
 
+    @property
+    def gram_rows(self) -> int:
+        """How many rows :meth:`gram` sums (all of X's, removed ones subtracted): its rounding
+        bound's length (:class:`fedunlearn.certified.cached_bound.GramCache`)."""
+        return len(self.features)
+
+    def prepare_sketch(self, rank: int) -> None:
+        """Build, once, the rank-``rank`` sketch of X's rows on the top eigenvectors of ``X^T X``
+        (:func:`fedunlearn.certified.cached_bound.row_sketch`; O(n d k + d^3)). A pure cache of
+        X, never part of a snapshot: any basis keeps the bounds sound, removals only mask rows."""
+        if self._sketch is not None and self._sketch.basis.shape[1] == min(rank, self.dim):
+            return
+        if self._full_gram is None:
+            self._full_gram = weighted_grams(self.features, np.ones((len(self.features), 1)))[0]
+        basis = np.linalg.eigh(self._full_gram)[1][:, ::-1][:, : min(rank, self.dim)]
+        self._sketch = row_sketch(self.features, basis)
+
+    def reach_bounds(self, drift: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`fedunlearn.certified.cached_bound.reach_bounds` over the rows present, O(nk)."""
+        if self._sketch is None:
+            raise FedUnlearnError("prepare_sketch() before reach_bounds()")
+        return reach_bounds(self._sketch, self.present, drift, step)
+
     def _indices(self, ids: Sequence[Hashable]) -> np.ndarray:
         values = id_list(ids)
         if not values:
@@ -209,9 +234,16 @@ class CentralHeadData:
         self, ids: Sequence[Hashable], weights: np.ndarray, anchor: np.ndarray | None
     ) -> RemovedParts:
         index = self._indices(ids)
-        # No X^T X of the removed rows: the engine asks gram() when it needs ||X'||.
+        # No X^T X of the removed rows: the engine asks gram() when it needs ||X'||; their rows
+        # (m x d) downdate the cached bound's K' (fedunlearn.certified.cached_bound).
         return removed_parts(
-            self.loss, self.features[index], self.targets[index], weights, anchor, gram=False
+            self.loss,
+            self.features[index],
+            self.targets[index],
+            weights,
+            anchor,
+            gram=False,
+            rows=True,
         )
 
     def drop(self, ids: Sequence[Hashable]) -> None:

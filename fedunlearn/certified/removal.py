@@ -40,6 +40,12 @@ since *and* their rows could have lowered it by more than
 ``lambda_max`` by at most m): on MNIST 3 vs 8, every 175 removals rather than 100. Each mode's
 step and its bounds are computed by :class:`fedunlearn.certified.removal_step.RemovalStep`.
 
+``bound="cached"`` (fast mode) reads no X per request: Corollary 1,
+``gamma ||X'||_2 max_i (|a_i| + |b_i|/2) ||X'v||``, with ``K' = X'^T X'`` downdated by the removed
+rows, ``||X'||_2`` recomputed from that cache and ``max_i`` bounded by a sketch of the rows, each
+with its rounding bound (:mod:`fedunlearn.certified.cached_bound`); the anchor is refreshed when
+the drift parts of those bounds since it exceed ``cached_refresh_share`` of the budget.
+
 Multiclass heads are one-vs-rest: K independent binary problems sharing X, one joint ``b`` (K x d);
 the joint residual's norm is bounded by the root of the sum of the heads' squared bounds.
 
@@ -68,6 +74,7 @@ from typing import Any
 
 import numpy as np
 
+from fedunlearn.certified.cached_bound import GramCache
 from fedunlearn.certified.certificate import (
     Certificate,
     CertifiedRemovalParams,
@@ -80,7 +87,7 @@ from fedunlearn.certified.certificate import (
 )
 from fedunlearn.certified.fast_factor import FastFactor
 from fedunlearn.certified.head_data import HeadData, id_list
-from fedunlearn.certified.losses import lipschitz_gamma
+from fedunlearn.certified.losses import NORM_TOLERANCE, lipschitz_gamma
 from fedunlearn.certified.perturbation import check_generator, sample_perturbation
 from fedunlearn.certified.removal_step import RemovalStep
 from fedunlearn.certified.solvers import (
@@ -105,6 +112,7 @@ _STATE = (
     "requests",
     "trained",
     "_gram",
+    "_gram_cache",
     "_spectral_sq",
     "_since_spectral",
     "_anchor",
@@ -169,6 +177,7 @@ class CertifiedHead(RemovalStep):
         self.requests = 0
         self.trained = False
         self._gram: np.ndarray | None = None  # X'^T X' when the data ships removed rows' grams
+        self._gram_cache: GramCache | None = None  # the "cached" bound's K' (and its error)
         self._spectral_sq = 0.0
         self._since_spectral = 0
         self._anchor = np.zeros(shape)
@@ -290,7 +299,21 @@ class CertifiedHead(RemovalStep):
         }
         if self.params.mode == "fast":
             state.update(self._anchored(weights, sums))
+        if self.params.bound == "cached":
+            state.update(self._cached_statistics(gram))
         return state
+
+    def _cached_statistics(self, gram: np.ndarray) -> dict[str, Any]:
+        """The ``"cached"`` bound's statistics after training: K' with its rounding bound (formed
+        from ``gram_rows`` rows, or the count), the upper bound of ``||X'||_2^2`` from it, and the
+        data's row sketch when it keeps one (:mod:`fedunlearn.certified.cached_bound`)."""
+        summed = int(getattr(self.data, "gram_rows", self.data.count()))
+        mass = summed * (1.0 + NORM_TOLERANCE) ** 2
+        cache = GramCache.from_gram(gram, summed, mass)
+        prepare = getattr(self.data, "prepare_sketch", None)
+        if prepare is not None and self.params.sketch_rank:
+            prepare(self.params.sketch_rank)
+        return {"_gram": None, "_gram_cache": cache, "_spectral_sq": cache.top_eigenvalue_upper()}
 
     def _anchored(self, weights: np.ndarray, sums: HeadSums) -> dict[str, Any]:
         """The fast mode's state anchored at ``weights``, whose sums (with Hessian) are ``sums``."""
@@ -382,22 +405,19 @@ class CertifiedHead(RemovalStep):
         n = n_before - m
         if self.data.count() != n:
             raise FedUnlearnError(f"dropping {m} of {n_before} samples left {self.data.count()}")
-        state = self._spectral_state(parts, m)
-        spectral = math.sqrt(state.get("_spectral_sq", self._spectral_sq))
-        stale = np.zeros(len(weights))
-        if p.mode == "exact":
-            step, solve, drift, terms = self._exact_step(weights, delta, p.lam * n)
-            refreshed = False
-        elif getattr(self.data, "measures_staleness", False):
-            step, solve, stale, terms, refreshed = self._measured_step(
-                weights, delta, p.lam * n, parts.factor, state
+        if p.bound == "cached":  # no read of X (fedunlearn.certified.cached_bound)
+            state = self._cached_state(parts, m)
+            step, solve, stale, per_head, refreshed = self._cached_step(
+                weights, delta, p.lam * n, parts, state
             )
-            drift = np.zeros(len(step))
+            bounds = {(p.bound, "chosen"): joint_norm(per_head + solve)}
+            measured = solve  # the drift parts are bounded, not measured
         else:
-            step, solve, drift, terms, refreshed = self._fast_step(
-                weights, delta, p.lam * n, parts.factor, state
+            state = self._spectral_state(parts, m)
+            step, solve, stale, bounds, refreshed = self._step_and_bounds(
+                weights, delta, p.lam * n, parts, state
             )
-        bounds = self._bounds(spectral, state["_gram"], step, drift, terms, solve + stale)
+            measured = solve + stale
         chosen = bounds[(p.bound, "chosen")]
         if p.mode == "fast":
             since = (0.0, 0.0) if refreshed else (self._stale_since, self._bound_since)
@@ -406,7 +426,8 @@ class CertifiedHead(RemovalStep):
         tracked = dict(self.tracked)
         if p.track_bounds:
             for name in ("corollary-1", "per-point-paper-gamma", "per-point-exact-gamma"):
-                tracked[name] = tracked.get(name, self.beta) + bounds[name]
+                if name in bounds:  # the cached bound tracks none (they would read X)
+                    tracked[name] = tracked.get(name, self.beta) + bounds[name]
         candidate = self.beta + chosen
         retrained = p.noise != "none" and candidate > self.budget
         if retrained:
@@ -426,12 +447,34 @@ class CertifiedHead(RemovalStep):
             "n_before": n_before,
             "beta_before": self.beta,
             "step_bound": chosen,
-            "solve_residual": joint_norm(solve + stale),
+            "solve_residual": joint_norm(measured),
             "retrained": retrained,
             "refreshed": refreshed or retrained,
             "start": start,
         }
         return state, record
+
+    def _step_and_bounds(self, weights, delta, mu: float, parts, state: dict[str, Any]):
+        """The step of the exact or fast mode and its bounds (all but the ``"cached"`` bound):
+        the step, the solve's residual, the measured stale parts, the bounds, and whether the
+        fast mode's factor was refreshed."""
+        p = self.params
+        spectral = math.sqrt(state.get("_spectral_sq", self._spectral_sq))
+        stale = np.zeros(len(weights))
+        if p.mode == "exact":
+            step, solve, drift, terms = self._exact_step(weights, delta, mu)
+            refreshed = False
+        elif getattr(self.data, "measures_staleness", False):
+            step, solve, stale, terms, refreshed = self._measured_step(
+                weights, delta, mu, parts.factor, state
+            )
+            drift = np.zeros(len(step))
+        else:
+            step, solve, drift, terms, refreshed = self._fast_step(
+                weights, delta, mu, parts.factor, state
+            )
+        bounds = self._bounds(spectral, state["_gram"], step, drift, terms, solve + stale)
+        return step, solve, stale, bounds, refreshed
 
     # ------------------------------------------------------------------ ledger
     def _certificate(self, state: dict[str, Any], record: dict[str, Any]) -> Certificate:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from fedunlearn.certified.cached_bound import GramCache, cached_bound
 from fedunlearn.certified.certificate import (
     CertifiedRemovalParams,
     corollary_bound,
@@ -24,7 +25,7 @@ from fedunlearn.certified.certificate import (
 )
 from fedunlearn.certified.fast_factor import FastFactor
 from fedunlearn.certified.head_data import HeadData
-from fedunlearn.certified.losses import lipschitz_gamma
+from fedunlearn.certified.losses import NORM_TOLERANCE, lipschitz_gamma
 from fedunlearn.certified.solvers import (
     blas_threads,
     check_finite,
@@ -33,6 +34,7 @@ from fedunlearn.certified.solvers import (
     joint_norm,
     top_eigenvalue,
 )
+from fedunlearn.errors import FedUnlearnError
 
 #: ``||X'||_2`` is recomputed only when that could tighten it by more than this fraction.
 SPECTRAL_GAIN = 0.01
@@ -53,6 +55,15 @@ class RemovalStep:
     _factors: tuple[FastFactor, ...]
     _stale_since: float
     _bound_since: float
+    _gram_cache: GramCache | None
+
+    def _spectral_due(self, since: int) -> bool:
+        """Whether ``||X'||_2`` is recomputed after ``since`` removals: at least ``spectral_every``
+        of them, and m rows of norm <= 1 could have lowered ``lambda_max`` by more than
+        :data:`SPECTRAL_GAIN` (they lower it by at most m)."""
+        floor = max(self._spectral_sq - since, 0.0)
+        could_gain = floor < (1.0 - SPECTRAL_GAIN) ** 2 * self._spectral_sq
+        return since >= self.params.spectral_every and could_gain
 
     def _spectral_state(self, parts, m: int) -> dict[str, Any]:
         """``X'^T X'`` (when the data ships the removed rows' grams) and ``||X'||_2^2``, recomputed
@@ -64,11 +75,7 @@ class RemovalStep:
         if self._gram is not None and parts.gram is not None:
             gram = self._gram - parts.gram
         state: dict[str, Any] = {"_gram": gram, "_since_spectral": self._since_spectral + m}
-        since = state["_since_spectral"]
-        # m rows of norm <= 1 lower lambda_max by at most m: recompute only if that can matter.
-        floor = max(self._spectral_sq - since, 0.0)
-        could_gain = floor < (1.0 - SPECTRAL_GAIN) ** 2 * self._spectral_sq
-        if since >= self.params.spectral_every and could_gain:
+        if self._spectral_due(state["_since_spectral"]):
             current = gram if gram is not None else self.data.gram()
             check_finite("the Gram matrix X'^T X'", current)
             state["_spectral_sq"] = top_eigenvalue(current)
@@ -150,6 +157,74 @@ class RemovalStep:
         check_finite("the step's sums", terms.stale_error)
         stale = np.linalg.norm(terms.stale_vector, axis=1) + terms.stale_error
         return step, solve, stale, terms, refreshed
+
+    def _cached_state(self, parts, m: int) -> dict[str, Any]:
+        """The Gram cache downdated by the removed samples (their rows, or their Gram matrix from a
+        federation) and an upper bound of ``||X'||_2^2`` from it, recomputed as in
+        :meth:`_spectral_state` but never from X (:mod:`fedunlearn.certified.cached_bound`)."""
+        cache = self._gram_cache
+        if cache is None:
+            raise FedUnlearnError("the cached bound has no Gram cache: fit() the head first")
+        if parts.rows is not None:
+            cache = cache.with_rows(parts.rows)
+        elif parts.gram is not None:
+            cache = cache.with_gram(parts.gram, m)
+        else:
+            raise FedUnlearnError("the cached bound needs the removed samples' rows or Gram matrix")
+        state: dict[str, Any] = {
+            "_gram": None,
+            "_gram_cache": cache,
+            "_since_spectral": self._since_spectral + m,
+        }
+        if self._spectral_due(state["_since_spectral"]):
+            state["_spectral_sq"] = cache.top_eigenvalue_upper()
+            state["_since_spectral"] = 0
+        return state
+
+    def _reach(self, drift: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Upper bounds of ``max_i (|a_i| + |b_i|/2)`` and ``max_i |b_i|/2`` per head: from the
+        data's row sketch when it has one, else from ``||x_i|| <= 1`` (+ the features' tolerance)."""
+        reach = getattr(self.data, "reach_bounds", None)
+        if reach is not None and self.params.sketch_rank:
+            return reach(drift, step)
+        row_max = 1.0 + NORM_TOLERANCE
+        half = 0.5 * np.linalg.norm(step, axis=1)
+        return row_max * (np.linalg.norm(drift, axis=1) + half), row_max * half
+
+    def _cached_step(self, weights, delta, mu: float, parts, state: dict[str, Any]):
+        """Newton step with the cached factor and its ``"cached"`` bound: no read of X. The factor
+        is refreshed at w before the step when the bounds' drift parts since the anchor exceed
+        ``cached_refresh_share`` of the budget, or the downdate would pass ``max_rank``. Returns
+        the step, the solve's residual norms, the bounds' drift parts (the stale parts the refresh
+        rule weighs, as in :meth:`_measured_step`), the per-head bounds without the solve's
+        residual, and whether it refreshed (per head throughout)."""
+        p = self.params
+        factors, anchor = self._factors, self._anchor
+        rows = parts.factor
+        refreshed = (
+            self._stale_since > p.cached_refresh_share * p.budget
+            or factors[0].rank + rows.shape[1] > p.max_rank
+        )
+        with blas_threads(p.step_threads):
+            if not refreshed:
+                try:
+                    factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(factors))
+                except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
+                    refreshed = True
+        if refreshed:  # O(n d^2 + d^3): the BLAS's own threads
+            fresh = self._anchored(weights, self._sums(weights, hessian=True))
+            state.update(fresh)
+            factors, anchor = fresh["_factors"], fresh["_anchor"]
+        state["_factors"], state["_anchor"] = factors, anchor
+        with blas_threads(p.step_threads):
+            step, solve = fast_solve(factors, delta, mu)
+            xv = state["_gram_cache"].norm_upper(step)
+            reach, own = self._reach(weights - anchor, step)
+        check_finite("the cached bound's factors", xv, reach, own, solve)
+        spectral = float(np.sqrt(state.get("_spectral_sq", self._spectral_sq)))
+        full = np.array([cached_bound(self.gamma, spectral, r, x) for r, x in zip(reach, xv)])
+        rest = np.array([cached_bound(self.gamma, spectral, r, x) for r, x in zip(own, xv)])
+        return step, solve, np.maximum(full - rest, 0.0), full, refreshed
 
     def _bounds(self, spectral, gram, step, drift, terms, solve) -> dict[Any, float]:
         """Each bound of the step's residual (joint over heads, plus the solve's residual): the

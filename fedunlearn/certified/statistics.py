@@ -148,13 +148,15 @@ class RemovedParts:
     form (the fast mode downdates its cached factor with it); ``gram`` (d, d): ``sum_i x_i x_i^T``,
     or None when the data forms ``X'^T X'`` itself on request
     (:meth:`fedunlearn.certified.head_data.CentralHeadData.gram`);
-    ``count``: m.
+    ``count``: m; ``rows`` (m, d): their features, shipped by central data only (the cached bound
+    downdates ``X'^T X'`` with them, :mod:`fedunlearn.certified.cached_bound`), never by a client.
     """
 
     count: int
     gradient: np.ndarray
     factor: np.ndarray
     gram: np.ndarray | None
+    rows: np.ndarray | None = None
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -183,6 +185,7 @@ class RemovedParts:
             self.gradient + other.gradient,
             np.concatenate([self.factor, other.factor], axis=1),
             gram,
+            None if self.rows is None or other.rows is None else np.vstack([self.rows, other.rows]),
         )
 
 
@@ -310,10 +313,11 @@ def removed_parts(
     anchor: np.ndarray | None,
     *,
     gram: bool = True,
+    rows: bool = False,
 ) -> RemovedParts:
     """:class:`RemovedParts` of the samples ``features`` being removed; without an ``anchor`` (the
     exact mode needs no cached factor) the factor is empty, shape (K, 0, d); without ``gram`` their
-    ``X^T X`` is not formed (None)."""
+    ``X^T X`` is not formed (None); with ``rows`` their features are shipped as they are."""
     targets = _checked(loss, features, targets, weights)
     grad = head_sums(loss, features, targets, weights, hessian=False).gradient
     if anchor is None:
@@ -321,4 +325,5 @@ def removed_parts(
     else:
         curvature = second_derivative(loss, head_scores(features, anchor), targets)  # (m, K)
         factor = np.sqrt(curvature).T[:, :, None] * features[None, :, :]
-    return RemovedParts(len(features), grad, factor, features.T @ features if gram else None)
+    gram_matrix = features.T @ features if gram else None
+    return RemovedParts(len(features), grad, factor, gram_matrix, features.copy() if rows else None)

@@ -412,7 +412,8 @@ class RunParameters:
     certified_bound: str = certified(
         "per-point",
         Options(lazy_names("fedunlearn.certified.certificate", "BOUNDS")),
-        "per-point (tighter) or corollary (Guo et al. Corollary 1)",
+        "per-point (tighter), corollary (Guo et al. Corollary 1) or cached (fast mode: Corollary 1 "
+        "from cached statistics, no read of X per request)",
     )
     certified_gamma: str = certified(
         "exact",

@@ -427,6 +427,9 @@ def _snapshot(head):
         "requests": head.requests,
         "trained": head.trained,
         "gram": None if head._gram is None else head._gram.tobytes(),
+        "gram_cache": None
+        if head._gram_cache is None
+        else (head._gram_cache.base.tobytes(), head._gram_cache.rows.tobytes()),
         "spectral": (head._spectral_sq, head._since_spectral),
         "since_anchor": (head._stale_since, head._bound_since),
         "anchor": head._anchor.tobytes(),
@@ -511,7 +514,7 @@ class FailingData:
     """A CentralHeadData whose ``fail_at``-th HeadData call raises, before the call or (``after``)
     once it has taken effect."""
 
-    CALLS = ("count", "sums", "gram", "removed", "drop", "step")
+    CALLS = ("count", "sums", "gram", "removed", "drop", "step", "reach_bounds")
 
     def __init__(self, inner):
         self.inner = inner
@@ -540,6 +543,13 @@ SCENARIOS = {
     "fast-refresh": {"sigma": 1.0, "mode": "fast", "refresh_ratio": 1e-9, "track_bounds": True},
     "exact-retrain": {"sigma": 1e-5, "bound": "corollary"},
     "fast-retrain": {"sigma": 1e-5, "mode": "fast"},
+    "fast-cached": {"sigma": 1.0, "mode": "fast", "bound": "cached", "spectral_every": 1},
+    "fast-cached-refresh": {
+        "sigma": 1.0,
+        "mode": "fast",
+        "bound": "cached",
+        "cached_refresh_share": 0.0,
+    },
     "least-squares": {"loss": "least-squares", "noise": "none", "spectral_every": 1},
 }
 
