@@ -159,6 +159,7 @@ def warm_batch(args: argparse.Namespace) -> int:
             folder = args.output_dir / f"{args.label}-{number}"
             code, times = run_job(args.checkout, args.config, folder / "out", folder / "log.txt")
             row = {"run": number, "exit": code, "shared start": shared if number == 1 else 0.0}
+            row["ray sessions"] = len(list(Path(temp).glob("session_2*")))  # 1: all attached
             print(json.dumps(row | times | {"models": model_hashes(folder / "out")}), flush=True)
     finally:
         if superlink_before is None:  # the first job started it: stop it
@@ -217,7 +218,8 @@ def warm(args, checkout: Path, label: str, rows: list[dict], repeat: int, scratc
 
 
 def summary(rows: list[dict]) -> str:
-    """Median seconds per phase (rows) for each checkout and mode (columns)."""
+    """Median seconds per phase (rows) for each checkout and mode (columns); ``shared start``
+    (a warm batch's ``ray start``, counted on its first run): the longest."""
     groups = list(dict.fromkeys((r["checkout"], r["mode"]) for r in rows))
     names = ["shared start"] + [n for n, _ in PHASES] + ["to round 1", "total"]
     head = "| phase | " + " | ".join(f"{c} {m} (median s)" for c, m in groups) + " |"
@@ -226,7 +228,8 @@ def summary(rows: list[dict]) -> str:
         cells = []
         for group in groups:
             values = [r[name] for r in rows if (r["checkout"], r["mode"]) == group and name in r]
-            cells.append(f"{statistics.median(values):.2f}" if values else "–")
+            pick = max if name == "shared start" else statistics.median  # once per batch
+            cells.append(f"{pick(values):.2f}" if values else "–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     runs = [f"{sum(1 for r in rows if (r['checkout'], r['mode']) == g)}" for g in groups]
     lines.append("| runs | " + " | ".join(runs) + " |")
@@ -292,6 +295,12 @@ def write(output_dir: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
     loads = [r["load"] for r in rows]
     text = summary(rows) + "\n" + models_line(rows)
+    sessions = [r["ray sessions"] for r in rows if "ray sessions" in r]
+    if sessions:
+        text += (
+            f"\nRay sessions in a warm batch's Ray folder after its runs: at most {max(sessions)} "
+            "(1: every warm run attached to the batch's Ray, none started its own).\n"
+        )
     text += f"\nLoad average (1 min) at the runs' ends: {min(loads):.2f} to {max(loads):.2f}.\n"
     (output_dir / "start_cost.md").write_text(text, encoding="utf-8")
     print(text, end="")
