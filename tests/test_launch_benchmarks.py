@@ -79,3 +79,20 @@ def test_the_start_cost_phases_end_at_their_lines_and_a_missing_line_ends_the_co
     assert (times["to round 1"], times["total"]) == (9.5, 33.0)
     failed = start_cost.phase_times(lines[:3], 5.0)
     assert set(failed) == {"check", "superlink+submit", "simulation start", "total"}
+
+
+def test_the_start_cost_compares_models_by_their_tensors_not_their_files(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from simulations.benchmarks import start_cost
+
+    weights = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    for run, name in (("a", "run-a"), ("b", "run-b")):
+        (tmp_path / run / name).mkdir(parents=True)
+        save_file(weights, tmp_path / run / name / "model_final.safetensors", {"run": name})
+    first, second = (start_cost.model_hashes(tmp_path / run) for run in ("a", "b"))
+    assert first == second and set(first) == {"model_final.safetensors"}
+    changed = {"w": weights["w"] + np.float32(1e-7)}
+    save_file(changed, tmp_path / "b" / "run-b" / "model_final.safetensors")
+    assert start_cost.model_hashes(tmp_path / "b") != first

@@ -29,7 +29,7 @@ namespace, ``FLWR_HOME`` and Ray folder, so each starts its SuperLink and Ray). 
 ``--warm`` runs one after another with ``RAY_ADDRESS`` set: the first starts the SuperLink, which the
 others reuse, and every run's ``flwr-simulation`` attaches to that Ray instead of starting one.
 Checkouts alternate (the first of a round goes second in the next). Every run's model files are
-hashed: ``same models`` says whether each model file is equal, bit for bit, in every run.
+hashed (their tensors): ``same models`` says whether each model is equal, bit for bit, in every run.
 
 Writes ``start_cost.csv`` (one row per run: each phase's seconds, the load average) and
 ``start_cost.md`` (the median per phase, checkout and mode, side by side) in ``--output-dir``; each
@@ -103,11 +103,18 @@ def phase_times(stamped: Sequence[tuple[float, str]], exit_time: float) -> dict[
 
 
 def model_hashes(output_dir: Path) -> dict[str, str]:
-    """sha256 of each model file the run wrote (its name -> digest)."""
-    return {
-        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(output_dir.glob("*/*.safetensors"))
-    }
+    """sha256 of the tensors of each model file the run wrote (its name -> digest): names,
+    dtypes, shapes and bytes, not the file's metadata (which names the run)."""
+    from safetensors.numpy import load_file
+
+    hashes = {}
+    for path in sorted(output_dir.glob("*/model_*.safetensors")):
+        digest = hashlib.sha256()
+        for name, array in sorted(load_file(path).items()):
+            digest.update(f"{name} {array.dtype} {array.shape}".encode())
+            digest.update(array.tobytes())
+        hashes[path.name] = digest.hexdigest()
+    return hashes
 
 
 def run_job(checkout: Path, config: str, output_dir: Path, log: Path, prefix: Sequence[str] = ()):
