@@ -12,8 +12,9 @@ phase               from the line ... to the line ...
 check               start of the command -> ``fedunlearn-run: flwr run`` (validation, preflight)
 superlink+submit    -> ``Successfully started run`` (local SuperLink up, ``flwr run`` sent the app)
 simulation start    -> ``Starting Flower Simulation`` (the SuperLink's ``flwr-simulation`` process)
-ray+serverapp       -> ``[fedunlearn] run directory:`` (Ray, the ServerApp imported, its preflight)
-round 1             -> ``[fedunlearn] round 1/`` (discovery, the ClientApp actors, the first round)
+ray+serverapp       -> ``[fedunlearn] run directory:`` (Ray; the ServerApp imported, its preflight;
+                    the ClientApp actors started; discovery: every client describes its partition)
+round 1             -> ``[fedunlearn] round 1/`` (the first training round)
 rounds 2..R         -> ``[fedunlearn] trained in``
 unlearning          -> ``[fedunlearn] results in`` (the request, its comparison and adoption)
 shutdown            -> the command's exit (Ray's actors stopped, ``flwr ls``)
