@@ -32,6 +32,10 @@ others reuse, and every run's ``flwr-simulation`` attaches to that Ray instead o
 Checkouts alternate (the first of a round goes second in the next). Every run's model files are
 hashed (their tensors): ``same models`` says whether each model is equal, bit for bit, in every run.
 
+``--imports N`` also imports the ServerApp's and the ClientApp's modules N times per checkout,
+alternating, each in a fresh interpreter, and writes ``start_imports.csv`` / ``start_imports.md``
+(median wall and CPU seconds; ``--rounds 0``: only these).
+
 Writes ``start_cost.csv`` (one row per run: each phase's seconds, the load average) and
 ``start_cost.md`` (the median per phase, checkout and mode, side by side) in ``--output-dir``; each
 run's output under ``--output-dir``/logs.
@@ -51,6 +55,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -253,6 +258,46 @@ def models_line(rows: list[dict]) -> str:
     return f"Same models in every finished run ({names}): **{same}**; failed runs: {failed}.\n"
 
 
+#: The modules a run imports at its start, each timed in a fresh interpreter (``--imports``).
+APP_MODULES = ("server.server_app", "clients.client_app")
+
+
+def time_import(checkout: Path, module: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of ``import module`` in a fresh interpreter run
+    from ``checkout`` (CPU time counts what the import costs even on a busy machine)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", f"import {module}"], cwd=checkout, check=True,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return round(wall, 3), round(cpu, 3)
+
+
+def import_table(checkouts: list[tuple[str, Path]], repeats: int) -> tuple[list[dict], str]:
+    """Each app module imported ``repeats`` times per checkout, alternating: the rows and the
+    markdown table of medians."""
+    rows = []
+    for repeat in range(repeats):
+        for label, checkout in checkouts if repeat % 2 == 0 else checkouts[::-1]:
+            for module in APP_MODULES:
+                wall, cpu = time_import(checkout, module)
+                load = round(os.getloadavg()[0], 2)
+                rows.append({"module": module, "checkout": label, "wall": wall, "cpu": cpu,
+                             "load": load})  # fmt: skip
+    lines = ["| import | checkout | median wall s | median CPU s |", "|---|---|---|---|"]
+    for module in APP_MODULES:
+        for label, _ in checkouts:
+            mine = [r for r in rows if (r["module"], r["checkout"]) == (module, label)]
+            wall = statistics.median(r["wall"] for r in mine)
+            cpu = statistics.median(r["cpu"] for r in mine)
+            lines.append(f"| `{module}` | {label} | {wall:.2f} | {cpu:.2f} |")
+    return rows, "\n".join(lines) + "\n"
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m simulations.benchmarks.start_cost", description=__doc__.split("\n")[0]
@@ -264,6 +309,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--warm", type=int, default=3, help="warm runs per batch (3; 0: none)")
     parser.add_argument("--wrap", default="", help="command prefix of each cold run / warm batch")
     parser.add_argument("--output-dir", type=Path, required=True)
+    parser.add_argument(
+        "--imports", type=int, default=0, help="also time the app imports this many times (0)"
+    )
     parser.add_argument("--warm-batch", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--checkout", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--label", help=argparse.SUPPRESS)
@@ -278,6 +326,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.baseline is not None:
         checkouts.insert(0, ("baseline", args.baseline.resolve()))
     args.output_dir.mkdir(parents=True, exist_ok=True)
+    if args.imports:
+        write_imports(args.output_dir, *import_table(checkouts, args.imports))
+    if args.rounds == 0:
+        return 0
     scratch = Path(tempfile.mkdtemp(prefix="start-cost-"))
     rows: list[dict] = []
     for repeat in range(1, args.rounds + 1):
@@ -293,6 +345,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ignore=shutil.ignore_patterns("out"))  # fmt: skip
     shutil.rmtree(scratch)
     return 0
+
+
+def write_imports(output_dir: Path, rows: list[dict], table: str) -> None:
+    with (output_dir / "start_imports.csv").open("w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    loads = [r["load"] for r in rows]
+    table += f"\nLoad average (1 min) during the imports: {min(loads):.2f} to {max(loads):.2f}.\n"
+    (output_dir / "start_imports.md").write_text(table, encoding="utf-8")
+    print(table, end="")
 
 
 def write(output_dir: Path, rows: list[dict]) -> None:
