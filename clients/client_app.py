@@ -16,7 +16,6 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 
 from clients.client_state import ClientSetup, client_config, client_setup, node_partition
-from clients.head_queries import answer_head_query
 from clients.objectives import (
     auxiliary_head,
     client_step,
@@ -24,7 +23,6 @@ from clients.objectives import (
     objective_of,
     on_forgotten,
 )
-from clients.prune_queries import answer_prune_query
 from clients.scrub_queries import answer_scrub_query, forget_mask
 from fedunlearn.data.federated_data import settings_in
 from fedunlearn.data.poisoning import scaled_update
@@ -83,6 +81,8 @@ def create_client_app(
     @app.query(action(HEAD_QUERY))
     def certified_head(msg: Message, context: Context) -> Message:
         """Sums over this client's head features for the server's certified head (Guo et al.)."""
+        from clients.head_queries import answer_head_query  # the certified package: when asked
+
         return answer_head_query(msg, client_setup(context, overrides, msg))
 
     @app.query(action(SCRUB_QUERY))
@@ -93,6 +93,8 @@ def create_client_app(
     @app.query(action(PRUNE_QUERY))
     def prune_stats(msg: Message, context: Context) -> Message:
         """Per-class channel activations for class-discriminative pruning (Wang et al.)."""
+        from clients.prune_queries import answer_prune_query  # only a pruning run asks
+
         return answer_prune_query(msg, client_setup(context, overrides, msg))
 
     return app

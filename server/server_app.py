@@ -17,13 +17,9 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import FedUnlearnError
 from fedunlearn.preflight import preflight
 from fedunlearn.store.run_directory import UNLEARNING_LOG
-from server.audit.judge import run_judge
-from server.audit.membership import run_membership_audit
-from server.certified.head import run_certified_head
 from server.federation.members import adopt_federation_size
 from server.federation.missing import MissingClients
 from server.federation.threads import use_server_threads
-from server.scrubbing.phase import run_scrubbing
 from server.training.loading import load_trained_run
 from server.training.original import train_federated
 from server.training.rounds import dp_epsilon_of
@@ -76,6 +72,8 @@ def serve(grid: Grid, run_config: Mapping[str, Any], *, log=_log) -> None:
         config = adopted
         preflight(config)  # the partitions, now that K is known
     if config.judge_models:
+        from server.audit.judge import run_judge  # sklearn, scipy, matplotlib: only a judge run's
+
         run_judge(grid, config, log=log)
         return
     if config.stack_models:
@@ -112,12 +110,20 @@ def _later_phases(grid: Grid, outcome, missing: MissingClients, log) -> None:
     training."""
     config = outcome.config
     in_memory = {}  # models audited without ever being written (the trained certified head)
+    # Each phase's module is imported when its run asks for it (SciPy, scikit-learn, pandas,
+    # matplotlib): the main job's ServerApp starts without them (docs/scale.md, "Start-up").
     if config.certified_head and missing.allows("certified-head", log):
+        from server.certified.head import run_certified_head
+
         certified = run_certified_head(grid, outcome, log=log, dp_epsilon=dp_epsilon_of(config))
         in_memory.update(certified.audit_models())
     if config.scrub and missing.allows("scrub", log):
+        from server.scrubbing.phase import run_scrubbing
+
         run_scrubbing(grid, outcome, log=log, missing=missing)
     if config.mia and missing.allows("mia", log):
+        from server.audit.membership import run_membership_audit
+
         run_membership_audit(grid, outcome, log=log, in_memory=in_memory)
     missing.write_summary(outcome.run)
 

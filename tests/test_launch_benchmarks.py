@@ -59,3 +59,40 @@ def test_the_load_generator_stops_every_process_it_started():
             continue
         with open(f"/proc/{pid}/stat") as stat:  # a zombie at most, never a running spinner
             assert stat.read().split()[2] == "Z"
+
+
+def test_the_start_cost_phases_end_at_their_lines_and_a_missing_line_ends_the_count():
+    from simulations.benchmarks import start_cost
+
+    lines = [
+        (1.0, "fedunlearn-run: flwr run /app --stream"),
+        (3.0, "Successfully started run 42"),
+        (4.5, "INFO :      Starting Flower Simulation"),
+        (9.0, "[fedunlearn] run directory: /x/digits-1"),
+        (9.5, "[fedunlearn] round 1/20  test accuracy 0.9"),
+        (20.0, "[fedunlearn] trained in 10s: final test accuracy 0.98; results in /x/digits-1"),
+        (30.0, "[fedunlearn] results in /x/digits-1"),
+    ]
+    times = start_cost.phase_times(lines, 33.0)
+    assert times["check"] == 1.0 and times["ray+serverapp"] == 4.5 and times["round 1"] == 0.5
+    assert times["unlearning"] == 10.0 and times["shutdown"] == 3.0
+    assert (times["to round 1"], times["total"]) == (9.5, 33.0)
+    failed = start_cost.phase_times(lines[:3], 5.0)
+    assert set(failed) == {"check", "superlink+submit", "simulation start", "total"}
+
+
+def test_the_start_cost_compares_models_by_their_tensors_not_their_files(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from simulations.benchmarks import start_cost
+
+    weights = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    for run, name in (("a", "run-a"), ("b", "run-b")):
+        (tmp_path / run / name).mkdir(parents=True)
+        save_file(weights, tmp_path / run / name / "model_final.safetensors", {"run": name})
+    first, second = (start_cost.model_hashes(tmp_path / run) for run in ("a", "b"))
+    assert first == second and set(first) == {"model_final.safetensors"}
+    changed = {"w": weights["w"] + np.float32(1e-7)}
+    save_file(changed, tmp_path / "b" / "run-b" / "model_final.safetensors")
+    assert start_cost.model_hashes(tmp_path / "b") != first

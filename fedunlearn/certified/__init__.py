@@ -2,92 +2,91 @@
 
 Each module is importable by its own path; this package re-exports their public names
 (as torchvision's ``datasets/__init__.py`` does).
+
+The names are imported on first use (PEP 562): importing one module of the package (the
+server's DP accounting, a client's head query) does not import them all, SciPy's linear algebra
+with them (docs/scale.md, "Start-up").
 """
 
-from fedunlearn.certified.certificate import (
-    BOUNDS,
-    GAMMAS,
-    MODES,
-    Certificate,
-    CertifiedRemovalParams,
-    ProgressCallbackError,
-    append_certificate,
-    corollary_bound,
-    gaussian_c,
-    per_point_bound,
-    read_ledger,
-    removal_budget,
-    utc_timestamp,
-    weights_sha256,
-    worst_case_bound,
-)
-from fedunlearn.certified.curvature import (
-    assemble_hessian,
-    block_pairs,
-    head_inputs,
-    head_matrix,
-    head_sums,
-    with_head,
-)
-from fedunlearn.certified.dp_accounting import (
-    compose_certificates,
-    dp_fedavg_epsilon,
-)
-from fedunlearn.certified.fast_factor import (
-    MAX_REFINE,
-    MAX_SHIFT_RATIO,
-    REFINE_TOLERANCE,
-    FastFactor,
-)
-from fedunlearn.certified.features import (
-    head_features,
-)
-from fedunlearn.certified.head_data import CentralHeadData, HeadData, id_list, is_integer_id
-from fedunlearn.certified.losses import (
-    LOGISTIC_GAMMA,
-    LOSSES,
-    NORM_TOLERANCE,
-    FeatureNormError,
-    check_features,
-    check_loss,
-    check_targets,
-    class_probabilities,
-    first_derivative,
-    lipschitz_gamma,
-    loss_values,
-    normalize_features,
-    one_vs_rest_targets,
-    predict_labels,
-    second_derivative,
-)
-from fedunlearn.certified.perturbation import (
-    NOISES,
-    check_generator,
-    gamma_norm,
-    sample_perturbation,
-    standard_normals,
-    uniforms,
-)
-from fedunlearn.certified.removal import CertifiedHead
-from fedunlearn.certified.solvers import NonFiniteSumsError, NotConvergedError, cholesky_solve
-from fedunlearn.certified.staleness import (
-    STALE_BLOCK,
-    UNIT_ROUNDOFF_SINGLE,
-    rounding_gamma,
-    stale_terms,
-)
-from fedunlearn.certified.statistics import (
-    HeadSums,
-    RemovedParts,
-    StepSums,
-    head_scores,
-    pack_symmetric,
-    removed_parts,
-    step_sums,
-    unpack_symmetric,
-    weighted_grams,
-)
-from fedunlearn.messages import HEAD_QUERY
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: The module of each public name.
+_SOURCES = {
+    "BOUNDS": "fedunlearn.certified.certificate",
+    "GAMMAS": "fedunlearn.certified.certificate",
+    "MODES": "fedunlearn.certified.certificate",
+    "Certificate": "fedunlearn.certified.certificate",
+    "CertifiedRemovalParams": "fedunlearn.certified.certificate",
+    "ProgressCallbackError": "fedunlearn.certified.certificate",
+    "append_certificate": "fedunlearn.certified.certificate",
+    "corollary_bound": "fedunlearn.certified.certificate",
+    "gaussian_c": "fedunlearn.certified.certificate",
+    "per_point_bound": "fedunlearn.certified.certificate",
+    "read_ledger": "fedunlearn.certified.certificate",
+    "removal_budget": "fedunlearn.certified.certificate",
+    "utc_timestamp": "fedunlearn.certified.certificate",
+    "weights_sha256": "fedunlearn.certified.certificate",
+    "worst_case_bound": "fedunlearn.certified.certificate",
+    "assemble_hessian": "fedunlearn.certified.curvature",
+    "block_pairs": "fedunlearn.certified.curvature",
+    "head_inputs": "fedunlearn.certified.curvature",
+    "head_matrix": "fedunlearn.certified.curvature",
+    "head_sums": "fedunlearn.certified.curvature",
+    "with_head": "fedunlearn.certified.curvature",
+    "compose_certificates": "fedunlearn.certified.dp_accounting",
+    "dp_fedavg_epsilon": "fedunlearn.certified.dp_accounting",
+    "MAX_REFINE": "fedunlearn.certified.fast_factor",
+    "MAX_SHIFT_RATIO": "fedunlearn.certified.fast_factor",
+    "REFINE_TOLERANCE": "fedunlearn.certified.fast_factor",
+    "FastFactor": "fedunlearn.certified.fast_factor",
+    "head_features": "fedunlearn.certified.features",
+    "CentralHeadData": "fedunlearn.certified.head_data",
+    "HeadData": "fedunlearn.certified.head_data",
+    "id_list": "fedunlearn.certified.head_data",
+    "is_integer_id": "fedunlearn.certified.head_data",
+    "LOGISTIC_GAMMA": "fedunlearn.certified.losses",
+    "LOSSES": "fedunlearn.certified.losses",
+    "NORM_TOLERANCE": "fedunlearn.certified.losses",
+    "FeatureNormError": "fedunlearn.certified.losses",
+    "check_features": "fedunlearn.certified.losses",
+    "check_loss": "fedunlearn.certified.losses",
+    "check_targets": "fedunlearn.certified.losses",
+    "class_probabilities": "fedunlearn.certified.losses",
+    "first_derivative": "fedunlearn.certified.losses",
+    "lipschitz_gamma": "fedunlearn.certified.losses",
+    "loss_values": "fedunlearn.certified.losses",
+    "normalize_features": "fedunlearn.certified.losses",
+    "one_vs_rest_targets": "fedunlearn.certified.losses",
+    "predict_labels": "fedunlearn.certified.losses",
+    "second_derivative": "fedunlearn.certified.losses",
+    "NOISES": "fedunlearn.certified.perturbation",
+    "check_generator": "fedunlearn.certified.perturbation",
+    "gamma_norm": "fedunlearn.certified.perturbation",
+    "sample_perturbation": "fedunlearn.certified.perturbation",
+    "standard_normals": "fedunlearn.certified.perturbation",
+    "uniforms": "fedunlearn.certified.perturbation",
+    "CertifiedHead": "fedunlearn.certified.removal",
+    "NonFiniteSumsError": "fedunlearn.certified.solvers",
+    "NotConvergedError": "fedunlearn.certified.solvers",
+    "cholesky_solve": "fedunlearn.certified.solvers",
+    "STALE_BLOCK": "fedunlearn.certified.staleness",
+    "UNIT_ROUNDOFF_SINGLE": "fedunlearn.certified.staleness",
+    "rounding_gamma": "fedunlearn.certified.staleness",
+    "stale_terms": "fedunlearn.certified.staleness",
+    "HeadSums": "fedunlearn.certified.statistics",
+    "RemovedParts": "fedunlearn.certified.statistics",
+    "StepSums": "fedunlearn.certified.statistics",
+    "head_scores": "fedunlearn.certified.statistics",
+    "pack_symmetric": "fedunlearn.certified.statistics",
+    "removed_parts": "fedunlearn.certified.statistics",
+    "step_sums": "fedunlearn.certified.statistics",
+    "unpack_symmetric": "fedunlearn.certified.statistics",
+    "weighted_grams": "fedunlearn.certified.statistics",
+    "HEAD_QUERY": "fedunlearn.messages",
+}
 
 __all__ = [
     "head_matrix",
@@ -162,3 +161,16 @@ __all__ = [
     "HeadData",
     "CentralHeadData",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The public ``name``, imported from its module on first use."""
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_SOURCES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

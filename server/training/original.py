@@ -25,7 +25,6 @@ from fedunlearn.memory import (
     peak_rss_bytes,
     take_interval_peak_rss_bytes,
 )
-from fedunlearn.plots import plot_training_curves
 from fedunlearn.registry import run_retention
 from fedunlearn.store.run_directory import RECOVERY_LOG, RunDirectory
 from fedunlearn.store.update_store import UpdateStore
@@ -272,6 +271,8 @@ def _finish(run, store, config, members, final_state, elapsed, resuming: bool, l
     so far); the checkpoint goes."""
     run.save_model("model_final", final_state)
     metrics = run.metrics
+    from fedunlearn.plots import plot_training_curves  # matplotlib: after training, not at start
+
     plot_training_curves(
         metrics, run.path / "training.png", title=f"{config.dataset}, {config.num_clients} clients"
     )

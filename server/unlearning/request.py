@@ -27,13 +27,6 @@ from flwr.serverapp import Grid
 from fedunlearn.console_table import console_table
 from fedunlearn.errors import ConfigError
 from fedunlearn.memory import megabytes, release_free_memory, take_interval_peak_rss_bytes
-from fedunlearn.plots import (
-    forgetting_title,
-    plot_client_accuracy,
-    plot_neuron_angles,
-    plot_tradeoff,
-    plot_unlearning_comparison,
-)
 from fedunlearn.progress import Progress
 from fedunlearn.registry import UNLEARNING, run_retention, trajectory_serves
 from fedunlearn.store.history import check_retained, history
@@ -258,17 +251,30 @@ def _compare(outcome, runner: MethodRunner, targets, already, suffix: str, log: 
     for method, flag in zip(table["method"], table["flag"]):
         if flag:
             log(f"FLAGGED {method}: {flag}; its row is not a result")
-    title = forgetting_title(config.dataset, config.num_clients, targets, already)
-    plot_unlearning_comparison(table, outcome.run.path / f"unlearning{suffix}.png", title=title)
-    plot_tradeoff(table, outcome.run.path / f"tradeoff{suffix}.png", title=title)
-    if angles:
-        plot_neuron_angles(angles, outcome.run.path / f"last_layer_angles{suffix}.png", title=title)
-    if not clients.empty:
-        outcome.run.write_table(f"client_accuracy{suffix}", clients, floatfmt=".4f")
-        plot_client_accuracy(
-            clients, outcome.run.path / f"client_accuracy{suffix}.png", title=title
-        )
+    title = (config.dataset, config.num_clients, targets, already)
+    _plot_comparison(outcome.run, table, angles, clients, title, suffix)
     return table
+
+
+def _plot_comparison(run, table, angles, clients, title_of: tuple, suffix: str) -> None:
+    """The request's figures (and its per-client table) in the run directory; ``title_of``:
+    :func:`~fedunlearn.plots.forgetting_title`'s arguments."""
+    from fedunlearn.plots import (  # matplotlib: once a request is compared, not at start
+        forgetting_title,
+        plot_client_accuracy,
+        plot_neuron_angles,
+        plot_tradeoff,
+        plot_unlearning_comparison,
+    )
+
+    title = forgetting_title(*title_of)
+    plot_unlearning_comparison(table, run.path / f"unlearning{suffix}.png", title=title)
+    plot_tradeoff(table, run.path / f"tradeoff{suffix}.png", title=title)
+    if angles:
+        plot_neuron_angles(angles, run.path / f"last_layer_angles{suffix}.png", title=title)
+    if not clients.empty:
+        run.write_table(f"client_accuracy{suffix}", clients, floatfmt=".4f")
+        plot_client_accuracy(clients, run.path / f"client_accuracy{suffix}.png", title=title)
 
 
 def _track(outcome, table: pd.DataFrame, request: int) -> None:
