@@ -26,20 +26,20 @@ from flwr.supercore.date import now
 
 #: The instance attribute holding ``{node_id: {message_id: None}}`` (insertion-ordered).
 INDEX_ATTRIBUTE = "_fedunlearn_messages_by_node"
+#: Flower's own methods, as this module found them.
+FLOWER_STORE_MESSAGE_INS = InMemoryLinkState.store_message_ins
+FLOWER_GET_MESSAGE_INS = InMemoryLinkState.get_message_ins
 _PATCH_LOCK = threading.Lock()
-_ORIGINAL = {}
 
 
 def use_message_index() -> bool:
     """Index ``InMemoryLinkState``'s instruction messages by destination node (once per process);
     True when this call installed it."""
     with _PATCH_LOCK:
-        if _ORIGINAL:
+        if InMemoryLinkState.get_message_ins is get_message_ins_indexed:
             return False
-        _ORIGINAL["store"] = InMemoryLinkState.store_message_ins
-        _ORIGINAL["get"] = InMemoryLinkState.get_message_ins
-        InMemoryLinkState.store_message_ins = _store_message_ins
-        InMemoryLinkState.get_message_ins = _get_message_ins
+        InMemoryLinkState.store_message_ins = store_message_ins_indexed
+        InMemoryLinkState.get_message_ins = get_message_ins_indexed
         return True
 
 
@@ -54,16 +54,17 @@ def _index(state: InMemoryLinkState) -> dict[int, dict[str, None]]:
     return index
 
 
-def _store_message_ins(self: InMemoryLinkState, message):
+def store_message_ins_indexed(self: InMemoryLinkState, message):
+    """Flower's ``store_message_ins``, the message then recorded under its destination node."""
     with self.lock:
-        message_id = _ORIGINAL["store"](self, message)
+        message_id = FLOWER_STORE_MESSAGE_INS(self, message)
         if message_id is not None:
             node = message.metadata.dst_node_id
             _index(self).setdefault(node, {})[message_id] = None
     return message_id
 
 
-def _get_message_ins(self: InMemoryLinkState, node_id: int, limit, *, run_id=None):
+def get_message_ins_indexed(self: InMemoryLinkState, node_id: int, limit, *, run_id=None):
     """``get_message_ins`` over the node's own messages only (see the module docstring)."""
     if limit is not None and limit < 1:
         raise AssertionError("`limit` must be >= 1")

@@ -59,11 +59,17 @@ def answers(state, node_ids, limit=1) -> list[list[str]]:
     ]
 
 
+def flower(monkeypatch) -> None:
+    """Flower's own methods for this test (a ServerApp run in this process installs the index)."""
+    monkeypatch.setattr(
+        InMemoryLinkState, "store_message_ins", message_index.FLOWER_STORE_MESSAGE_INS
+    )
+    monkeypatch.setattr(InMemoryLinkState, "get_message_ins", message_index.FLOWER_GET_MESSAGE_INS)
+
+
 def install(monkeypatch) -> None:
-    """The patch installed for this test only (the original methods restored after it)."""
-    for name in ("store_message_ins", "get_message_ins"):
-        monkeypatch.setattr(InMemoryLinkState, name, getattr(InMemoryLinkState, name))
-    monkeypatch.setattr(message_index, "_ORIGINAL", {})
+    """The index installed for this test only (Flower's methods restored after it)."""
+    flower(monkeypatch)
     assert message_index.use_message_index()
     assert not message_index.use_message_index()  # once per process
 
@@ -79,6 +85,7 @@ def sweeps(state, node_ids, limit):
 
 @pytest.mark.parametrize("limit", [1, None])
 def test_each_node_gets_the_messages_it_got_before(monkeypatch, limit):
+    flower(monkeypatch)
     targets = [3, 0, 3, 5, 3, 9]
     state, node_ids, _ = federation(12, targets)
     before = sweeps(state, node_ids, limit)
@@ -120,6 +127,7 @@ def test_a_deleted_message_leaves_the_index(indexed):
 
 
 def test_messages_stored_before_the_patch_are_indexed_on_first_use(monkeypatch):
+    flower(monkeypatch)
     state, node_ids, _ = federation(6, [4, 1])
     install(monkeypatch)
     assert [len(ids) for ids in answers(state, node_ids)] == [0, 1, 0, 0, 1, 0]
