@@ -152,6 +152,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="retention off, no unlearning: the RSS slope of the same run without a history",
     )
     parser.add_argument("--warmup-rounds", type=int, default=5, help="rounds left out of the slope")
+    parser.add_argument(
+        "--from-run",
+        action="store_true",
+        help="launch nothing: summarise the run already in --output-dir (one whose unlearning "
+        "failed, say); no wall time, no sampled process tree",
+    )
     parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT, help="the Flower app")
     parser.add_argument(
         "--tile-mnist",
@@ -308,14 +314,17 @@ def main(argv: list[str] | None = None) -> int:
         args.set = tiled + args.set
     name = f"scale-{dataset}-{args.clients}" + ("-no-retain" if args.no_retain else "")
     argv = launcher_argv(args, output, name)
-    print(f"=== fedunlearn-run {' '.join(argv)}", flush=True)
-    started = time.perf_counter()
-    with TreeProbe() as probe:
-        code = runner.main(argv)
-    seconds = time.perf_counter() - started
-    if code != 0:
-        print(f"fedunlearn-run failed with exit code {code}", file=sys.stderr)
-        return code
+    if args.from_run:  # the run is there already: its tables only, no sampled tree, no wall time
+        probe, seconds = TreeProbe(), float("nan")
+    else:
+        print(f"=== fedunlearn-run {' '.join(argv)}", flush=True)
+        started = time.perf_counter()
+        with TreeProbe() as probe:
+            code = runner.main(argv)
+        seconds = time.perf_counter() - started
+        if code != 0:
+            print(f"fedunlearn-run failed with exit code {code}", file=sys.stderr)
+            return code
 
     run = output / name
     metrics = pd.read_csv(run / "metrics.csv")
