@@ -90,6 +90,7 @@ def parse_args(argv):
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override one key"
     )
+    parser.add_argument("--note", default="", help="a second title line for scale_against_k.png")
     parser.add_argument(
         "--per-client-costs",
         type=int,
@@ -279,31 +280,26 @@ def row(output: Path, clients: int, fraction: float, rounds: int) -> dict | None
         "federaser_s": summary.get("federaser_seconds", float("nan")),
         "s_per_calibration_update": summary.get("seconds_per_calibration_update", float("nan")),
         "run_seconds": summary["seconds"],
-        "setup_s": round(setup_seconds(summary), 1),
-        "setup_peak_rss_mb": setup_peak(run),
+        "setup_s": before_round_1(run)[0],
+        "setup_peak_rss_mb": before_round_1(run)[1],
         "store_bytes_after_training": summary.get("store_bytes_after_training", float("nan")),
     }
 
 
-def setup_seconds(summary: dict) -> float:
-    """The run's seconds outside training and FedEraser: the launch, Flower's node registration,
-    Ray's start, discovery (every node describes itself) and the reports at the end."""
-    inside = summary.get("training_seconds", float("nan")) + summary.get("federaser_seconds", 0.0)
-    return summary["seconds"] - inside
-
-
-def setup_peak(run: Path) -> float:
-    """The ServerApp's peak RSS before round 1 (loading the data, discovery, round 0's
-    evaluation): ``metrics.csv``'s round 0 row, when the run is there."""
+def before_round_1(run: Path) -> tuple[float, float]:
+    """The ServerApp's seconds and peak RSS from its start to round 0's evaluation: the data,
+    Flower's node registration (which runs beside it), Ray's start and discovery (every node
+    describes itself); ``metrics.csv``'s round 0 row, NaN when the run is not there."""
     path = run / "metrics.csv"
     if not path.is_file():
-        return float("nan")
-    metrics = pd.read_csv(path)
-    first = metrics[metrics["round"] == 0]
-    return float(first["server_round_peak_rss_mb"].iloc[0]) if len(first) else float("nan")
+        return float("nan"), float("nan")
+    first = pd.read_csv(path).query("round == 0")
+    if not len(first):
+        return float("nan"), float("nan")
+    return float(first["elapsed_seconds"].iloc[0]), float(first["server_round_peak_rss_mb"].iloc[0])
 
 
-def plot_against_k(table: pd.DataFrame, path: Path) -> None:
+def plot_against_k(table: pd.DataFrame, path: Path, note: str = "") -> None:
     """The ServerApp's memory (left) and the seconds (right) against K, one point per setting."""
     fig, (memory, seconds) = plt.subplots(1, 2, figsize=(11, 4.5))
     k = table["clients"]
@@ -325,7 +321,8 @@ def plot_against_k(table: pd.DataFrame, path: Path) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     per_round = ", ".join(f"{c:,}: {u:,}" for c, u in zip(k, table["updates_per_round"]))
-    fig.suptitle(f"ServerApp memory and time against K (updates a round, K: n = {per_round})")
+    title = f"ServerApp memory and time against K (updates a round, K: n = {per_round})"
+    fig.suptitle(title + (f"\n{note}" if note else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -384,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(args.output_dir / "scale_matrix.csv", index=False)
     (args.output_dir / "scale_matrix.md").write_text(table.to_markdown(index=False) + "\n")
     plot(args.output_dir, args.settings, args.reference_peak_mb, args.reference_label)
-    plot_against_k(table, args.output_dir / "scale_against_k.png")
+    plot_against_k(table, args.output_dir / "scale_against_k.png", args.note)
     print(table.to_markdown(index=False))
     return 0
 
