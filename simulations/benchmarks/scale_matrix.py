@@ -310,18 +310,23 @@ def plot_against_k(table: pd.DataFrame, path: Path, note: str = "") -> None:
     memory.set_ylabel("ServerApp RSS (MiB)")
     memory.set_ylim(bottom=0)
     seconds.plot(k, table["mean_round_wall_s"], "o-", label="a training round (after round 1)")
-    steps = table["federaser_s"] / (table["rounds"] - 1).clip(lower=1)
-    seconds.plot(k, steps, "s--", label="a FedEraser calibration step")
-    seconds.plot(k, table["setup_s"], "x:", label="setup: registration, Ray, discovery")
+    steps = table["federaser_s"] / table["rounds"]  # FedEraser takes a step per retained round
+    seconds.plot(k, steps, "s--", label="a FedEraser step (its wall time / steps)")
+    seconds.plot(k, table["setup_s"], "x:", label="start to round 0: registration, Ray, discovery")
     seconds.set_ylabel("wall seconds (2 shared cores)")
     seconds.set_yscale("log")
     for ax in (memory, seconds):
         ax.set_xscale("log")
-        ax.set_xlabel("K, clients in the federation (updates a round in the title)")
+        ax.set_xlabel("K, clients in the federation (log scale)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    per_round = ", ".join(f"{c:,}: {u:,}" for c, u in zip(k, table["updates_per_round"]))
-    title = f"ServerApp memory and time against K (updates a round, K: n = {per_round})"
+    sizes = sorted(set(table["updates_per_round"]))
+    per_round = (
+        f"the same {sizes[0]:,} clients a round at every K"
+        if len(sizes) == 1
+        else ", ".join(f"K = {c:,}: {u:,} a round" for c, u in zip(k, table["updates_per_round"]))
+    )
+    title = f"ServerApp memory and time against K ({per_round})"
     fig.suptitle(title + (f"\n{note}" if note else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
