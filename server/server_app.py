@@ -18,6 +18,7 @@ from fedunlearn.errors import FedUnlearnError
 from fedunlearn.preflight import preflight
 from fedunlearn.store.run_directory import UNLEARNING_LOG
 from server.federation.members import adopt_federation_size
+from server.federation.message_index import use_message_index
 from server.federation.missing import MissingClients
 from server.federation.threads import use_server_threads
 from server.training.loading import load_trained_run
@@ -42,6 +43,7 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
     def main(grid: Grid, context: Context) -> None:
         """:func:`serve` the run config, one ``[fedunlearn] error:`` line for a refusal."""
         use_server_threads()  # the client workers hold the cores (server.federation.threads)
+        use_message_index()  # a message handed out in time independent of K (a simulation)
         try:
             serve(grid, {**context.run_config, **overrides})
         except FedUnlearnError as error:

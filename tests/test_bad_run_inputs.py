@@ -473,7 +473,7 @@ SPECIFIC = [
     ),
     # ---- ranges
     ("num-clients-negative", _set("num-clients=-1"), "num-clients", None),
-    ("num-clients-10001", _set("num-clients=10001"), "num-clients", None),
+    ("num-clients-1000001", _set("num-clients=1000001"), "num-clients", None),
     ("train-samples-negative", _set("train-samples=-1"), "train-samples", None),
     ("train-samples-below-clients", _set(K10, "train-samples=5"), "train-samples", None),
     ("shards-per-client-0", _set("shards-per-client=0"), "shards-per-client", None),

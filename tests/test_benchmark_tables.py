@@ -212,6 +212,52 @@ def test_the_scale_matrix_table_reads_each_settings_run(tmp_path):
     assert list(table["peak_over_between"]) == [round(1600 / 1400, 3), round(1650 / 1400, 3)]
     assert list(table["updates_per_round"]) == [1000, 1000]
     assert (tmp_path / "scale_matrix.png").stat().st_size > 0
+    assert (tmp_path / "scale_against_k.png").stat().st_size > 0
+
+
+def test_tiled_mnist_repeats_the_training_images_and_keeps_the_test_set(shared_data, tmp_path):
+    import numpy as np
+
+    from simulations.benchmarks.scale import tiled_mnist
+
+    path = tiled_mnist(str(shared_data), 2, tmp_path)
+    with np.load(path) as arrays:
+        x, y, x_test = arrays["x_train"], arrays["y_train"], arrays["x_test"]
+        assert x.shape == (120_000, 28, 28) and y.shape == (120_000,)
+        assert (x[:60_000] == x[60_000:]).all() and (y[:60_000] == y[60_000:]).all()
+        assert x_test.shape == (10_000, 28, 28) and x.dtype == np.uint8
+    assert tiled_mnist(str(shared_data), 2, tmp_path) == path  # written once
+
+
+def test_the_scale_benchmark_trains_one_tiled_image_a_client(shared_data, tmp_path):
+    from simulations.benchmarks import scale
+
+    args = scale.parse_args(
+        ["--clients", "70000", "--tile-mnist", "2", "--data-root", str(shared_data)]
+        + ["--output-dir", str(tmp_path)]
+    )
+    root, settings = scale.tiled_settings(args, tmp_path)
+    assert root.endswith("mnist_x2.npz") and settings == ["dataset='npz'", "train-samples=70000"]
+    with pytest.raises(SystemExit):  # more clients than tiled images
+        scale.parse_args(["--clients", "130000", "--tile-mnist", "2", "--data-root", "x"])
+
+
+def test_the_per_client_costs_name_each_cost_at_the_nodes_asked():
+    from simulations.benchmarks.scale_matrix import per_client_costs
+
+    costs = per_client_costs(64, 1)
+    assert set(costs["measured_at"]) == {64}
+    assert set(costs["cost"]) == {
+        "link_state_node_seconds",
+        "link_state_node_bytes",
+        "node_context_seconds",
+        "node_context_bytes",
+        "partition_seconds",
+        "partition_bytes",
+        "engine_pass_seconds_flower",
+        "engine_pass_seconds_indexed",
+    }
+    assert (costs.loc[costs["cost"].str.endswith("seconds"), "per_client"] > 0).all()
 
 
 @pytest.mark.parametrize("bad", ["1000", "1000:1.5:2", "1:0.5:2", "1000:0.5:zero"])

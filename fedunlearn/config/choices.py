@@ -70,8 +70,10 @@ def __getattr__(name: str):
 
 # ------------------------------------------------------------------ limits
 #: Largest federation a run may ask for: the simulation launches one SuperNode per client before
-#: any of them is checked, and the server queries every one of them each round.
-MAX_CLIENTS = 10_000
+#: any of them is checked, and the server asks every one of them to describe itself once. Measured
+#: up to 100,000 on 2 cores (docs/scale.md); the time per node and the memory per node, not a
+#: structure of the rounds, are what stop larger ones.
+MAX_CLIENTS = 1_000_000
 #: ``num-clients`` = 0: not set; the ServerApp adopts the federation's number of SuperNodes (each
 #: node's ``num-partitions``) before anything is written, and every later step sees that number.
 ADOPT_FEDERATION_SIZE = 0

@@ -97,8 +97,10 @@ def in_flight_limit(grid: Grid) -> int | None:
     per pass. With 1,000 clients and a round's 1,000 messages pushed at once that is a million
     expiry checks a pass, in the ServerApp's own process. Only the client workers' concurrency
     (2 on the CI machine) is run at once anyway, so :data:`SIMULATION_IN_FLIGHT` messages in
-    flight keep them busy and the scan O(nodes). A deployed federation gets every message at once:
-    its nodes train in parallel.
+    flight keep them busy and the scan O(nodes). Since :mod:`server.federation.message_index`
+    a node's lookup reads its own messages only, so a pass costs O(nodes) dict lookups whatever
+    the window; the window still bounds the messages held in memory. A deployed federation gets
+    every message at once: its nodes train in parallel.
     """
     state = getattr(grid, "state", None)
     return SIMULATION_IN_FLIGHT if type(state).__name__ == "InMemoryLinkState" else None

@@ -152,11 +152,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="retention off, no unlearning: the RSS slope of the same run without a history",
     )
     parser.add_argument("--warmup-rounds", type=int, default=5, help="rounds left out of the slope")
+    parser.add_argument(
+        "--from-run",
+        action="store_true",
+        help="launch nothing: summarise the run already in --output-dir (one whose unlearning "
+        "failed, say); no wall time, no sampled process tree",
+    )
     parser.add_argument("--app", type=Path, default=runner.PROJECT_ROOT, help="the Flower app")
+    parser.add_argument(
+        "--tile-mnist",
+        type=int,
+        metavar="COPIES",
+        help="train on COPIES copies of MNIST's 60,000 training images (an .npz written in "
+        "--output-dir from --data-root's MNIST), --samples-per-client each: K above 60,000",
+    )
+    parser.add_argument(
+        "--samples-per-client",
+        type=int,
+        default=1,
+        help="with --tile-mnist: training images per client (train-samples = K x this)",
+    )
     args = parser.parse_args(argv)
     for name in ("clients", "rounds", "retain_interval"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.tile_mnist is not None:
+        if args.tile_mnist < 1 or not args.data_root:
+            parser.error("--tile-mnist needs COPIES >= 1 and --data-root holding MNIST")
+        if not 1 <= args.samples_per_client * args.clients <= 60000 * args.tile_mnist:
+            parser.error("--samples-per-client x --clients exceeds the tiled training set")
     if args.warmup_rounds < 0:
         parser.error(f"--warmup-rounds must be >= 0, got {args.warmup_rounds}")
     try:
@@ -164,6 +188,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ImportError:
         parser.error('psutil is needed to sample memory: pip install -e ".[bench]"')
     return args
+
+
+def tiled_mnist(data_root: str, copies: int, folder: Path) -> Path:
+    """An .npz of MNIST's training images repeated ``copies`` times (labels alike) and its test
+    set, written once in ``folder``: a training set of 60,000 x ``copies`` images, so that K above
+    60,000 clients each hold a sample (the copies of one image may go to different clients)."""
+    path = folder / f"mnist_x{copies}.npz"
+    if path.is_file():
+        return path
+    import torchvision
+
+    train = torchvision.datasets.MNIST(data_root, train=True, download=False)
+    test = torchvision.datasets.MNIST(data_root, train=False, download=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial.npz")
+    np.savez(
+        partial,
+        x_train=np.tile(train.data.numpy(), (copies, 1, 1)),
+        y_train=np.tile(train.targets.numpy(), copies),
+        x_test=test.data.numpy(),
+        y_test=test.targets.numpy(),
+    )
+    partial.rename(path)
+    return path
+
+
+def tiled_settings(args: argparse.Namespace, output: Path) -> tuple[str, list[str]]:
+    """``--tile-mnist``: the .npz as data-root, and the settings that train on it."""
+    path = tiled_mnist(args.data_root, args.tile_mnist, output)
+    samples = args.clients * args.samples_per_client
+    return str(path), ["dataset='npz'", f"train-samples={samples}"]
 
 
 def launcher_argv(args: argparse.Namespace, output: Path, name: str) -> list[str]:
@@ -253,16 +308,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     output = args.output_dir.resolve()
     dataset = "digits" if args.config is None else args.config.stem
+    if args.tile_mnist is not None:
+        dataset = f"mnist-x{args.tile_mnist}"
+        args.data_root, tiled = tiled_settings(args, output)
+        args.set = tiled + args.set
     name = f"scale-{dataset}-{args.clients}" + ("-no-retain" if args.no_retain else "")
     argv = launcher_argv(args, output, name)
-    print(f"=== fedunlearn-run {' '.join(argv)}", flush=True)
-    started = time.perf_counter()
-    with TreeProbe() as probe:
-        code = runner.main(argv)
-    seconds = time.perf_counter() - started
-    if code != 0:
-        print(f"fedunlearn-run failed with exit code {code}", file=sys.stderr)
-        return code
+    if args.from_run:  # the run is there already: its tables only, no sampled tree, no wall time
+        probe, seconds = TreeProbe(), float("nan")
+    else:
+        print(f"=== fedunlearn-run {' '.join(argv)}", flush=True)
+        started = time.perf_counter()
+        with TreeProbe() as probe:
+            code = runner.main(argv)
+        seconds = time.perf_counter() - started
+        if code != 0:
+            print(f"fedunlearn-run failed with exit code {code}", file=sys.stderr)
+            return code
 
     run = output / name
     metrics = pd.read_csv(run / "metrics.csv")
