@@ -127,6 +127,24 @@ class RemovalStep:
             check_finite("the step's sums", terms.point, terms.xv_squared)
         return step, solve, drift, terms, refreshed
 
+    def _downdated(self, weights, rows: np.ndarray, mu: float, refreshed: bool, state: dict):
+        """The cached factors downdated by ``rows`` (Woodbury), or, when ``refreshed`` or rounding
+        made the downdated capacitance indefinite, refreshed at ``weights`` (O(n d^2 + d^3), the
+        BLAS's own threads); records them in ``state``. Returns (factors, anchor, refreshed)."""
+        factors, anchor = self._factors, self._anchor
+        with blas_threads(self.params.step_threads):
+            if not refreshed:
+                try:
+                    factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(factors))
+                except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
+                    refreshed = True
+        if refreshed:
+            fresh = self._anchored(weights, self._sums(weights, hessian=True))
+            state.update(fresh)
+            factors, anchor = fresh["_factors"], fresh["_anchor"]
+        state["_factors"], state["_anchor"] = factors, anchor
+        return factors, anchor, refreshed
+
     def _measured_step(self, weights, delta, mu: float, rows: np.ndarray, state: dict[str, Any]):
         """Newton step with the cached factor, for a data that measures the anchor's stale vector
         (:mod:`fedunlearn.certified.staleness`): the step's terms are taken at w (no drift), and
@@ -134,22 +152,12 @@ class RemovalStep:
         *before* the step when the stale parts since the anchor exceed ``refresh_ratio`` times the
         rest of those requests' bounds, or the downdate would pass ``max_rank``."""
         p = self.params
-        factors, anchor = self._factors, self._anchor
+        factors = self._factors
         refreshed = (
             self._stale_since > p.refresh_ratio * (self._bound_since - self._stale_since)
             or factors[0].rank + rows.shape[1] > p.max_rank
         )
-        with blas_threads(p.step_threads):
-            if not refreshed:
-                try:
-                    factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(factors))
-                except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
-                    refreshed = True
-        if refreshed:  # O(n d^2 + d^3): the BLAS's own threads
-            fresh = self._anchored(weights, self._sums(weights, hessian=True))
-            state.update(fresh)
-            factors, anchor = fresh["_factors"], fresh["_anchor"]
-        state["_factors"], state["_anchor"] = factors, anchor
+        factors, anchor, refreshed = self._downdated(weights, rows, mu, refreshed, state)
         with blas_threads(p.step_threads):
             step, solve = fast_solve(factors, delta, mu)
             terms = self.data.step(weights, anchor, step, hessian_vector=False, stale=True)
@@ -199,23 +207,13 @@ class RemovalStep:
         rule weighs, as in :meth:`_measured_step`), the per-head bounds without the solve's
         residual, and whether it refreshed (per head throughout)."""
         p = self.params
-        factors, anchor = self._factors, self._anchor
+        factors = self._factors
         rows = parts.factor
         refreshed = (
             self._stale_since > p.cached_refresh_share * p.budget
             or factors[0].rank + rows.shape[1] > p.max_rank
         )
-        with blas_threads(p.step_threads):
-            if not refreshed:
-                try:
-                    factors = tuple(f.with_rows(rows[k], mu) for k, f in enumerate(factors))
-                except np.linalg.LinAlgError:  # rounding made the downdated capacitance indefinite
-                    refreshed = True
-        if refreshed:  # O(n d^2 + d^3): the BLAS's own threads
-            fresh = self._anchored(weights, self._sums(weights, hessian=True))
-            state.update(fresh)
-            factors, anchor = fresh["_factors"], fresh["_anchor"]
-        state["_factors"], state["_anchor"] = factors, anchor
+        factors, anchor, refreshed = self._downdated(weights, rows, mu, refreshed, state)
         with blas_threads(p.step_threads):
             step, solve = fast_solve(factors, delta, mu)
             xv = state["_gram_cache"].norm_upper(step)
