@@ -81,6 +81,7 @@ def test_the_main_job_runs_on_both_nodes_of_a_ray_cluster_and_equals_one_node(
 def _recipe() -> list[str]:
     """The shell lines of docs/scale.md's multi-node Ray section, comments dropped."""
     section = SCALE.read_text().split("## An existing multi-node Ray cluster", 1)[1]
+    section = section.split("\n## ", 1)[0]  # up to the next section
     blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
     lines = [line.split("#", 1)[0].strip() for block in blocks for line in block.splitlines()]
     return [line for line in lines if line]
