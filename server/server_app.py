@@ -7,6 +7,7 @@ federation it runs on; ``fedunlearn-run`` sizes the federation and resolves path
 from __future__ import annotations
 
 import errno
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,6 @@ from fedunlearn.errors import FedUnlearnError
 from fedunlearn.preflight import preflight
 from fedunlearn.store.run_directory import UNLEARNING_LOG
 from server.federation.members import adopt_federation_size
-from server.federation.message_index import use_message_index
 from server.federation.missing import MissingClients
 from server.federation.threads import use_server_threads
 from server.training.loading import load_trained_run
@@ -34,6 +34,23 @@ def _log(line: str) -> None:
     print(f"[fedunlearn] {line}", flush=True)
 
 
+#: Flower's in-memory LinkState: loaded in a process that runs Flower's simulation runtime.
+IN_MEMORY_LINKSTATE = "flwr.server.superlink.linkstate.in_memory_linkstate"
+
+
+def index_simulation_messages() -> bool:
+    """:func:`server.federation.message_index.use_message_index` where Flower's simulation
+    runtime runs in this process (its in-memory LinkState is loaded: ``flwr-simulation`` imports
+    it before the ServerApp starts); elsewhere (a deployed ServerApp, the local engine) there is
+    no such state to index, and the patch's import (0.7 s of Flower's link state) is skipped.
+    True when this call installed the index."""
+    if IN_MEMORY_LINKSTATE not in sys.modules:
+        return False
+    from server.federation.message_index import use_message_index
+
+    return use_message_index()
+
+
 def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> ServerApp:
     """A ServerApp; ``run_config_overrides`` replace run-config values (tests, embedded runs)."""
     overrides = dict(run_config_overrides or {})
@@ -43,7 +60,7 @@ def create_server_app(run_config_overrides: Mapping[str, Any] | None = None) -> 
     def main(grid: Grid, context: Context) -> None:
         """:func:`serve` the run config, one ``[fedunlearn] error:`` line for a refusal."""
         use_server_threads()  # the client workers hold the cores (server.federation.threads)
-        use_message_index()  # a message handed out in time independent of K (a simulation)
+        index_simulation_messages()  # a message handed out in time independent of K
         try:
             serve(grid, {**context.run_config, **overrides})
         except FedUnlearnError as error:

@@ -51,6 +51,14 @@ def parser() -> argparse.ArgumentParser:
         "trying again within it (default: $FEDUNLEARN_START_TIMEOUT, else 300)",
     )
     parser.add_argument(
+        "--engine",
+        choices=("flower", "local"),
+        default="flower",
+        help="flower: Flower's simulation (flwr run: a local SuperLink, Ray); local: the same "
+        "ServerApp and ClientApp in worker processes of this command, no SuperLink and no Ray, "
+        "a run that starts in seconds (simulations.local_engine)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="also show Flower's log lines and Ray's warnings (hidden by default)",

@@ -14,44 +14,23 @@ federation but not Ray use it (the ``simulate`` fixture); a test of Ray itself u
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from fake_grid import AnsweringGrid
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, RecordDict
 
-#: The first node id; node ``FIRST_NODE + k`` holds partition ``k``.
-FIRST_NODE = 100
+# the local engine's nodes are the tests' (``simulations.local_engine``: the same Contexts)
+from simulations.local_engine import (  # noqa: F401  (names the tests import from here)
+    CLIENT_APP_RAISED_AN_EXCEPTION,
+    FIRST_NODE,
+    answer,
+    flower_task_identity,
+    node_context,
+)
+
 #: The federation size of the tests that do not say (``test_malicious_clients``' K).
 K = 4
-#: The error code a SuperNode reports when its ClientApp raised (Flower's ``ErrorCode``).
-CLIENT_APP_RAISED_AN_EXCEPTION = 2
-
-
-@contextmanager
-def flower_task_identity() -> Iterator[None]:
-    """Flower stamps each Message with the run and node it belongs to; outside a run, pretend one
-    (run 1, node 0) and restore what was there."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    previous = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    try:
-        yield
-    finally:
-        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = previous
-
-
-def node_context(partition: int, num_nodes: int, run_config: Mapping[str, Any]) -> Context:
-    """The Context Flower's simulation gives node ``FIRST_NODE + partition``."""
-    return Context(
-        run_id=1,
-        node_id=FIRST_NODE + partition,
-        node_config={"partition-id": partition, "num-partitions": num_nodes},
-        state=RecordDict(),
-        run_config=dict(run_config),
-    )
 
 
 class ClientAppGrid(AnsweringGrid):
@@ -73,12 +52,7 @@ class ClientAppGrid(AnsweringGrid):
         return list(self.contexts)
 
     def answer(self, message):
-        node = message.metadata.dst_node_id
-        try:
-            return self.app(message, self.contexts[node])
-        except Exception as error:  # what a SuperNode sends when its ClientApp raised
-            reason = f"{type(error).__name__}: {error}"
-            return Message(Error(CLIENT_APP_RAISED_AN_EXCEPTION, reason), reply_to=message)
+        return answer(self.app, self.contexts, message)
 
 
 def serve_in_process(

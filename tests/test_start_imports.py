@@ -58,3 +58,24 @@ def test_the_certified_package_gives_every_public_name_of_its_modules():
     namespace: dict = {}
     exec("from fedunlearn.certified import *", namespace)
     assert set(certified.__all__) <= set(namespace)
+
+
+def _loads_flower_link_state(statement: str) -> list[str]:
+    """Whether ``statement`` loads Flower's in-memory LinkState, and whether the ServerApp's
+    message index is then installed, in a fresh interpreter."""
+    script = (
+        f"import sys\n{statement}\nimport server.server_app as app\n"
+        f"print(app.IN_MEMORY_LINKSTATE in sys.modules, app.index_simulation_messages())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPOSITORY, capture_output=True, text=True, check=True
+    )
+    return done.stdout.split()[-2:]
+
+
+def test_the_message_index_is_installed_where_flowers_simulation_runs_and_only_there():
+    # flwr-simulation (the process a `flwr run` simulation serves the ServerApp in) has loaded
+    # the in-memory LinkState before the ServerApp starts: the index must be installed there ...
+    assert _loads_flower_link_state("import flwr.simulation.app") == ["True", "True"]
+    # ... while a ServerApp elsewhere (a deployment, the local engine) does not import it
+    assert _loads_flower_link_state("pass") == ["False", "False"]

@@ -21,8 +21,16 @@ shutdown            -> the command's exit (Ray's actors stopped, ``flwr ls``)
 ==================  ==================================================================
 
 Flower streams the run's log every 0.5 s (``LOG_STREAM_INTERVAL``): the phase ends inside the run
-are known to within half a second. ``to round 1`` is the first four phases and round 1; ``total``
-the whole command.
+are known to within half a second. ``to round 1`` is the first four phases and round 1 (the end of
+round 1: its line); ``to round 1 start`` ends at round 0's line (the initial model evaluated, round
+1's messages go out); ``total`` the whole command.
+
+``--local N`` also runs this checkout N times a round with ``--engine local`` (the ServerApp and
+ClientApp in the command's own processes: no SuperLink, no Ray; :mod:`simulations.local_engine`),
+whose phases are ``check`` (to ``fedunlearn-run: local engine:``), ``engine start`` (to the run
+directory line: the ServerApp imported, the workers started, discovery) and the same rounds,
+unlearning and shutdown. Its models are hashed with the others: ``same models`` then also says
+whether the local engine's models equal Flower's simulation's, bit for bit.
 
 Cold runs each go through ``--wrap`` (e.g. ``/work/shared/tools/isolated-flwr``: an own network
 namespace, ``FLWR_HOME`` and Ray folder, so each starts its SuperLink and Ray). Warm runs: one
@@ -43,7 +51,7 @@ run's output under ``--output-dir``/logs.
 Usage (a few minutes per round; the baseline: ``git archive eedd342 | tar -x -C ../baseline``)::
 
     FEDUNLEARN_DATA_ROOT=PATH python -m simulations.benchmarks.start_cost --baseline ../baseline \\
-        --rounds 2 --warm 3 --wrap /work/shared/tools/isolated-flwr \\
+        --rounds 2 --warm 3 --local 1 --wrap /work/shared/tools/isolated-flwr \\
         --output-dir simulations/benchmarks/results/start_cost
 """
 
@@ -81,16 +89,28 @@ PHASES = (
     ("unlearning", r"\[fedunlearn\] results in "),
     ("shutdown", None),
 )
+#: The phases of a ``--engine local`` run (``--local``): no SuperLink, no Ray; the engine is a
+#: fork of the launcher, its workers load the ClientApp while the ServerApp is imported.
+LOCAL_PHASES = (
+    ("check", r"fedunlearn-run: local engine: "),
+    ("engine start", r"\[fedunlearn\] run directory: "),
+    *PHASES[4:],
+)
+#: The line a run prints once round 0 (the initial model's evaluation) is done: round 1 starts.
+ROUND_1_STARTS = r"\[fedunlearn\] round 0/"
 #: The port of the warm batches' Ray (its GCS).
 RAY_PORT = 6379
 
 
-def phase_times(stamped: Sequence[tuple[float, str]], exit_time: float) -> dict[str, float]:
+def phase_times(
+    stamped: Sequence[tuple[float, str]], exit_time: float, phases=PHASES
+) -> dict[str, float]:
     """Each phase's seconds from ``(seconds since the start, line)`` pairs, with ``to round 1``
-    and ``total``; the phases from the first whose end line never came are missing."""
+    (to the end of round 1: its line), ``to round 1 start`` (round 0's line) and ``total``; the
+    phases from the first whose end line never came are missing."""
     ends: dict[str, float] = {}
     lines = iter(stamped)
-    for name, pattern in PHASES:
+    for name, pattern in phases:
         found = (
             exit_time
             if pattern is None
@@ -104,6 +124,9 @@ def phase_times(stamped: Sequence[tuple[float, str]], exit_time: float) -> dict[
         times[name], last = round(end - last, 3), end
     if "round 1" in ends:
         times["to round 1"] = round(ends["round 1"], 3)
+    starts = next((t for t, line in stamped if re.match(ROUND_1_STARTS, line)), None)
+    if starts is not None:
+        times["to round 1 start"] = round(starts, 3)
     times["total"] = round(exit_time, 3)
     return times
 
@@ -123,10 +146,19 @@ def model_hashes(output_dir: Path) -> dict[str, str]:
     return hashes
 
 
-def run_job(checkout: Path, config: str, output_dir: Path, log: Path, prefix: Sequence[str] = ()):
-    """One ``fedunlearn-run CONFIG --verbose`` of ``checkout``: (exit status, phase seconds)."""
+def run_job(
+    checkout: Path,
+    config: str,
+    output_dir: Path,
+    log: Path,
+    prefix: Sequence[str] = (),
+    engine: str = "flower",
+):
+    """One ``fedunlearn-run CONFIG --verbose`` of ``checkout`` (``engine``: ``--engine``'s value;
+    flower: the option is not given, as the baseline knows none): (exit status, phase seconds)."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     command = [*prefix, sys.executable, "-m", "simulations.run", config, "--verbose"]
+    command += ["--engine", engine] if engine != "flower" else []
     command += ["--output-dir", str(output_dir)]
     stamped = []
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +179,8 @@ def run_job(checkout: Path, config: str, output_dir: Path, log: Path, prefix: Se
             now = time.perf_counter() - start
             stamped.append((now, line.rstrip("\n")))
             out.write(f"{now:8.3f} {line}")
-    return process.returncode, phase_times(stamped, time.perf_counter() - start)
+    phases = LOCAL_PHASES if engine == "local" else PHASES
+    return process.returncode, phase_times(stamped, time.perf_counter() - start, phases)
 
 
 def warm_batch(args: argparse.Namespace) -> int:
@@ -210,6 +243,18 @@ def cold(args, checkout: Path, label: str, rows: list[dict], repeat: int, scratc
     record(rows, base, code, times, model_hashes(folder / "out"))
 
 
+def local(args, checkout: Path, label: str, rows: list[dict], repeat: int, scratch: Path) -> None:
+    """One ``--engine local`` run of ``checkout`` (through ``--wrap`` too, for the same setting)."""
+    folder = scratch / f"local-{label}-{repeat}"
+    folder.mkdir(parents=True)
+    prefix = shlex.split(args.wrap) if args.wrap else []
+    code, times = run_job(
+        checkout, args.config, folder / "out", folder / "log.txt", prefix, "local"
+    )
+    base = {"round": repeat, "checkout": label, "mode": "local", "run": 1, "shared start": 0.0}
+    record(rows, base, code, times, model_hashes(folder / "out"))
+
+
 def warm(args, checkout: Path, label: str, rows: list[dict], repeat: int, scratch: Path) -> None:
     folder = scratch / f"warm-{label}-{repeat}"
     folder.mkdir(parents=True)
@@ -234,7 +279,8 @@ def summary(rows: list[dict]) -> str:
     """Median seconds per phase (rows) for each checkout and mode (columns); ``shared start``
     (a warm batch's ``ray start``, counted on its first run): the longest."""
     groups = list(dict.fromkeys((r["checkout"], r["mode"]) for r in rows))
-    names = ["shared start"] + [n for n, _ in PHASES] + ["to round 1", "total"]
+    phases = [n for n, _ in PHASES] + [n for n, _ in LOCAL_PHASES]
+    names = ["shared start", *dict.fromkeys(phases), "to round 1 start", "to round 1", "total"]
     head = "| phase | " + " | ".join(f"{c} {m} (median s)" for c, m in groups) + " |"
     lines = [head, "|---" * (len(groups) + 1) + "|"]
     for name in names:
@@ -307,6 +353,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every checkout (2)")
     parser.add_argument("--cold", type=int, default=1, help="cold runs per checkout and round (1)")
     parser.add_argument("--warm", type=int, default=3, help="warm runs per batch (3; 0: none)")
+    parser.add_argument(
+        "--local", type=int, default=0, help="--engine local runs of this checkout per round (0)"
+    )
     parser.add_argument("--wrap", default="", help="command prefix of each cold run / warm batch")
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument(
@@ -338,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for _ in range(args.cold):
                 cold(args, checkout, label, rows, repeat, scratch)
                 write(args.output_dir, rows)  # the tables so far, after every run
+            for _ in range(args.local if label == "this" else 0):
+                local(args, checkout, label, rows, repeat, scratch)
+                write(args.output_dir, rows)
         for label, checkout in order if args.warm else ():
             warm(args, checkout, label, rows, repeat, scratch)
             write(args.output_dir, rows)
