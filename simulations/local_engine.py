@@ -139,11 +139,14 @@ def _serve_worker(
     inbox,
     outbox,
     parent: int,
+    visible_gpus: str,
 ) -> None:
-    """A worker process: its PyTorch threads, the ClientApp and the Contexts of the nodes it
-    holds; then ``(message id, reply)`` on ``outbox`` for each ``(message id, message)`` from
-    ``inbox``, until None arrives."""
+    """A worker process: the GPUs it may see (``visible_gpus``, ``CUDA_VISIBLE_DEVICES``'s
+    value: "" for none, as Ray hides the GPUs from a client without a GPU share), its PyTorch
+    threads, the ClientApp and the Contexts of the nodes it holds; then ``(message id, reply)``
+    on ``outbox`` for each ``(message id, message)`` from ``inbox``, until None arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle, not ours
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus  # before CUDA starts in this process
     import torch
 
     torch.set_num_threads(threads)
@@ -183,6 +186,10 @@ class LocalGrid(Grid):
         Worker processes; node ``k`` is served by worker ``k mod workers``. At most ``num_nodes``.
     threads : int (default: 1)
         PyTorch threads per worker.
+    gpu : bool (default: False)
+        Whether the workers see a GPU: worker ``w`` sees GPU ``w mod G`` of the G this machine
+        shows (:func:`visible_gpus`); without, none, so a client trains on the CPU as it does in
+        Flower's simulation without ``--num-gpus``.
     client_app : ClientApp, optional
         The ClientApp answering in this process (no workers); default: the one ``app_dir``'s
         pyproject names.
@@ -197,6 +204,7 @@ class LocalGrid(Grid):
         workers: int = 0,
         *,
         threads: int = 1,
+        gpu: bool = False,
         client_app=None,
         app_dir: Path | None = None,
     ) -> None:
@@ -218,9 +226,9 @@ class LocalGrid(Grid):
                 for k in range(num_nodes)
             }
         else:
-            self._start_workers(app_dir, threads)
+            self._start_workers(app_dir, threads, gpu)
 
-    def _start_workers(self, app_dir: Path | None, threads: int) -> None:
+    def _start_workers(self, app_dir: Path | None, threads: int, gpu: bool) -> None:
         """The worker processes, all started before this process has a thread of its own (a
         queue's feeder thread starts with its first message): forked where the platform can,
         so they inherit the modules (and the data already loaded) of this process; worker ``w``
@@ -228,8 +236,10 @@ class LocalGrid(Grid):
         (:func:`warm_up`) at once, while this process goes on."""
         if app_dir is None:
             raise ValueError("app_dir: None; allowed: the app folder the workers load from")
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        context = multiprocessing.get_context("fork" if fork_is_safe() else "spawn")
+        gpus = visible_gpus() if gpu else []
+        if gpu and not gpus:
+            raise ValueError("gpu: True; allowed: False on a machine that shows no NVIDIA GPU")
         self._outbox = context.Queue()
         self._inboxes = [context.Queue() for _ in range(self.workers)]
         sys.stdout.flush()
@@ -247,6 +257,7 @@ class LocalGrid(Grid):
                     inbox,
                     self._outbox,
                     os.getpid(),
+                    gpus[index % len(gpus)] if gpus else "",
                 ),
                 name=f"fedunlearn-local-worker-{index}",
                 daemon=True,
@@ -358,17 +369,55 @@ class LocalGrid(Grid):
         self.close()
 
 
-def worker_count(num_cpus: float, num_nodes: int, cpus: int | None = None) -> int:
-    """Worker processes for ``num_cpus`` CPUs each on a machine of ``cpus`` (default: this one's
-    usable CPUs), as Ray fits 1-CPU actors: at least 1, at most ``num_nodes``."""
+def visible_gpus(environ: Mapping[str, str] | None = None, dev: Path = Path("/dev")) -> list[str]:
+    """The NVIDIA GPUs this process may use, found without starting CUDA: the entries of
+    ``CUDA_VISIBLE_DEVICES`` when it is set, else the machine's ``/dev/nvidiaN`` devices."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        return [g.strip() for g in environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    found = (p.name[len("nvidia") :] for p in dev.glob("nvidia*"))
+    return sorted((n for n in found if n.isdigit()), key=int)
+
+
+def fork_is_safe() -> bool:
+    """Whether the workers (and the launcher's engine) may be forks of this process: a platform
+    that forks (Linux) and no NVIDIA GPU to see. A process that asked CUDA anything (even
+    ``torch.cuda.is_available()``) leaves its forks unable to use it, so on a GPU machine they
+    are fresh processes instead (spawned: each imports PyTorch and the apps itself)."""
+    return sys.platform.startswith("linux") and not visible_gpus()
+
+
+def worker_count(
+    num_cpus: float,
+    num_nodes: int,
+    cpus: int | None = None,
+    num_gpus: float = 0.0,
+    gpus: int | None = None,
+) -> int:
+    """Worker processes for ``num_cpus`` CPUs (and ``num_gpus`` of a GPU) each, on a machine of
+    ``cpus`` CPUs and ``gpus`` GPUs (default: this one's), as Ray fits its client actors:
+    floor(cpus / num_cpus), capped by floor(gpus / num_gpus); at least 1, at most ``num_nodes``."""
     if not num_cpus > 0:
         raise ValueError(f"num_cpus: {num_cpus!r}; allowed: a number > 0")
+    if not 0 <= num_gpus <= 1:
+        raise ValueError(f"num_gpus: {num_gpus!r}; allowed: a GPU fraction in [0, 1]")
     cpus = cpus or len(os.sched_getaffinity(0))
-    return max(1, min(num_nodes, math.floor(cpus / num_cpus)))
+    fit = math.floor(cpus / num_cpus)
+    if num_gpus > 0:
+        gpus = len(visible_gpus()) if gpus is None else gpus
+        if gpus == 0:
+            raise ValueError(f"num_gpus: {num_gpus!r}; allowed: 0 on a machine without a GPU")
+        fit = min(fit, math.floor(gpus / num_gpus))
+    return max(1, min(num_nodes, fit))
 
 
 def serve_locally(
-    app_dir: Path, overrides: Mapping[str, Any], num_nodes: int, workers: int, threads: int = 1
+    app_dir: Path,
+    overrides: Mapping[str, Any],
+    num_nodes: int,
+    workers: int,
+    threads: int = 1,
+    gpu: bool = False,
 ) -> None:
     """Run the app's ServerApp over :class:`LocalGrid` of ``num_nodes`` nodes in ``workers``
     processes, with the app's run config fused with ``overrides``."""
@@ -377,7 +426,8 @@ def serve_locally(
         run_id=LOCAL_RUN_ID, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )
     # the workers first: they load the ClientApp and warm up while the ServerApp is imported
-    with LocalGrid(run_config, num_nodes, workers, threads=threads, app_dir=app_dir) as grid:
+    grid = LocalGrid(run_config, num_nodes, workers, threads=threads, gpu=gpu, app_dir=app_dir)
+    with grid:
         server_app = load_component(app_dir, "serverapp")
         with flower_task_identity():
             server_app(grid, context)
@@ -391,6 +441,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-clients", type=int, required=True, help="the federation's size K")
     p.add_argument("--workers", type=int, required=True, help="worker processes (0: none)")
     p.add_argument("--threads", type=int, default=1, help="PyTorch threads per worker")
+    p.add_argument("--gpu", action="store_true", help="the workers see the machine's GPUs")
     return p
 
 
@@ -403,7 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Local engine: {args.num_clients} clients in {args.workers} worker process(es)", flush=True
     )
     try:
-        serve_locally(args.app.resolve(), overrides, args.num_clients, args.workers, args.threads)
+        serve_locally(
+            args.app.resolve(), overrides, args.num_clients, args.workers, args.threads, args.gpu
+        )
     except Exception:
         traceback.print_exc()
         return 1

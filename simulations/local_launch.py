@@ -2,11 +2,13 @@
 its lines shown as ``flwr run``'s are (:class:`simulations.console.ConsoleFilter`, the progress
 bars), its exit status the run's.
 
-Where the platform can fork (Linux), the engine is a fork of the launcher itself: the launcher
+Where the platform can fork (Linux) and the machine shows no GPU
+(:func:`simulations.local_engine.fork_is_safe`), the engine is a fork of the launcher itself: the launcher
 has already imported PyTorch and the app's modules and loaded the data to check the run, and the
 engine starts from there instead of from a fresh interpreter (about 3 s of the main job on 2
 cores). The engine's standard output and error go to a pipe that the launcher reads, as it reads
-``flwr run``'s. Elsewhere the engine is ``python -m simulations.local_engine``.
+``flwr run``'s. Elsewhere the engine is ``python -m simulations.local_engine``, whose workers
+are spawned.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from pathlib import Path
 from typing import TextIO
 
 from fedunlearn.config import ExperimentConfig
+from fedunlearn.errors import ConfigError
 from simulations.console import ConsoleFilter, use_color
-from simulations.local_engine import serve_locally, worker_count
+from simulations.local_engine import fork_is_safe, serve_locally, worker_count
 from simulations.run_stream import INTERRUPTED, RunInterrupted, say_continue, stream_process
 
 
@@ -90,8 +93,15 @@ def _interrupt(signum, frame) -> None:
 
 def engine_size(args: argparse.Namespace, config: ExperimentConfig) -> tuple[int, int, int]:
     """(K, worker processes, PyTorch threads per worker) for the checked run: a worker per
-    ``--num-cpus`` CPUs of this machine, at most K (:func:`simulations.local_engine.worker_count`)."""
-    workers = worker_count(args.num_cpus, config.num_clients)
+    ``--num-cpus`` CPUs of this machine (and ``--num-gpus`` of a GPU), at most K
+    (:func:`simulations.local_engine.worker_count`). Raises :class:`ConfigError` naming
+    ``--num-gpus`` when a GPU share is asked of a machine that shows none."""
+    try:
+        workers = worker_count(args.num_cpus, config.num_clients, num_gpus=args.num_gpus)
+    except ValueError:
+        raise ConfigError(
+            "--num-gpus", args.num_gpus, "0 here: this machine shows no NVIDIA GPU"
+        ) from None
     return config.num_clients, workers, max(1, math.floor(args.num_cpus))
 
 
@@ -108,10 +118,10 @@ def start_engine(args: argparse.Namespace, config: ExperimentConfig, text: str, 
     """The engine serving the checked run config ``text``: a fork of this process where the
     platform can, else a ``python -m simulations.local_engine`` process."""
     clients, workers, threads = engine_size(args, config)
-    app = args.app.resolve()
-    if hasattr(os, "fork") and sys.platform.startswith("linux"):
+    app, gpu = args.app.resolve(), args.num_gpus > 0
+    if fork_is_safe():
         overrides = tomllib.loads(text)
-        return ForkedEngine(lambda: serve_locally(app, overrides, clients, workers, threads))
+        return ForkedEngine(lambda: serve_locally(app, overrides, clients, workers, threads, gpu))
     run_config = Path(tmp) / "run-config.toml"
     run_config.write_text(text, encoding="utf-8")
     command = [
@@ -120,6 +130,7 @@ def start_engine(args: argparse.Namespace, config: ExperimentConfig, text: str, 
         "simulations.local_engine",
         *("--app", str(app), "--run-config", str(run_config)),
         *("--num-clients", str(clients), "--workers", str(workers), "--threads", str(threads)),
+        *(["--gpu"] if gpu else []),
     ]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(env)
@@ -156,8 +167,13 @@ def launch_local(
     continue hint; ``env``: the engine's environment when it is a process of its own):
     ``--dry-run`` says what would start; else the run, its exit status, and on Ctrl-C the
     command that continues it."""
+    try:
+        line = engine_line(args, config)
+    except ConfigError as error:
+        print(f"fedunlearn-run: error: {error}", file=sys.stderr)
+        return 2
     if args.dry_run:
-        print(engine_line(args, config), flush=True)
+        print(line, flush=True)
         print(text, end="")
         return 0
     try:

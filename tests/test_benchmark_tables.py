@@ -370,6 +370,23 @@ def test_a_benchmark_point_interrupted_before_its_result_is_resumed(tmp_path, mo
     assert len(seen) == 2  # a point with a result is not run again
 
 
+def test_a_benchmark_point_runs_on_the_engine_it_is_given(tmp_path, monkeypatch):
+    import argparse
+
+    from simulations import run as runner
+    from simulations.benchmarks.repeat import add_run_options, run_point
+
+    parser = argparse.ArgumentParser()
+    add_run_options(parser, "results/x")  # the suite's, repeat's and the sweeps' options
+    seen = []
+    monkeypatch.setattr(runner, "main", lambda argv: seen.append(argv) or 0)
+    run_point(tmp_path / "c.toml", tmp_path, "flower", ["seed=1"])
+    run_point(tmp_path / "c.toml", tmp_path, "local", ["seed=1"], engine="local")
+    assert [argv[argv.index("--engine") + 1] for argv in seen] == ["flower", "local"]
+    assert parser.parse_args(["--engine", "local"]).engine == "local"
+    assert parser.parse_args([]).engine == "flower"
+
+
 def _comparison(rows: dict[str, float], **extra) -> pd.DataFrame:
     """A comparison table: method -> test accuracy, client-epochs 10 (FedRetrain 40)."""
     return pd.DataFrame(

@@ -13,6 +13,7 @@ import pytest
 from simulations import local_launch
 from simulations import run as launcher
 from simulations.console import ConsoleFilter
+from simulations.local_engine import visible_gpus
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SMALL = ["--set", "num-clients=3", "--set", "rounds=2", "--set", "local-epochs=1"]
@@ -96,7 +97,7 @@ def test_a_terminated_engine_stops_at_once(tmp_path):
 
 def test_where_it_cannot_fork_the_engine_is_its_own_process(tmp_path, capfd, monkeypatch):
     monkeypatch.chdir(REPOSITORY)
-    monkeypatch.setattr(local_launch.sys, "platform", "darwin")
+    monkeypatch.setattr(local_launch, "fork_is_safe", lambda: False)  # macOS, or a GPU machine
     forked = []
     monkeypatch.setattr(local_launch, "ForkedEngine", lambda *a: forked.append(a))
     argv = ["--engine", "local", *SMALL, "--set", "rounds=1", "--output-dir", str(tmp_path)]
@@ -124,3 +125,11 @@ def test_ctrl_c_ends_the_engine_and_says_how_to_continue(tmp_path, capfd, monkey
     assert code == launcher.INTERRUPTED == 130
     assert "interrupted: the local engine stopped" in err
     assert "--set resume=true" in err and str(tmp_path) in err
+
+
+@pytest.mark.skipif(bool(visible_gpus()), reason="this machine shows a GPU")
+def test_a_gpu_share_on_a_machine_without_gpu_is_refused_before_anything_starts(tmp_path, capfd):
+    argv = ["--engine", "local", "--num-gpus", "0.5", "--output-dir", str(tmp_path)]
+    code, _, err = _launch(argv, capfd)
+    assert code == 2 and "--num-gpus" in err and "no NVIDIA GPU" in err
+    assert not any(tmp_path.iterdir())

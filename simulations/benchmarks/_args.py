@@ -32,7 +32,8 @@ def common_args(
       when it exists, else None (:func:`default_data_root` with ``must_exist``);
     * ``--force`` (write into a non-empty ``--output-dir``) when ``force``;
     * ``--set KEY=VALUE`` (repeatable; help "extra key=value ``extra_set``") when ``extra_set``;
-    * ``--app`` (the Flower app folder, default the project root) when ``app``;
+    * ``--app`` (the Flower app folder, default the project root) and ``--engine`` (each run's
+      ``fedunlearn-run --engine``: flower or local) when ``app``;
     * ``--summarize-only`` (a flag; ``summarize_only`` is its help, "" for none) unless None.
     """
     if data_root:
@@ -56,6 +57,13 @@ def common_args(
         )
     if app:
         parser.add_argument("--app", type=Path, default=PROJECT_ROOT)
+        parser.add_argument(
+            "--engine",
+            choices=("flower", "local"),
+            default="flower",
+            help="each run's engine (fedunlearn-run --engine): flower (a SuperLink and Ray per "
+            "run) or local (no SuperLink, no Ray: a run starts in seconds)",
+        )
     if summarize_only is not None:
         parser.add_argument("--summarize-only", action="store_true", help=summarize_only or None)
     return parser

@@ -48,7 +48,13 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{variant}-s{seed}"
             if not args.summarize_only:
                 run_point(
-                    CONFIG, output, name, [*sets, *args.set], data_root=args.data_root, app=args.app
+                    CONFIG,
+                    output,
+                    name,
+                    [*sets, *args.set],
+                    data_root=args.data_root,
+                    app=args.app,
+                    engine=args.engine,
                 )
             directory = output / name
             if not (directory / "unlearning.csv").is_file():

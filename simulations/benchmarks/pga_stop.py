@@ -157,7 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                 sets = [f"partitioning='{partitioning}'", *variant.split("+"), f"seed={seed}"]
                 sets += args.set
                 if not args.summarize_only:
-                    run_point(CONFIG, output, name, sets, data_root=args.data_root, app=args.app)
+                    run_point(
+                        CONFIG,
+                        output,
+                        name,
+                        sets,
+                        data_root=args.data_root,
+                        app=args.app,
+                        engine=args.engine,
+                    )
                 if (output / name / "unlearning.csv").is_file():
                     rows.append(point(output / name, variant, partitioning, seed))
     table = pd.DataFrame(rows)

@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     args.theirs = args.theirs or RESULTS / theirs_file
     sets = [*([] if args.full else reduced), *args.set]
     if not args.summarize_only:
-        run_point(CONFIG, output, "post", sets, data_root=args.data_root, app=args.app)
+        run_point(
+            CONFIG, output, "post", sets, data_root=args.data_root, app=args.app, engine=args.engine
+        )
     theirs = pd.read_csv(args.theirs)
     table = side_by_side(theirs, our_rows(output / "post"))
     table.to_csv(output / "reference_pga.csv", index=False)

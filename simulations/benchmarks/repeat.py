@@ -62,14 +62,16 @@ def run_point(
     *,
     data_root: str | None = None,
     app: Path = runner.PROJECT_ROOT,
+    engine: str = "flower",
 ) -> Path:
-    """``fedunlearn-run CONFIG`` as run ``name`` under ``output`` with ``sets``; nothing is run
-    when the run directory already holds a result, and a run interrupted before its result (its
-    ``config.json`` written) is resumed (``resume = true``). Returns the run directory."""
+    """``fedunlearn-run CONFIG --engine ENGINE`` as run ``name`` under ``output`` with ``sets``;
+    nothing is run when the run directory already holds a result, and a run interrupted before
+    its result (its ``config.json`` written) is resumed (``resume = true``). Returns the run
+    directory."""
     directory = output / name
     if any((directory / f).is_file() for f in RESULT_FILES):
         return directory
-    argv = [str(config), "--output-dir", str(output), "--app", str(app)]
+    argv = [str(config), "--output-dir", str(output), "--app", str(app), "--engine", engine]
     argv += ["--set", f"run-name='{name}'"] + [x for s in sets for x in ("--set", s)]
     if (directory / "config.json").is_file():
         argv += ["--set", "resume=true"]
@@ -247,12 +249,28 @@ def run_stacked(args, output: Path, members: int) -> list[int]:
     if "fedretrain" not in stacking:
         raise SystemExit("--stack: unlearn-methods must include fedretrain (the reference)")
     sets = [*args.set, f"stack-models={members}", f"unlearn-methods='{','.join(stacking)}'"]
-    stack = run_point(args.config, output, "stack", sets, data_root=args.data_root, app=args.app)
+    stack = run_point(
+        args.config,
+        output,
+        "stack",
+        sets,
+        data_root=args.data_root,
+        app=args.app,
+        engine=args.engine,
+    )
     seeds = json.loads((stack / "stack.json").read_text(encoding="utf-8"))["model_seeds"]
     for member, seed in enumerate(seeds if others else []):
         single = [*args.set, f"model-seed={seed}", f"unlearn-methods='{','.join(others)}'"]
         name = f"member-{member}"
-        run_point(args.config, output, name, single, data_root=args.data_root, app=args.app)
+        run_point(
+            args.config,
+            output,
+            name,
+            single,
+            data_root=args.data_root,
+            app=args.app,
+            engine=args.engine,
+        )
     return seeds
 
 
@@ -311,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             [*args.set, f"seed={seed}"],
             data_root=args.data_root,
             app=args.app,
+            engine=args.engine,
         )
     print(summarize(output, seeds))
     print(f"results in {output}")

@@ -79,7 +79,15 @@ def main(argv: list[str] | None = None) -> int:
             *args.set,
         ]
         if not args.summarize_only:
-            run_point(CONFIG, output, strategy, sets, data_root=args.data_root, app=args.app)
+            run_point(
+                CONFIG,
+                output,
+                strategy,
+                sets,
+                data_root=args.data_root,
+                app=args.app,
+                engine=args.engine,
+            )
         table = pd.read_csv(output / strategy / "unlearning.csv")
         rows.append(table.assign(strategy=strategy))
         refusals += [(strategy, method, why) for method, why in refused.items()]

@@ -194,7 +194,15 @@ def main(argv: list[str] | None = None) -> int:
         sets += [f"unlearn-methods='{args.methods}'"] if args.methods else []
         sets += [f"calibration-clients={calibration}"] if calibration else []
         if not args.summarize_only:
-            run_point(CONFIG, output, name, [*sets, *args.set], data_root=None, app=args.app)
+            run_point(
+                CONFIG,
+                output,
+                name,
+                [*sets, *args.set],
+                data_root=None,
+                app=args.app,
+                engine=args.engine,
+            )
         if (output / name / "unlearning.csv").is_file():
             rows.append(point(output / name, partitioning, fraction, seed, calibration))
     table = pd.DataFrame(rows)

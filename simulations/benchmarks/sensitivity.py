@@ -109,7 +109,7 @@ def run_sweep(chosen, args) -> dict[str, str]:
             continue
         try:
             run_point(SUITE_CONFIG, output / point.regime, point.name,
-                      [*point.sets, *signal, *args.set], app=args.app)  # fmt: skip
+                      [*point.sets, *signal, *args.set], app=args.app, engine=args.engine)  # fmt: skip
         except SystemExit as failed:
             print(f"=== {failed}; the sweep goes on", flush=True)
     return refused

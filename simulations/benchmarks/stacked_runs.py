@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = [*args.set, f"unlearn-methods='{','.join(stacking)}'"]
     config = ExperimentConfig.from_run_config(runner.load_run_config(args.config, sets))
     args.seeds = member_seeds(config.training_seed, args.members)
-    args.run = {"data_root": args.data_root, "app": args.app}
+    args.run = {"data_root": args.data_root, "app": args.app, "engine": args.engine}
     timings = []
     for repeat in range(args.repeats):
         order = ("separate", "stacked") if repeat % 2 == 0 else ("stacked", "separate")

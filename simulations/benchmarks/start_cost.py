@@ -245,7 +245,8 @@ def cold(args, checkout: Path, label: str, rows: list[dict], repeat: int, scratc
 
 def local(args, checkout: Path, label: str, rows: list[dict], repeat: int, scratch: Path) -> None:
     """One ``--engine local`` run of ``checkout`` (through ``--wrap`` too, for the same setting)."""
-    folder = scratch / f"local-{label}-{repeat}"
+    number = 1 + sum(1 for r in rows if (r["round"], r["mode"]) == (repeat, "local"))
+    folder = scratch / f"local-{label}-{repeat}-{number}"
     folder.mkdir(parents=True)
     prefix = shlex.split(args.wrap) if args.wrap else []
     code, times = run_job(

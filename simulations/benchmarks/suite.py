@@ -164,7 +164,7 @@ def run_suite(chosen: list[Point], args) -> dict[str, str]:
         sets = [*point.sets, *signal, *args.set]
         try:
             run_point(SUITE_CONFIG, output / point.regime, point.name, sets, data_root=root,
-                      app=args.app)  # fmt: skip
+                      app=args.app, engine=args.engine)  # fmt: skip
         except SystemExit as failed:  # one failed point must not end a run of hours
             print(f"=== {failed}; the suite goes on", flush=True)
     return refused

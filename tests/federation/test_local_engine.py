@@ -82,6 +82,7 @@ def query(message, context):
         "n": seen["n"],
         "partition": int(context.node_config["partition-id"]),
         "pid": os.getpid(),
+        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
     }
     return Message(RecordDict({"reply": ConfigRecord(reply)}), reply_to=message)
 """
@@ -147,6 +148,8 @@ def test_a_node_keeps_its_state_and_partition_on_its_worker(probe_app, workers):
         assert all(len(p) == 1 for p in pids.values())  # a node never changes worker
         if workers:
             assert len(set().union(*pids.values())) == 2 and os.getpid() not in pids[FIRST_NODE]
+            # a client without a GPU share sees no GPU, as in Flower's simulation
+            assert {r.content["reply"]["cuda"] for r in replies.values()} == {""}
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -182,6 +185,20 @@ def test_bad_sizes_are_refused_naming_the_parameter(probe_app):
     assert local_engine.worker_count(1, 10, cpus=2) == 2
     assert local_engine.worker_count(1, 1, cpus=8) == 1  # never more workers than nodes
     assert local_engine.worker_count(4, 10, cpus=2) == 1
+
+
+def test_the_gpus_are_found_without_starting_cuda(tmp_path):
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia10"):
+        (tmp_path / name).touch()
+    assert local_engine.visible_gpus({}, tmp_path) == ["0", "1", "10"]
+    assert local_engine.visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 3"}, tmp_path) == ["2", "3"]
+    assert local_engine.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, tmp_path) == []
+    assert local_engine.worker_count(1, 10, cpus=16, num_gpus=0.25, gpus=1) == 4  # as Ray fits
+    assert local_engine.worker_count(1, 10, cpus=2, num_gpus=0.25, gpus=1) == 2
+    with pytest.raises(ValueError, match="num_gpus: 0.5; allowed: 0 on a machine without"):
+        local_engine.worker_count(1, 10, num_gpus=0.5, gpus=0)
+    with pytest.raises(ValueError, match="num_gpus: 2"):
+        local_engine.worker_count(1, 10, num_gpus=2)
 
 
 def _alive(pid: int) -> bool:
