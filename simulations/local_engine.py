@@ -197,6 +197,10 @@ class LocalGrid(Grid):
         The Flower App folder (the workers load the ClientApp from it).
     """
 
+    #: Messages the ServerApp keeps pushed but unanswered (``server.federation.queries``): the
+    #: workers' queues hold no more, and the server pulls every 0.05 s instead of backing off.
+    in_flight_window = 32
+
     def __init__(
         self,
         run_config: Mapping[str, Any],

@@ -99,9 +99,17 @@ def in_flight_limit(grid: Grid) -> int | None:
     (2 on the CI machine) is run at once anyway, so :data:`SIMULATION_IN_FLIGHT` messages in
     flight keep them busy and the scan O(nodes). Since :mod:`server.federation.message_index`
     a node's lookup reads its own messages only, so a pass costs O(nodes) dict lookups whatever
-    the window; the window still bounds the messages held in memory. A deployed federation gets
-    every message at once: its nodes train in parallel.
+    the window; the window still bounds the messages held in memory. A grid that names its own
+    window (``grid.in_flight_window``: the local engine's, ``simulations.local_engine``) gets it.
+    A deployed federation gets every message at once: its nodes train in parallel.
+
+    A window also keeps the pulls fast (every ``PULL_SECONDS[0]``): without one, pulls that find
+    nothing back off to ``PULL_SECONDS[1]``, which a simulation's clients, answering in
+    fractions of a second, would wait for.
     """
+    window = getattr(grid, "in_flight_window", None)
+    if isinstance(window, int) and window > 0:
+        return window
     state = getattr(grid, "state", None)
     return SIMULATION_IN_FLIGHT if type(state).__name__ == "InMemoryLinkState" else None
 

@@ -215,6 +215,10 @@ def test_only_flowers_in_memory_simulation_gets_a_window():
     assert in_flight_limit(SimulationGrid()) == SIMULATION_IN_FLIGHT
     assert in_flight_limit(SlowGrid(FakeTime(), {})) is None
 
+    from simulations.local_engine import LocalGrid
+
+    assert in_flight_limit(LocalGrid({}, 1, client_app=object())) == LocalGrid.in_flight_window
+
 
 def test_a_count_of_one_is_singular():
     from server.progress import count
