@@ -68,3 +68,22 @@ def serve_in_process(
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
     with flower_task_identity():
         app(grid, context)
+
+
+#: A small run of the main job: 3 clients, 2 rounds of 1 local epoch, client 0 forgotten by
+#: FedEraser and FedRetrain (the engine tests compare its models across engines).
+SMALL_RUN = {
+    "num-clients": 3,
+    "rounds": 2,
+    "local-epochs": 1,
+    "node-wait-seconds": 60,
+    "unlearn-clients": "0",
+    "unlearn-methods": "federaser,fedretrain",
+}
+
+
+def run_models(run_dir) -> dict[str, dict]:
+    """Every model file of a run directory: its name -> its tensors."""
+    from safetensors.torch import load_file
+
+    return {p.name: load_file(p) for p in sorted(run_dir.glob("model_*.safetensors"))}

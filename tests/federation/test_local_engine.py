@@ -15,39 +15,25 @@ import time
 from pathlib import Path
 
 import pytest
-from federation_grid import serve_in_process
+from federation_grid import SMALL_RUN, run_models, serve_in_process
 from flwr.app import ConfigRecord, Message, RecordDict
-from safetensors.torch import load_file
 
 from simulations import local_engine
 from simulations.local_engine import FIRST_NODE, LocalGrid, flower_task_identity, serve_locally
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
-OVERRIDES = {
-    "num-clients": 3,
-    "rounds": 2,
-    "local-epochs": 1,
-    "node-wait-seconds": 60,
-    "unlearn-clients": "0",
-    "unlearn-methods": "federaser,fedretrain",
-}
-
-
-def _models(run_dir: Path) -> dict[str, dict]:
-    return {p.name: load_file(p) for p in sorted(run_dir.glob("model_*.safetensors"))}
-
 
 def test_worker_processes_give_the_models_of_the_in_process_federation(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runs = {}
     for name, workers in (("workers", 2), ("in-process", 0)):
-        overrides = {**OVERRIDES, "output-dir": str(tmp_path), "run-name": name}
+        overrides = {**SMALL_RUN, "output-dir": str(tmp_path), "run-name": name}
         if workers:
             serve_locally(REPOSITORY, overrides, 3, workers)
         else:
             serve_in_process(overrides, 3)
-        runs[name] = _models(tmp_path / name)
+        runs[name] = run_models(tmp_path / name)
     assert set(runs["workers"]) == set(runs["in-process"]) and runs["workers"]
     assert "model_federaser.safetensors" in runs["workers"]
     for file, tensors in runs["workers"].items():

@@ -13,19 +13,9 @@ import warnings
 
 import pytest
 import ray
-from federation_grid import serve_in_process
+from federation_grid import SMALL_RUN, run_models, serve_in_process
 from ray.cluster_utils import Cluster
-from safetensors.torch import load_file
 from test_ray_cluster import record_ray_node
-
-OVERRIDES = {
-    "num-clients": 3,
-    "rounds": 2,
-    "local-epochs": 1,
-    "node-wait-seconds": 60,
-    "unlearn-clients": "0",
-    "unlearn-methods": "federaser,fedretrain",
-}
 
 
 def _run_on_running_ray(overrides: dict, nodes_file) -> None:
@@ -46,10 +36,6 @@ def _run_on_running_ray(overrides: dict, nodes_file) -> None:
         )
 
 
-def _models(run_dir) -> dict[str, dict]:
-    return {p.name: load_file(p) for p in sorted(run_dir.glob("model_*.safetensors"))}
-
-
 @pytest.mark.ray
 def test_two_runs_on_one_running_ray_use_it_and_equal_a_run_without_ray(tmp_path, monkeypatch):
     cluster = Cluster(
@@ -60,7 +46,7 @@ def test_two_runs_on_one_running_ray_use_it_and_equal_a_run_without_ray(tmp_path
     head = cluster.head_node.node_id
     try:
         for name in ("first", "second"):
-            overrides = {**OVERRIDES, "output-dir": str(tmp_path), "run-name": name}
+            overrides = {**SMALL_RUN, "output-dir": str(tmp_path), "run-name": name}
             _run_on_running_ray(overrides, tmp_path / f"{name}-nodes.txt")
             assert not ray.is_initialized()  # the run disconnected ...
             assert cluster.head_node.dead_processes() == []  # ... and left the Ray running
@@ -69,11 +55,11 @@ def test_two_runs_on_one_running_ray_use_it_and_equal_a_run_without_ray(tmp_path
         cluster.shutdown()
     for name in ("first", "second"):  # each run's clients trained on that Ray's node
         assert set((tmp_path / f"{name}-nodes.txt").read_text().split()) == {head}
-    serve_in_process({**OVERRIDES, "output-dir": str(tmp_path), "run-name": "alone"}, 3)
-    alone = _models(tmp_path / "alone")
+    serve_in_process({**SMALL_RUN, "output-dir": str(tmp_path), "run-name": "alone"}, 3)
+    alone = run_models(tmp_path / "alone")
     assert "model_final.safetensors" in alone and "model_federaser.safetensors" in alone
     for name in ("first", "second"):
-        models = _models(tmp_path / name)
+        models = run_models(tmp_path / name)
         assert set(models) == set(alone)
         for file, state in models.items():
             assert all(state[k].equal(alone[file][k]) for k in state), (name, file)
