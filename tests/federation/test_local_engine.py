@@ -218,3 +218,15 @@ def test_no_worker_outlives_a_killed_engine(probe_app):
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in workers)
+
+
+def test_spawned_workers_serve_as_forked_ones_do(probe_app, monkeypatch):
+    # a GPU machine, or a platform without fork: the workers are fresh interpreters
+    monkeypatch.setattr(local_engine, "fork_is_safe", lambda: False)
+    with flower_task_identity(), LocalGrid({}, 3, 2, app_dir=probe_app) as grid:
+        assert {p._start_method for p in grid._processes} == {"spawn"}
+        for expected in (1, 2):
+            replies = _replies(grid, [_query(node) for node in grid.get_node_ids()])
+            records = [reply.content["reply"] for reply in replies.values()]
+            assert sorted(r["partition"] for r in records) == [0, 1, 2]
+            assert {r["n"] for r in records} == {expected} and {r["cuda"] for r in records} == {""}
