@@ -23,7 +23,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulations.benchmarks.repeat import add_run_options, comparison_summary, run_point, with_gaps
+from simulations.benchmarks.repeat import (
+    add_run_options,
+    comparison_summary,
+    run_options,
+    run_point,
+    with_gaps,
+)
 
 CONFIG = Path(__file__).resolve().parents[1] / "fedrecover_skew_mnist.toml"
 VARIANTS = {
@@ -52,9 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                     output,
                     name,
                     [*sets, *args.set],
-                    data_root=args.data_root,
-                    app=args.app,
-                    engine=args.engine,
+                    **run_options(args),
                 )
             directory = output / name
             if not (directory / "unlearning.csv").is_file():

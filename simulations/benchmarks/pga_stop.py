@@ -45,7 +45,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fedunlearn.plots import legend_outside, save_figure  # noqa: E402
-from simulations.benchmarks.repeat import add_run_options, run_point  # noqa: E402
+from simulations.benchmarks.repeat import add_run_options, run_options, run_point  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "pga_backdoor_mnist.toml"
 
@@ -162,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                         output,
                         name,
                         sets,
-                        data_root=args.data_root,
-                        app=args.app,
-                        engine=args.engine,
+                        **run_options(args),
                     )
                 if (output / name / "unlearning.csv").is_file():
                     rows.append(point(output / name, variant, partitioning, seed))

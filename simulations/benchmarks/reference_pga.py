@@ -77,7 +77,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulations.benchmarks.repeat import add_run_options, run_point
+from simulations.benchmarks.repeat import add_run_options, run_options, run_point
 
 SIMULATIONS = Path(__file__).resolve().parents[1]
 CONFIG = SIMULATIONS / "reference_pga_mnist.toml"
@@ -152,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args.theirs = args.theirs or RESULTS / theirs_file
     sets = [*([] if args.full else reduced), *args.set]
     if not args.summarize_only:
-        run_point(
-            CONFIG, output, "post", sets, data_root=args.data_root, app=args.app, engine=args.engine
-        )
+        run_point(CONFIG, output, "post", sets, **run_options(args))
     theirs = pd.read_csv(args.theirs)
     table = side_by_side(theirs, our_rows(output / "post"))
     table.to_csv(output / "reference_pga.csv", index=False)

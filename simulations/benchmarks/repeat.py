@@ -84,6 +84,12 @@ def run_point(
     return directory
 
 
+def run_options(args: argparse.Namespace, **overrides) -> dict:
+    """:func:`run_point`'s keywords from the options :func:`add_run_options` added (the data
+    root, the app, the engine), with ``overrides`` (e.g. ``data_root=None`` for the digits)."""
+    return {"data_root": args.data_root, "app": args.app, "engine": args.engine} | overrides
+
+
 def add_run_options(parser: argparse.ArgumentParser, output_dir: str) -> None:
     """The options every benchmark that runs ``fedunlearn-run`` points shares: where results
     go, the data root, extra ``--set`` values, the app, and summarising what is there."""
@@ -254,9 +260,7 @@ def run_stacked(args, output: Path, members: int) -> list[int]:
         output,
         "stack",
         sets,
-        data_root=args.data_root,
-        app=args.app,
-        engine=args.engine,
+        **run_options(args),
     )
     seeds = json.loads((stack / "stack.json").read_text(encoding="utf-8"))["model_seeds"]
     for member, seed in enumerate(seeds if others else []):
@@ -267,9 +271,7 @@ def run_stacked(args, output: Path, members: int) -> list[int]:
             output,
             name,
             single,
-            data_root=args.data_root,
-            app=args.app,
-            engine=args.engine,
+            **run_options(args),
         )
     return seeds
 
@@ -327,9 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             output,
             f"seed-{seed}",
             [*args.set, f"seed={seed}"],
-            data_root=args.data_root,
-            app=args.app,
-            engine=args.engine,
+            **run_options(args),
         )
     print(summarize(output, seeds))
     print(f"results in {output}")

@@ -27,7 +27,7 @@ import pandas as pd
 from fedunlearn.config import ExperimentConfig
 from fedunlearn.errors import ConfigError
 from fedunlearn.registry import UNLEARNING
-from simulations.benchmarks.repeat import add_run_options, run_point, with_gaps
+from simulations.benchmarks.repeat import add_run_options, run_options, run_point, with_gaps
 
 CONFIG = Path(__file__).resolve().parents[1] / "recovery_mnist.toml"
 COLUMNS = [
@@ -84,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 output,
                 strategy,
                 sets,
-                data_root=args.data_root,
-                app=args.app,
-                engine=args.engine,
+                **run_options(args),
             )
         table = pd.read_csv(output / strategy / "unlearning.csv")
         rows.append(table.assign(strategy=strategy))

@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fedunlearn.plots import save_figure  # noqa: E402
-from simulations.benchmarks.repeat import add_run_options, run_point  # noqa: E402
+from simulations.benchmarks.repeat import add_run_options, run_options, run_point  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "digits.toml"
 PARTITIONS = {
@@ -199,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 output,
                 name,
                 [*sets, *args.set],
-                data_root=None,
-                app=args.app,
-                engine=args.engine,
+                **run_options(args, data_root=None),
             )
         if (output / name / "unlearning.csv").is_file():
             rows.append(point(output / name, partitioning, fraction, seed, calibration))

@@ -46,7 +46,7 @@ import pandas as pd  # noqa: E402
 
 from fedunlearn.errors import FedUnlearnError  # noqa: E402
 from fedunlearn.plots import display_name, legend_outside, method_colour, save_figure  # noqa: E402
-from simulations.benchmarks.repeat import add_run_options, run_point, with_gaps  # noqa: E402
+from simulations.benchmarks.repeat import add_run_options, run_options, run_point, with_gaps  # noqa: E402
 from simulations.benchmarks.suite import SUITE_CONFIG, Point, points, signal_sets  # noqa: E402
 from simulations.benchmarks.suite_tables import (  # noqa: E402
     record_refused,
@@ -109,7 +109,7 @@ def run_sweep(chosen, args) -> dict[str, str]:
             continue
         try:
             run_point(SUITE_CONFIG, output / point.regime, point.name,
-                      [*point.sets, *signal, *args.set], app=args.app, engine=args.engine)  # fmt: skip
+                      [*point.sets, *signal, *args.set], **run_options(args, data_root=None))  # fmt: skip
         except SystemExit as failed:
             print(f"=== {failed}; the sweep goes on", flush=True)
     return refused

@@ -34,7 +34,7 @@ from fedunlearn.config import ExperimentConfig
 from fedunlearn.training.stacked import member_seeds
 from simulations import run as runner
 from simulations.benchmarks._args import common_args
-from simulations.benchmarks.repeat import run_point, split_methods
+from simulations.benchmarks.repeat import run_options, run_point, split_methods
 
 #: The measured columns compared member by member.
 COMPARED = ("test_accuracy", "target_accuracy", "attack_success")
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = [*args.set, f"unlearn-methods='{','.join(stacking)}'"]
     config = ExperimentConfig.from_run_config(runner.load_run_config(args.config, sets))
     args.seeds = member_seeds(config.training_seed, args.members)
-    args.run = {"data_root": args.data_root, "app": args.app, "engine": args.engine}
+    args.run = run_options(args)
     timings = []
     for repeat in range(args.repeats):
         order = ("separate", "stacked") if repeat % 2 == 0 else ("stacked", "separate")

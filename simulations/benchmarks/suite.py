@@ -49,7 +49,7 @@ from fedunlearn.data.federated_data import load_federated_data
 from fedunlearn.errors import FedUnlearnError
 from fedunlearn.unlearning.forgetting import MIN_TARGET_SAMPLES
 from simulations import run as runner
-from simulations.benchmarks.repeat import add_run_options, run_point
+from simulations.benchmarks.repeat import add_run_options, run_options, run_point
 from simulations.benchmarks.suite_tables import write_suite
 
 SUITE_CONFIG = Path(__file__).resolve().parents[1] / "suite.toml"
@@ -163,8 +163,7 @@ def run_suite(chosen: list[Point], args) -> dict[str, str]:
         root = args.data_root if point.dataset != "digits" else None
         sets = [*point.sets, *signal, *args.set]
         try:
-            run_point(SUITE_CONFIG, output / point.regime, point.name, sets, data_root=root,
-                      app=args.app, engine=args.engine)  # fmt: skip
+            run_point(SUITE_CONFIG, output / point.regime, point.name, sets, **run_options(args, data_root=root))  # fmt: skip
         except SystemExit as failed:  # one failed point must not end a run of hours
             print(f"=== {failed}; the suite goes on", flush=True)
     return refused
