@@ -123,8 +123,9 @@ def load_component(app_dir: Path, which: str):
 
 def warm_up() -> None:
     """Import now what a ClientApp's first training round would: PyTorch imports its compiler
-    (``torch._dynamo``, about 1 s of CPU) the first time an optimizer is built. A worker does this
-    while the server validates, loads its data and evaluates round 0."""
+    (``torch._dynamo``, about 1 s of CPU) the first time an optimizer is built. The launcher
+    does it once before it forks (every fork inherits it); a spawned worker does it itself while
+    the server validates, loads its data and evaluates round 0."""
     import torch
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)

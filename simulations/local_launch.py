@@ -105,19 +105,21 @@ def engine_size(args: argparse.Namespace, config: ExperimentConfig) -> tuple[int
     return config.num_clients, workers, max(1, math.floor(args.num_cpus))
 
 
-def engine_line(args: argparse.Namespace, config: ExperimentConfig) -> str:
-    """What the launcher says before the engine starts (the line ``flwr run``'s command takes)."""
-    clients, workers, threads = engine_size(args, config)
+def engine_line(size: tuple[int, int, int]) -> str:
+    """What the launcher says before the engine of ``size`` (:func:`engine_size`) starts (the
+    line ``flwr run``'s command takes)."""
+    clients, workers, threads = size
     return (
         f"fedunlearn-run: local engine: {clients} clients in {workers} worker process(es), "
         f"{threads} thread(s) each; no SuperLink, no Ray"
     )
 
 
-def start_engine(args: argparse.Namespace, config: ExperimentConfig, text: str, env, tmp: str):
-    """The engine serving the checked run config ``text``: a fork of this process where the
-    platform can, else a ``python -m simulations.local_engine`` process."""
-    clients, workers, threads = engine_size(args, config)
+def start_engine(args: argparse.Namespace, size: tuple[int, int, int], text: str, env, tmp: str):
+    """The engine of ``size`` (:func:`engine_size`) serving the checked run config ``text``: a
+    fork of this process where the platform can, else a ``python -m simulations.local_engine``
+    process."""
+    clients, workers, threads = size
     app, gpu = args.app.resolve(), args.num_gpus > 0
     if fork_is_safe():
         overrides = tomllib.loads(text)
@@ -141,14 +143,15 @@ def start_engine(args: argparse.Namespace, config: ExperimentConfig, text: str, 
 
 
 def run_local(
-    args: argparse.Namespace, config: ExperimentConfig, text: str, env, out: TextIO
+    args: argparse.Namespace, size: tuple[int, int, int], text: str, env, out: TextIO
 ) -> tuple[int, object]:
-    """Serve the checked run locally, its lines on ``out``; returns (exit status, console).
-    Raises :class:`simulations.run_stream.RunInterrupted` on Ctrl-C."""
-    print(engine_line(args, config), file=out, flush=True)
+    """Serve the checked run locally on an engine of ``size`` (:func:`engine_size`), its lines
+    on ``out``; returns (exit status, console). Raises
+    :class:`simulations.run_stream.RunInterrupted` on Ctrl-C."""
+    print(engine_line(size), file=out, flush=True)
     console = ConsoleFilter(verbose=args.verbose, color=use_color(out))
     with tempfile.TemporaryDirectory() as tmp:
-        process = start_engine(args, config, text, env, tmp)
+        process = start_engine(args, size, text, env, tmp)
         code, _ = stream_process(process, console, out)
     return code, console
 
@@ -171,16 +174,16 @@ def launch_local(
     ``--dry-run`` says what would start; else the run, its exit status, and on Ctrl-C the
     command that continues it."""
     try:
-        line = engine_line(args, config)
+        size = engine_size(args, config)
     except ConfigError as error:
         print(f"fedunlearn-run: error: {error}", file=sys.stderr)
         return 2
     if args.dry_run:
-        print(line, flush=True)
+        print(engine_line(size), flush=True)
         print(text, end="")
         return 0
     try:
-        code, console = run_local(args, config, text, env, out=sys.stdout)
+        code, console = run_local(args, size, text, env, out=sys.stdout)
     except RunInterrupted as interrupted:
         print("\nfedunlearn-run: interrupted: the local engine stopped", file=sys.stderr)
         say_continue(interrupted.run_directory, argv)
